@@ -1,0 +1,373 @@
+"""Feeding tokens into the cache: `append` (one pass over the chunk, the serving path), `append_chunked` (the
+reference path: CHUNK-token pieces, every piece through all layers) and `_decode_one` (one token, bit-identical to
+append_chunked). All return softcapped logits at each row's last new token."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..model import rms_norm
+from .cache import KVCache
+
+CHUNK = 64  # append_chunked: max new tokens per row processed at once (bounds the score tensor during prefill)
+
+# Queries per attention block in append(): bounds the mask / key copies of a long prefill. Attention itself is fused
+# (scaled_dot_product_attention), so this is about speed: CPU likes small blocks, GPUs fewer launches.
+QUERY_BLOCK = {"cpu": 256}
+QUERY_BLOCK_DEFAULT = 1024
+PAD_SHAPES = None      # None: pad on GPUs only (True: always, for tests)
+KEY_ROUND = 256        # GPUs: global key ranges rounded up to this (stable shapes; the extra keys are masked)
+EXPLICIT_ATTN_MAX = 256   # GPUs: chunks up to this many tokens use matmul + softmax attention (no per-shape kernels)
+
+
+def _rope_cs(x, cos, sin):
+    """_rope_pos with the cos/sin rows already gathered (and cast to x's dtype): same values, fewer kernels."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+def _rope_pos(rope, x, pos):
+    """x: (B, H, C, D); pos: (B, C) per-row absolute positions."""
+    return _rope_cs(x, rope.cos[pos][:, None].to(x.dtype), rope.sin[pos][:, None].to(x.dtype))
+
+
+def _mlp(mlp, x):
+    """MLP.forward (down(relu(up(x))^2)) with the activation done in place: same values, two fewer big buffers."""
+    u = mlp.up(x)
+    torch.relu_(u)
+    return mlp.down(u.mul_(u))
+
+
+def _softcap(model, x):
+    logits = model.head(rms_norm(x)).float()
+    sc = model.cfg.logit_softcap
+    return sc * torch.tanh(logits / sc)
+
+
+def _engram_addrs(model, tokens, lens, idx):
+    """{block: (B, C, n_tables)} for the chunk idx (B, C) starting at per-row positions lens (B,), reading the
+    n_max - 1 previous tokens from tokens (B, max_len + 1) (token id 0 before position 0)."""
+    if not model.engram_modules():
+        return {}
+    n1 = max(model.cfg.engram_orders) - 1
+    prev_pos = lens[:, None] + torch.arange(-n1, 0, device=idx.device)[None, :]
+    prev = torch.where(prev_pos >= 0, tokens.gather(1, prev_pos.clamp_min(0)), torch.zeros_like(prev_pos))
+    return model.engram_addresses(idx, prev)
+
+
+def _check_room(cache: KVCache, n_cpu, rows):
+    lens_cpu = cache.lens_cpu if rows is None else cache.lens_cpu[rows]
+    if int((lens_cpu + n_cpu).max()) > cache.max_len:
+        raise RuntimeError(f"KV cache full: {int(lens_cpu.max())} + {int(n_cpu.max())} tokens exceed its "
+                           f"{cache.max_len} positions")
+
+
+def _rows(cache: KVCache, B: int, dev, rows):
+    """(rows on the device, a selector for cache tensors, lens, lens_cpu): views for the full batch, gathered copies
+    of just those rows for a sub-batch."""
+    if rows is None:
+        return torch.arange(B, device=dev), (lambda t: t), cache.lens, cache.lens_cpu
+    rdev = rows.to(dev, non_blocking=True)
+    return rdev, (lambda t: t[rdev]), cache.lens[rdev], cache.lens_cpu[rows]
+
+
+def _attn_explicit(q, K, V, m, Hk):
+    """scaled_dot_product_attention(q, K, V, attn_mask=m, enable_gqa=True) as matmul + softmax (fp32 softmax).
+    q (B, H, n, D), K/V (B, Hk, L, D), m (B, 1, n, L) bool."""
+    B, H, n, D = q.shape
+    rep = H // Hk
+    s = (q.reshape(B, Hk, rep * n, D) @ K.transpose(-1, -2)).float().view(B, Hk, rep, n, -1)
+    s = (s * (1.0 / math.sqrt(D))).masked_fill_(~m[:, :, None], float("-inf"))
+    p = torch.softmax(s, dim=-1).to(V.dtype).view(B, Hk, rep * n, -1)
+    return (p @ V).view(B, H, n, D)
+
+
+def _block_size(dev, C: int, block=None) -> int:
+    qb = int(block) if block else QUERY_BLOCK.get(torch.device(dev).type, QUERY_BLOCK_DEFAULT)
+    return max(1, min(qb, C))
+
+
+@torch.no_grad()
+def append(model, cache: KVCache, idx: torch.Tensor, n_new, rows=None, block=None) -> torch.Tensor:
+    """Feed a right-padded chunk idx (B, C); row b has n_new[b] real tokens (0 = untouched).
+    n_new may be a CPU tensor/list (preferred: avoids a device sync). Returns logits (B, V) at
+    each row's last real token (unchanged garbage for rows with n_new == 0).
+    rows: optional cache rows that idx refers to (a sub-batch, e.g. only rows that need prefill);
+    by default idx covers all cache rows in order.
+
+    One pass over all new tokens, like the training forward: every projection and MLP runs once over the whole
+    chunk; attention is fused (scaled_dot_product_attention) and split into query blocks (block: queries per block,
+    default QUERY_BLOCK), each attending to just the keys it can see: global keys up to its last position and the
+    band of local keys of its windows. Same results as append_chunked up to float rounding (softmax/reduction
+    order); same cache contents and layout."""
+    n_cpu = torch.as_tensor(n_new, dtype=torch.long).cpu()
+    B, C = idx.shape
+    if rows is not None:
+        rows = torch.as_tensor(rows, dtype=torch.long).cpu()
+    _check_room(cache, n_cpu, rows)
+    width = int(n_cpu.max()) if n_cpu.numel() else 0
+    if width == 0:
+        return None
+    idx = idx[:, :width]
+    sf = cache.static_feed
+    if sf is not None and rows is None and B == 1 and width <= sf.max_c:
+        return sf.feed(idx, width)
+    key_round = 1
+    if PAD_SHAPES if PAD_SHAPES is not None else idx.device.type != "cpu":
+        # GPUs: pad the chunk to a power of two and round the global key range up, so attention / GEMM shapes repeat.
+        # Padding is masked out and written to the scratch slots, like any right padding.
+        Cp = max(16, 1 << (width - 1).bit_length())
+        if Cp > width:
+            idx = torch.cat([idx, idx.new_zeros(B, Cp - width)], dim=1)
+        key_round = KEY_ROUND
+    return _append_all(model, cache, idx, n_cpu, rows, block, key_round)
+
+
+def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_round=1):
+    c = model.cfg
+    B, C = idx.shape
+    dev = idx.device
+    H, Hk, D, W = c.n_heads, c.n_kv_heads, c.head_dim, c.swa_window
+    dt = cache.gk.dtype
+    n = n_cpu.to(dev, non_blocking=True)
+    rdev, sel, lens, lens_cpu = _rows(cache, B, dev, rows)
+    ar = torch.arange(C, device=dev)
+    valid = ar[None, :] < n[:, None]                                            # (B, C)
+    pos = lens[:, None] + ar[None, :]                                           # (B, C)
+    new_lens = lens + n
+    new_lens_cpu = lens_cpu + n_cpu
+    L0, Lg = int(lens_cpu.max()), int(new_lens_cpu.max())
+    bidx = rdev[:, None].expand(B, C)
+    gpos = torch.where(valid, pos, torch.full_like(pos, cache.max_len))        # scratch for padding
+    keep = valid & (pos >= (new_lens[:, None] - W))                            # last W real tokens
+    slot = torch.where(keep, pos % W, torch.full_like(pos, W))                 # scratch slot W
+    addrs = _engram_addrs(model, sel(cache.tokens), lens, idx)
+    cache.tokens[bidx, gpos] = idx
+
+    # Local keys in position order: seq[j] = position lens - W + j, i.e. the ring's last W entries (j < W) then the new
+    # tokens (j >= W). Query i (position lens + i) sees seq[i+1 .. i+W]: a band, so each query block only needs a
+    # slice of it. Masks are the same in every layer: build them once.
+    qb = _block_size(dev, C, block)
+    wpos = lens[:, None] - W + torch.arange(W, device=dev)[None, :]           # (B, W) positions of the ring part
+    ring_idx = wpos % W
+    ring_ok = (wpos >= 0) & (sel(cache.lpos).gather(1, ring_idx) == wpos)      # slot really holds that position
+    key_ok = torch.cat([ring_ok, valid], dim=1)                                 # (B, W + C)
+    ring_gather = ring_idx[:, None, :, None].expand(B, Hk, W, D)
+    blocks = []
+    for s in range(0, C, qb):
+        e = min(C, s + qb)
+        lg = min(Lg, L0 + e)              # the last global key any query of this block can see
+        lg = min(-(-lg // key_round) * key_round, cache.max_len)   # masked beyond the length
+        pq = pos[:, s:e, None]
+        kpos = torch.arange(lg, device=dev)
+        gm = (kpos[None, None, :] <= pq) & (kpos[None, None, :] < new_lens[:, None, None])
+        qi = torch.arange(s, e, device=dev)[:, None]
+        j = torch.arange(s + 1, e + W, device=dev)[None, :]
+        lm = ((j > qi) & (j <= qi + W))[None] & key_ok[:, None, s + 1:e + W]
+        m = torch.cat([gm, lm], dim=2)
+        m[:, :, 0] |= ~valid[:, s:e]       # padding queries: never an empty row (SDPA would return NaN)
+        blocks.append((s, e, lg, m[:, None]))                                   # (B, 1, nq, L)
+
+    # short chunks on GPUs (a new turn, a tool result): explicit attention, no SDPA kernel per shape
+    manual = dev.type != "cpu" and C <= EXPLICIT_ATTN_MAX
+    x = model.embed(idx)
+    rope = model.rope
+    group = -1
+    for li, blk in enumerate(model.blocks):
+        if blk.engram is not None:
+            x = x + blk.engram(x, addrs[li])
+        a = blk.attn
+        h = rms_norm(x)
+        q = _rope_pos(rope, rms_norm(a.w_q(h).view(B, C, H, D).transpose(1, 2)), pos).to(dt)
+        if a.mode == "full":
+            group += 1
+            k, v = a.w_kv_global(h).view(B, C, 2, Hk, D).permute(2, 0, 3, 1, 4)
+            k = _rope_pos(rope, rms_norm(k), pos)
+            cache.gk[group][bidx, :, gpos] = k.transpose(1, 2).to(dt)
+            cache.gv[group][bidx, :, gpos] = v.transpose(1, 2).to(dt)
+            if rows is None:
+                Kg_all, Vg_all = cache.gk[group], cache.gv[group]
+            else:
+                lgmax = blocks[-1][2]
+                Kg_all, Vg_all = cache.gk[group][rdev, :, :lgmax], cache.gv[group][rdev, :, :lgmax]
+        kl, vl = a.w_kv_local(h).view(B, C, 2, Hk, D).permute(2, 0, 3, 1, 4)
+        kl = _rope_pos(rope, rms_norm(kl), pos).to(cache.lk.dtype)
+        vl = vl.to(cache.lv.dtype)
+        seq_k = torch.cat([sel(cache.lk[li]).gather(2, ring_gather), kl], dim=2)   # (B, Hk, W + C, D): ring, new
+        seq_v = torch.cat([sel(cache.lv[li]).gather(2, ring_gather), vl], dim=2)
+        ys = []
+        for s, e, lg, m in blocks:
+            Kb = torch.cat([Kg_all[:, :, :lg], seq_k[:, :, s + 1:e + W]], dim=2)
+            Vb = torch.cat([Vg_all[:, :, :lg], seq_v[:, :, s + 1:e + W]], dim=2)
+            if manual:
+                ys.append(_attn_explicit(q[:, :, s:e], Kb, Vb, m, Hk))
+            else:
+                ys.append(F.scaled_dot_product_attention(q[:, :, s:e], Kb, Vb, attn_mask=m, enable_gqa=True))
+        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=2)
+        y = y.transpose(1, 2).reshape(B, C, H * D)
+        x = x + a.w_o(y.to(x.dtype))
+        x = x + _mlp(blk.mlp, rms_norm(x))
+        cache.lk[li][bidx, :, slot] = kl.transpose(1, 2)
+        cache.lv[li][bidx, :, slot] = vl.transpose(1, 2)
+    cache.lpos[bidx, slot] = torch.where(keep, pos, torch.full_like(pos, -1))
+    if rows is None:            # in place: a captured decode graph holds these tensors
+        cache.lens.copy_(new_lens)
+        cache.lens_cpu.copy_(new_lens_cpu)
+    else:
+        cache.lens[rdev] = new_lens
+        cache.lens_cpu[rows] = new_lens_cpu
+    last = (n - 1).clamp_min(0)
+    return _softcap(model, x[torch.arange(B, device=dev), last])
+
+
+@torch.no_grad()
+def append_chunked(model, cache: KVCache, idx: torch.Tensor, n_new, rows=None) -> torch.Tensor:
+    """Reference implementation (the earlier serving path, kept for equivalence tests and benches): processes the
+    new tokens in CHUNK-token pieces, every piece through all layers. Same arguments and result as append."""
+    n_cpu = torch.as_tensor(n_new, dtype=torch.long).cpu()
+    B, C = idx.shape
+    if rows is not None:
+        rows = torch.as_tensor(rows, dtype=torch.long).cpu()
+    _check_room(cache, n_cpu, rows)
+    out = None
+    for s in range(0, C, CHUNK):
+        n_sub = (n_cpu - s).clamp(0, CHUNK)
+        if int(n_sub.max()) == 0:
+            break
+        width = int(n_sub.max())
+        logits = _append_chunk(model, cache, idx[:, s:s + width], n_sub, rows)
+        out = logits if out is None else torch.where((n_sub > 0).to(out.device)[:, None], logits, out)
+    return out
+
+
+def _append_chunk(model, cache: KVCache, idx, n_cpu, rows=None):
+    c = model.cfg
+    B, C = idx.shape
+    dev = idx.device
+    H, Hk, D, W = c.n_heads, c.n_kv_heads, c.head_dim, c.swa_window
+    rep = H // Hk
+    n = n_cpu.to(dev, non_blocking=True)
+    rdev, sel, lens, lens_cpu = _rows(cache, B, dev, rows)
+    ar = torch.arange(C, device=dev)
+    valid = ar[None, :] < n[:, None]                                            # (B, C)
+    pos = lens[:, None] + ar[None, :]                                           # (B, C)
+    new_lens = lens + n
+    new_lens_cpu = lens_cpu + n_cpu
+    Lg = int(new_lens_cpu.max())
+    bidx = rdev[:, None].expand(B, C)
+    gpos = torch.where(valid, pos, torch.full_like(pos, cache.max_len))        # scratch for padding
+    keep = valid & (pos >= (new_lens[:, None] - W))                            # last W real tokens
+    slot = torch.where(keep, pos % W, torch.full_like(pos, W))                 # scratch slot W
+    addrs = _engram_addrs(model, sel(cache.tokens), lens, idx)
+    cache.tokens[bidx, gpos] = idx
+
+    kpos = torch.arange(Lg, device=dev)
+    gmask = (kpos[None, None, :] <= pos[:, :, None]) & (kpos[None, None, :] < new_lens[:, None, None])  # (B, C, Lg)
+    lpos_all = torch.cat([sel(cache.lpos), torch.where(valid, pos, torch.full_like(pos, -1))], dim=1)  # (B, W+1+C)
+    lmask = (lpos_all[:, None, :] >= 0) & (lpos_all[:, None, :] <= pos[:, :, None]) & \
+            (pos[:, :, None] - lpos_all[:, None, :] < W)
+    mask = torch.cat([gmask, lmask], dim=2)[:, None, None]                      # (B, 1, 1, C, L)
+    neg = torch.finfo(torch.float32).min / 2
+    scale = 1.0 / math.sqrt(D)
+
+    x = model.embed(idx)
+    rope = model.rope
+    group = -1
+    for li, blk in enumerate(model.blocks):
+        if blk.engram is not None:
+            x = x + blk.engram(x, addrs[li])
+        a = blk.attn
+        h = rms_norm(x)
+        q = _rope_pos(rope, rms_norm(a.w_q(h).view(B, C, H, D).transpose(1, 2)), pos)
+        if a.mode == "full":
+            group += 1
+            k, v = a.w_kv_global(h).view(B, C, 2, Hk, D).permute(2, 0, 3, 1, 4)
+            k = _rope_pos(rope, rms_norm(k), pos)
+            cache.gk[group][bidx, :, gpos] = k.transpose(1, 2).to(cache.gk.dtype)
+            cache.gv[group][bidx, :, gpos] = v.transpose(1, 2).to(cache.gv.dtype)
+        kl, vl = a.w_kv_local(h).view(B, C, 2, Hk, D).permute(2, 0, 3, 1, 4)
+        kl = _rope_pos(rope, rms_norm(kl), pos).to(cache.lk.dtype)
+        vl = vl.to(cache.lv.dtype)
+        # grouped-query attention straight against the cache: queries (B, Hk, rep*C, D)
+        q2 = q.to(cache.gk.dtype).reshape(B, Hk, rep * C, D)
+        if rows is None:
+            Kg, Vg = cache.gk[group][:, :, :Lg], cache.gv[group][:, :, :Lg]
+        else:
+            Kg, Vg = cache.gk[group][rdev, :, :Lg], cache.gv[group][rdev, :, :Lg]
+        Kl = torch.cat([sel(cache.lk[li]), kl], dim=2)                          # (B, Hk, W+1+C, D) (small)
+        Vl = torch.cat([sel(cache.lv[li]), vl], dim=2)
+        s = torch.cat([q2 @ Kg.transpose(-1, -2), q2 @ Kl.transpose(-1, -2)], dim=-1).float() * scale
+        s = s.view(B, Hk, rep, C, -1).masked_fill(~mask, neg)
+        p = torch.softmax(s, dim=-1).to(Vg.dtype).view(B, Hk, rep * C, -1)
+        y = p[..., :Lg] @ Vg + p[..., Lg:] @ Vl                                 # (B, Hk, rep*C, D)
+        y = y.view(B, H, C, D).transpose(1, 2).reshape(B, C, H * D)
+        x = x + a.w_o(y.to(x.dtype))
+        x = x + blk.mlp(rms_norm(x))
+        cache.lk[li][bidx, :, slot] = kl.transpose(1, 2)
+        cache.lv[li][bidx, :, slot] = vl.transpose(1, 2)
+    cache.lpos[bidx, slot] = torch.where(keep, pos, torch.full_like(pos, -1))
+    if rows is None:            # in place: a captured decode graph holds these tensors
+        cache.lens.copy_(new_lens)
+        cache.lens_cpu.copy_(new_lens_cpu)
+    else:
+        cache.lens[rdev] = new_lens
+        cache.lens_cpu[rows] = new_lens_cpu
+    last = (n - 1).clamp_min(0)
+    return _softcap(model, x[torch.arange(B, device=dev), last])
+
+
+def _decode_one(model, cache: KVCache, idx, L: int):
+    """Append one token (idx (1, 1), device) to row 0 at host-known position L; returns softcapped logits (1, V).
+    Exactly the ops and shapes append_chunked runs for a single token (bit-identical logits), minus its general
+    batching/masking work: slices instead of scatter writes, the step mask built once."""
+    c = model.cfg
+    dev = idx.device
+    H, Hk, D, W = c.n_heads, c.n_kv_heads, c.head_dim, c.swa_window
+    rep = H // Hk
+    dt = cache.gk.dtype
+    rope = model.rope
+    p2 = torch.full((1, 1), L, device=dev, dtype=torch.long)
+    addrs = _engram_addrs(model, cache.tokens[:1], p2[0], idx)
+    cache.tokens[0, L] = idx[0, 0]
+    slot = L % W
+    lp = torch.cat([cache.lpos[0], p2[0]])                                     # (W+2,)
+    mask = torch.cat([torch.ones(L + 1, dtype=torch.bool, device=dev), (lp >= 0) & (lp <= L) & (L - lp < W)])
+    inv = ~mask.view(1, 1, 1, 1, -1)
+    neg = torch.finfo(torch.float32).min / 2
+    scale = 1.0 / math.sqrt(D)
+    x = model.embed(idx)
+    group = -1
+    for li, blk in enumerate(model.blocks):
+        if blk.engram is not None:
+            x = x + blk.engram(x, addrs[li])
+        a = blk.attn
+        h = rms_norm(x)
+        q = _rope_pos(rope, rms_norm(a.w_q(h).view(1, 1, H, D).transpose(1, 2)), p2)
+        if a.mode == "full":
+            group += 1
+            k, v = a.w_kv_global(h).view(1, 1, 2, Hk, D).permute(2, 0, 3, 1, 4)
+            k = _rope_pos(rope, rms_norm(k), p2)
+            cache.gk[group][:, :, L] = k[:, :, 0].to(dt)
+            cache.gv[group][:, :, L] = v[:, :, 0].to(dt)
+            Kg, Vg = cache.gk[group][:, :, :L + 1], cache.gv[group][:, :, :L + 1]
+        kl, vl = a.w_kv_local(h).view(1, 1, 2, Hk, D).permute(2, 0, 3, 1, 4)
+        kl = _rope_pos(rope, rms_norm(kl), p2).to(cache.lk.dtype)
+        vl = vl.to(cache.lv.dtype)
+        q2 = q.to(dt).reshape(1, Hk, rep, D)
+        Kl = torch.cat([cache.lk[li][:1], kl], dim=2)
+        Vl = torch.cat([cache.lv[li][:1], vl], dim=2)
+        s = torch.cat([q2 @ Kg.transpose(-1, -2), q2 @ Kl.transpose(-1, -2)], dim=-1).float() * scale
+        s = s.view(1, Hk, rep, 1, -1).masked_fill(inv, neg)
+        p = torch.softmax(s, dim=-1).to(Vg.dtype).view(1, Hk, rep, -1)
+        y = p[..., :L + 1] @ Vg + p[..., L + 1:] @ Vl
+        y = y.view(1, H, 1, D).transpose(1, 2).reshape(1, 1, H * D)
+        x = x + a.w_o(y.to(x.dtype))
+        x = x + blk.mlp(rms_norm(x))
+        cache.lk[li][:1, :, slot] = kl[:, :, 0]
+        cache.lv[li][:1, :, slot] = vl[:, :, 0]
+    cache.lpos[0, slot] = L
+    cache.lens[0] += 1
+    cache.lens_cpu[0] += 1
+    return _softcap(model, x[:, 0])

@@ -1,0 +1,190 @@
+"""The static-shape device step (`_step_static`) that CUDA/XPU graphs capture, its per-model helper tensors
+(`_StaticAux`) and the captured-graph prefill feeds (`_StaticFeed`). On a CPU the same step runs uncaptured
+(Decoder(graph="static")): that is how its equivalence with the eager path is tested without a GPU."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..model import rms_norm
+from .append import _rope_cs, _softcap
+from .cache import KVCache
+
+
+def _graph_api(dev: torch.device):
+    """(Graph, graph context, Stream, stream context, current_stream) for a device that can capture, else None."""
+    if dev.type == "cuda":
+        return torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.Stream, torch.cuda.stream, torch.cuda.current_stream
+    if dev.type == "xpu" and hasattr(torch, "xpu") and hasattr(torch.xpu, "XPUGraph"):
+        return torch.xpu.XPUGraph, torch.xpu.graph, torch.xpu.Stream, torch.xpu.stream, torch.xpu.current_stream
+    return None
+
+
+class _StaticAux:
+    """Per-model tensors for the fused graph step: per layer one weight for [q | k_local | k_global | v_local |
+    v_global] (one GEMM instead of 2-3, and the q/k heads contiguous so one norm + one RoPE matmul covers them),
+    plus the RoPE helper matrices. Built once per Decoder."""
+
+    def __init__(self, model, cache: KVCache):
+        c = model.cfg
+        Hk, D = c.n_kv_heads, c.head_dim
+        dev = cache.gk.device
+        self.wf, self.nqk = [], []
+        for blk in model.blocks:
+            a = blk.attn
+            wl = a.w_kv_local.weight
+            parts_k, parts_v = [wl[:Hk * D]], [wl[Hk * D:]]
+            if a.mode == "full":
+                wg = a.w_kv_global.weight
+                parts_k.append(wg[:Hk * D])
+                parts_v.append(wg[Hk * D:])
+            self.wf.append(torch.cat([a.w_q.weight] + parts_k + parts_v, dim=0).contiguous())
+            self.nqk.append(c.n_heads + Hk * len(parts_k))
+        self.kpos = torch.arange(cache.max_len, device=dev)
+        self.ar = torch.arange(max(_StaticFeed.BUCKETS), device=dev)
+        max_n = max(c.engram_orders) if model.engram_modules() else 1
+        self.back = torch.arange(-(max_n - 1), 0, device=dev)
+        half = D // 2
+        dt = model.embed.weight.dtype
+        self.eye = torch.eye(D, device=dev, dtype=dt)
+        P = torch.zeros(D, D, device=dev, dtype=dt)                 # x @ (eye*cos + P*sin) == RoPE(x)
+        j = torch.arange(half, device=dev)
+        P[j + half, j] = -1
+        P[j, j + half] = 1
+        self.P = P
+
+
+def _step_static(model, cache: KVCache, idx, n, aux: _StaticAux):
+    """Append the first n of the C tokens idx (1, C) to row 0 with static shapes and no host values (CUDA/XPU graph
+    capture). n (1,) long on the device; n == 0 is a no-op on the cache (writes go to the scratch slots, the length
+    stays), so a captured decode loop can run past the end of a turn without touching the window. The position is
+    cache.lens on the device; global attention runs over all max_len slots with a length mask. Returns softcapped
+    logits (1, V) at the last real token.
+    Fused for few kernels (launch overhead is the cost at batch 1): one QKV GEMM per layer, one norm and one RoPE
+    over the q/k heads (a matmul when C == 1), baddbmm with an additive mask, residual adds inside addmm. Same math
+    as append; results differ by rounding (GEMM shapes, RoPE as a matmul)."""
+    c = model.cfg
+    H, Hk, D, W = c.n_heads, c.n_kv_heads, c.head_dim, c.swa_window
+    rep = H // Hk
+    M = cache.max_len
+    C = idx.size(1)
+    dt = cache.gk.dtype
+    rope = model.rope
+    lens = cache.lens[:1]                                                        # (1,)
+    ar = aux.ar[:C]
+    pos = lens + ar                                                              # (C,)
+    valid = ar < n
+    new_len = lens + n
+    gpos = torch.where(valid, pos, torch.full_like(pos, M))
+    keep = valid & (pos >= new_len - W)
+    slot = torch.where(keep, pos % W, torch.full_like(pos, W))
+    lnew = torch.where(valid, pos, torch.full_like(pos, -1))
+    addrs = {}
+    if model.engram_modules():
+        prev_pos = lens + aux.back                                               # (max_n - 1,)
+        # index_select, not gather: XPU's gather kernel trips an index assert under graph replay
+        prev = cache.tokens[0].index_select(0, prev_pos.clamp_min(0))
+        prev = torch.where(prev_pos >= 0, prev, torch.zeros_like(prev))
+        addrs = model.engram_addresses(idx, prev[None])
+    cache.tokens[0].index_copy_(0, gpos, idx[0])
+    lp = torch.cat([cache.lpos[0], lnew])                                       # (W+1+C,) local key positions
+    pq = pos[:, None]
+    mask = torch.cat([(aux.kpos[None, :] <= pq) & (aux.kpos[None, :] < new_len),
+                      (lp[None, :] >= 0) & (lp[None, :] <= pq) & (pq - lp[None, :] < W)], dim=1)   # (C, L)
+    mask[:, 0] |= ~valid                 # padding / no-op queries: never an all-masked row (NaN)
+    x = model.embed(idx[0])                                                      # (C, d)
+    xdt = x.dtype
+    bias = torch.zeros(mask.shape, device=x.device, dtype=dt).masked_fill_(~mask, float("-inf"))
+    bias = bias.repeat(rep, 1)[None]                                             # (1, rep*C, L), rows r*C + i
+    if C == 1:
+        cs, sn = rope.cos[pos].to(xdt), rope.sin[pos].to(xdt)                    # (1, D/2)
+        R = aux.eye * torch.cat([cs, cs], dim=-1) + aux.P * torch.cat([sn, sn], dim=-1)   # x @ R == RoPE(x)
+    else:
+        cs, sn = rope.cos[pos][:, None].to(xdt), rope.sin[pos][:, None].to(xdt)  # (C, 1, D/2)
+    scale = 1.0 / math.sqrt(D)
+    group = -1
+    for li, blk in enumerate(model.blocks):
+        if blk.engram is not None:
+            x = x + blk.engram(x[None], addrs[li])[0]
+        a = blk.attn
+        nqk = aux.nqk[li]
+        heads = torch.nn.functional.linear(rms_norm(x), aux.wf[li]).view(C, -1, D)   # (C, nqk + nv, D)
+        qk = rms_norm(heads[:, :nqk])
+        qk = qk @ R if C == 1 else _rope_cs(qk, cs, sn)                          # normed + rotated q / k heads
+        q = qk[:, :H].reshape(C, Hk, rep, D).permute(1, 2, 0, 3).reshape(Hk, rep * C, D)
+        kl = qk[:, H:H + Hk].transpose(0, 1).to(cache.lk.dtype)                  # (Hk, C, D)
+        if a.mode == "full":
+            group += 1
+            vl, vg = heads[:, nqk:nqk + Hk], heads[:, nqk + Hk:]
+            cache.gk[group][0].index_copy_(1, gpos, qk[:, H + Hk:].transpose(0, 1).to(dt))
+            cache.gv[group][0].index_copy_(1, gpos, vg.transpose(0, 1).to(dt))
+            Kg, Vg = cache.gk[group][0, :, :M], cache.gv[group][0, :, :M]
+        else:
+            vl = heads[:, nqk:]
+        vl = vl.transpose(0, 1).to(cache.lv.dtype)                               # (Hk, C, D)
+        Kb = torch.cat([Kg, cache.lk[li][0], kl], dim=1)                         # (Hk, M + W + 1 + C, D)
+        Vb = torch.cat([Vg, cache.lv[li][0], vl], dim=1)
+        sc = torch.baddbmm(bias, q.to(dt), Kb.transpose(1, 2), alpha=scale)
+        p = torch.softmax(sc, dim=-1, dtype=torch.float32).to(dt)
+        y = torch.bmm(p, Vb).view(Hk, rep, C, D).permute(2, 0, 1, 3).reshape(C, H * D).to(xdt)
+        x = torch.addmm(x, y, a.w_o.weight.t())
+        u = torch.nn.functional.linear(rms_norm(x), blk.mlp.up.weight)
+        torch.relu_(u)
+        x = torch.addmm(x, u.mul_(u), blk.mlp.down.weight.t())
+        cache.lk[li][0].index_copy_(1, slot, kl)
+        cache.lv[li][0].index_copy_(1, slot, vl)
+    cache.lpos[0].index_copy_(0, slot, torch.where(keep, pos, torch.full_like(pos, -1)))
+    cache.lens.add_(n)
+    return _softcap(model, x.index_select(0, (n - 1).clamp_min(0)))
+
+
+class _StaticFeed:
+    """Graph-captured append() for one row-0 chunk of up to max(BUCKETS) tokens (a new turn, a tool result) on a
+    CUDA/XPU cache: the chunk is padded to the next bucket, one graph per bucket, captured on first use. Attached to
+    the cache by the Decoder (cache.static_feed); append() uses it for batch-1 chunks that fit."""
+    BUCKETS = (16, 32, 64, 128, 256, 512)
+
+    def __init__(self, model, cache: KVCache, aux: _StaticAux, capture: bool = True):
+        self.model, self.cache, self.aux, self.capture = model, cache, aux, capture
+        self.max_c = self.BUCKETS[-1]
+        self.n = torch.zeros(1, dtype=torch.long, device=cache.gk.device)
+        self.inp, self.out, self.g, self.fns = {}, {}, {}, {}
+
+    def _graph(self, C):
+        dev = self.cache.gk.device
+        self.inp[C] = torch.zeros(1, C, dtype=torch.long, device=dev)
+        model, cache, aux, inp, n = self.model, self.cache, self.aux, self.inp[C], self.n
+
+        def fn():
+            self.out[C] = _step_static(model, cache, inp, n, aux)
+
+        self.fns[C] = fn
+        if not self.capture:
+            self.g[C] = fn
+            return
+        Graph, graph_ctx, Stream, stream_ctx, current = _graph_api(dev)
+        n.zero_()                                    # warm-up / capture as no-ops: writes land in scratch slots
+        s = Stream()
+        s.wait_stream(current())
+        with stream_ctx(s):
+            for _ in range(2):
+                fn()
+        current().wait_stream(s)
+        g = Graph()
+        with graph_ctx(g):
+            fn()
+        self.g[C] = g.replay
+
+    def feed(self, idx, w: int):
+        C = next(b for b in self.BUCKETS if b >= w)
+        if C not in self.g:
+            self._graph(C)
+        inp = self.inp[C]
+        inp[:, :w].copy_(idx[:1, :w])
+        if w < C:
+            inp[:, w:].zero_()
+        self.n.fill_(w)
+        self.g[C]()
+        self.cache.lens_cpu[0] += w
+        return self.out[C].clone()

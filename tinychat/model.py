@@ -1,0 +1,421 @@
+"""TinyAgentLM: the model the small-KV-cache decoder runs (what the user's `tiny_agent.model` provides).
+
+Layers come in groups of `kv_group`: the first layer of a group is "full" and writes the group's global K/V
+(attended causally over the whole context by every layer of the group); every layer also has its own local K/V
+over a sliding window of `swa_window` positions. Each query runs ONE softmax over [global keys | local keys].
+So the decode cache holds one global K/V per group plus one small ring per layer.
+
+`TinyAgentLM.forward(idx)` is the plain full-sequence forward: the training path and the exact reference the
+incremental decoder (tinychat.engine) is tested against.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
+
+
+class CheckpointError(ValueError):
+    """A model folder that cannot be loaded; the message is one line, fit for the user."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    kv_group: int           # layers per group; layer i is "full" when i % kv_group == 0
+    swa_window: int         # local attention window W (keys i-W < j <= i)
+    mlp_hidden: int
+    logit_softcap: float
+    rope_base: float
+    max_seq_len: int
+    engram_orders: tuple[int, ...] = ()     # n-gram orders, e.g. (2, 3); () = no Engram
+    engram_layers: tuple[int, ...] = ()     # blocks that get an Engram module
+    engram_heads: int = 0                   # hash heads per order
+    engram_table_size: int = 0              # slots per (order, head) table; a prime
+    engram_dim: int = 0                     # embedding width per (order, head)
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "engram_orders", tuple(int(n) for n in self.engram_orders))
+        object.__setattr__(self, "engram_layers", tuple(int(n) for n in self.engram_layers))
+        problems = self.problems()
+        if problems:
+            raise CheckpointError("invalid model config: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        p = []
+        for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "kv_group",
+                  "swa_window", "mlp_hidden", "max_seq_len"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                p.append(f"{f} must be a positive integer (got {v!r})")
+        if p:
+            return p
+        if self.n_heads % self.n_kv_heads:
+            p.append(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.head_dim % 2:
+            p.append(f"head_dim ({self.head_dim}) must be even (RoPE)")
+        if not self.logit_softcap > 0 or not self.rope_base > 0:
+            p.append("logit_softcap and rope_base must be positive")
+        if self.engram_orders:
+            if min(self.engram_orders) < 2:
+                p.append("engram_orders must be n-gram orders >= 2")
+            if self.engram_heads <= 0 or self.engram_table_size <= 1 or self.engram_dim <= 0:
+                p.append("engram_heads, engram_table_size and engram_dim must be positive with engram_orders")
+            if any(not 0 <= i < self.n_layers for i in self.engram_layers):
+                p.append(f"engram_layers {self.engram_layers} out of range for {self.n_layers} layers")
+        return p
+
+    @property
+    def n_groups(self) -> int:
+        return math.ceil(self.n_layers / self.kv_group)
+
+    @property
+    def has_engram(self) -> bool:
+        return bool(self.engram_orders and self.engram_layers)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["engram_orders"], d["engram_layers"] = list(self.engram_orders), list(self.engram_layers)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        if not isinstance(d, dict):
+            raise CheckpointError("model config must be a JSON object")
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.name not in d]
+        if missing:
+            raise CheckpointError(f"model config lacks {', '.join(missing)}")
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise CheckpointError(f"model config has unknown fields {', '.join(unknown)}")
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise CheckpointError(f"invalid model config: {e}") from None
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """Bytes the decode cache grows by per token: one global K/V per group (the local rings are fixed size)."""
+        return self.n_groups * 2 * self.n_kv_heads * self.head_dim * dtype_bytes
+
+    def gqa_kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """What a standard per-layer GQA cache of the same dims would store per token."""
+        return self.n_layers * 2 * self.n_kv_heads * self.head_dim * dtype_bytes
+
+    def ring_bytes(self, dtype_bytes: int = 2) -> int:
+        """The fixed part: one ring of swa_window K/V slots per layer."""
+        return self.n_layers * 2 * self.n_kv_heads * self.swa_window * self.head_dim * dtype_bytes
+
+
+# Named sizes. tiny: tests (< 1M params). demo: the shipped model. full: the size of the user's own model.
+SIZES = {
+    "tiny": dict(vocab_size=512, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16, kv_group=2,
+                 swa_window=8, mlp_hidden=192, logit_softcap=30.0, rope_base=10000.0, max_seq_len=512,
+                 engram_orders=(2, 3), engram_layers=(1,), engram_heads=2, engram_table_size=1009,
+                 engram_dim=16),
+    "demo": dict(vocab_size=8192, d_model=384, n_layers=8, n_heads=6, n_kv_heads=2, head_dim=64, kv_group=4,
+                 swa_window=128, mlp_hidden=1536, logit_softcap=30.0, rope_base=10000.0, max_seq_len=2048,
+                 engram_orders=(2, 3), engram_layers=(1,), engram_heads=2, engram_table_size=20011,
+                 engram_dim=32),
+    "full": dict(vocab_size=32000, d_model=768, n_layers=16, n_heads=12, n_kv_heads=4, head_dim=64, kv_group=4,
+                 swa_window=256, mlp_hidden=3328, logit_softcap=30.0, rope_base=10000.0, max_seq_len=4096,
+                 engram_orders=(2, 3), engram_layers=(1, 9), engram_heads=4, engram_table_size=32749,
+                 engram_dim=64),
+}
+
+
+def config_for(size: str, **overrides) -> ModelConfig:
+    if size not in SIZES:
+        raise CheckpointError(f"unknown model size {size!r} (choose from {', '.join(SIZES)})")
+    return ModelConfig(**{**SIZES[size], "name": size, **overrides})
+
+
+def rms_norm(x: torch.Tensor) -> torch.Tensor:
+    """Weightless RMS norm over the last dimension."""
+    return F.rms_norm(x, (x.size(-1),))
+
+
+class Rope(nn.Module):
+    """Half-split rotary embedding; cos/sin (max_seq_len, head_dim/2) indexed by absolute position."""
+
+    def __init__(self, head_dim: int, max_seq_len: int, base: float):
+        super().__init__()
+        inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        ang = torch.arange(max_seq_len, dtype=torch.float64)[:, None] * inv[None, :]
+        self.register_buffer("cos", ang.cos().float(), persistent=False)
+        self.register_buffer("sin", ang.sin().float(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, H, T, D) at positions 0..T-1."""
+        T = x.size(-2)
+        cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class Engram(nn.Module):
+    """Hashed n-gram memory with a context gate (position-local: no temporal convolution).
+
+    For every order n and hash head h, the n canonical ids ending at a position hash (multiplicative-XOR) into a
+    prime-sized table; the gathered embeddings are concatenated, projected to a value v and a key k, and
+    gate = sigmoid(<rms_norm(x), rms_norm(k)> / sqrt(d)) scales v."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.orders, self.heads, self.size = cfg.engram_orders, cfg.engram_heads, cfg.engram_table_size
+        self.n_max = max(self.orders)
+        n_tables = len(self.orders) * self.heads
+        self.table = nn.Embedding(n_tables * self.size, cfg.engram_dim)
+        self.w_k = nn.Linear(n_tables * cfg.engram_dim, cfg.d_model, bias=False)
+        self.w_v = nn.Linear(n_tables * cfg.engram_dim, cfg.d_model, bias=False)
+        # odd multipliers < 2^31 (so cid * mult fits in int64 without wrapping), fixed per layer; saved with weights
+        g = torch.Generator().manual_seed(0x5EED + 7919 * layer)
+        mult = torch.randint(1 << 20, 1 << 31, (n_tables, self.n_max), generator=g) | 1
+        self.register_buffer("mult", mult)
+        self.register_buffer("offset", torch.arange(n_tables) * self.size)
+
+    def addresses(self, cids: torch.Tensor) -> torch.Tensor:
+        """cids (B, T + n_max - 1), the n_max - 1 previous canonical ids first. Returns (B, T + n_max - 1,
+        n_tables) table addresses; the first n_max - 1 positions see a shorter context and are sliced off by
+        the callers ([:, n_max - 1:])."""
+        B, S = cids.shape
+        c = F.pad(cids, (self.n_max - 1, 0))                    # (B, S + n_max - 1)
+        addrs = []
+        t = 0
+        for n in self.orders:
+            for h in range(self.heads):
+                acc = torch.zeros(B, S, dtype=torch.long, device=cids.device)
+                for j in range(n):                               # token j places back from the position
+                    tok = c[:, self.n_max - 1 - j:self.n_max - 1 - j + S]
+                    acc = torch.bitwise_xor(acc, tok * self.mult[t, j])
+                addrs.append(torch.remainder(acc, self.size) + self.offset[t])
+                t += 1
+        return torch.stack(addrs, dim=-1)
+
+    def forward(self, x: torch.Tensor, addrs: torch.Tensor) -> torch.Tensor:
+        """x (B, T, d), addrs (B, T, n_tables) -> (B, T, d)."""
+        e = self.table(addrs).flatten(-2).to(x.dtype)           # (B, T, n_tables * engram_dim)
+        v, k = self.w_v(e), self.w_k(e)
+        gate = torch.sigmoid((rms_norm(x) * rms_norm(k)).sum(-1, keepdim=True) / math.sqrt(x.size(-1)))
+        return gate * v
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.mode = "full" if layer % cfg.kv_group == 0 else "local"
+        d, H, Hk, D = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.w_q = nn.Linear(d, H * D, bias=False)
+        self.w_kv_local = nn.Linear(d, 2 * Hk * D, bias=False)          # K rows then V rows
+        self.w_kv_global = nn.Linear(d, 2 * Hk * D, bias=False) if self.mode == "full" else None
+        self.w_o = nn.Linear(H * D, d, bias=False)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.up = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
+        self.down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
+
+    def forward(self, x):
+        return self.down(F.relu(self.up(x)).square())
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.attn = Attention(cfg, layer)
+        self.mlp = MLP(cfg)
+        self.engram = Engram(cfg, layer) if cfg.has_engram and layer in cfg.engram_layers else None
+
+
+def canonical_ids(token_strings: list[str]) -> torch.Tensor:
+    """cid_map from each token's text: tokens equal after NFKC + lowercase + stripping a leading space share the
+    smallest such id. (V,) long."""
+    first: dict[str, int] = {}
+    out = []
+    for i, s in enumerate(token_strings):
+        key = unicodedata.normalize("NFKC", s).lower()
+        key = key[1:] if key.startswith(" ") else key
+        out.append(first.setdefault(key, i))
+    return torch.tensor(out, dtype=torch.long)
+
+
+class TinyAgentLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, token_strings: list[str] | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.rope = Rope(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)
+        if token_strings is not None and len(token_strings) != cfg.vocab_size:
+            raise CheckpointError(f"tokenizer has {len(token_strings)} tokens, the config {cfg.vocab_size}")
+        cid = canonical_ids(token_strings) if token_strings is not None else torch.arange(cfg.vocab_size)
+        self.register_buffer("cid_map", cid)
+        self._engrams = [b.engram for b in self.blocks if b.engram is not None]
+        self.reset_parameters()
+
+    def reset_parameters(self, seed: int | None = None) -> None:
+        g = torch.Generator().manual_seed(seed) if seed is not None else None
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("w_o.weight", "down.weight")) \
+                    else 0.02
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+    def engram_modules(self) -> list[Engram]:
+        return self._engrams
+
+    def engram_addresses(self, idx: torch.Tensor, prev: torch.Tensor | None = None) -> dict[int, torch.Tensor]:
+        """{block index: (B, T, n_tables)} for tokens idx (B, T); prev (B, n_max - 1) the tokens before idx
+        (token id 0 where the sequence starts)."""
+        if not self._engrams:
+            return {}
+        n1 = max(self.cfg.engram_orders) - 1
+        if prev is None:
+            prev = idx.new_zeros(idx.size(0), n1)
+        cids = self.cid_map[torch.cat([prev, idx], dim=1)]
+        return {i: b.engram.addresses(cids)[:, n1:] for i, b in enumerate(self.blocks) if b.engram is not None}
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx (B, T) token ids at positions 0..T-1 -> softcapped logits (B, T, V)."""
+        c = self.cfg
+        B, T = idx.shape
+        H, Hk, D, W = c.n_heads, c.n_kv_heads, c.head_dim, c.swa_window
+        rep = H // Hk
+        if T > c.max_seq_len:
+            raise ValueError(f"sequence of {T} tokens exceeds max_seq_len {c.max_seq_len}")
+        addrs = self.engram_addresses(idx)
+        i = torch.arange(T, device=idx.device)
+        gmask = i[None, :] <= i[:, None]                                        # (T, T) causal
+        lmask = gmask & (i[:, None] - i[None, :] < W)                           # (T, T) window i-W < j <= i
+        mask = torch.cat([gmask, lmask], dim=1)                                 # (T, 2T): [global | local] keys
+        x = self.embed(idx)
+        kg = vg = None
+        for li, blk in enumerate(self.blocks):
+            if blk.engram is not None:
+                x = x + blk.engram(x, addrs[li])
+            a = blk.attn
+            h = rms_norm(x)
+            q = self.rope(rms_norm(a.w_q(h).view(B, T, H, D).transpose(1, 2)))             # (B, H, T, D)
+            if a.mode == "full":
+                kg, vg = a.w_kv_global(h).view(B, T, 2, Hk, D).permute(2, 0, 3, 1, 4)     # (B, Hk, T, D) each
+                kg = self.rope(rms_norm(kg))
+            kl, vl = a.w_kv_local(h).view(B, T, 2, Hk, D).permute(2, 0, 3, 1, 4)
+            kl = self.rope(rms_norm(kl))
+            K = torch.cat([kg, kl], dim=2).repeat_interleave(rep, dim=1)                  # (B, H, 2T, D)
+            V = torch.cat([vg, vl], dim=2).repeat_interleave(rep, dim=1)
+            y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)                   # one softmax over both
+            x = x + a.w_o(y.transpose(1, 2).reshape(B, T, H * D))
+            x = x + blk.mlp(rms_norm(x))
+        logits = self.head(rms_norm(x)).float()
+        sc = c.logit_softcap
+        return sc * torch.tanh(logits / sc)
+
+    # --- reports -----------------------------------------------------------------------------------------------
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def num_linear_params(self) -> int:
+        return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+
+    # --- checkpoints (safetensors only, never pickle) ------------------------------------------------------------
+    def save_pretrained(self, path, tokenizer_json: str | Path | None = None, dtype: torch.dtype | None = None):
+        """Write config.json, model.safetensors (weights + cid_map + Engram multipliers) and tokenizer.json (copied
+        from tokenizer_json when given). dtype: store floating weights in this dtype (e.g. bf16 for shipping).
+        Each file is written to a temp name and renamed, so a crash never leaves a half-written checkpoint file."""
+        from safetensors.torch import save_file
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        sd = {}
+        for k, v in self.state_dict().items():
+            v = v.detach().cpu()
+            if dtype is not None and v.is_floating_point():
+                v = v.to(dtype)
+            sd[k] = v.contiguous()
+        _atomic_write(path / WEIGHTS_FILE, lambda tmp: save_file(sd, str(tmp), metadata={"format": "pt"}))
+        _atomic_write(path / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(self.cfg.to_dict(), indent=2)))
+        if tokenizer_json is not None and Path(tokenizer_json).resolve() != (path / TOKENIZER_FILE).resolve():
+            data = Path(tokenizer_json).read_bytes()
+            _atomic_write(path / TOKENIZER_FILE, lambda tmp: tmp.write_bytes(data))
+
+    @classmethod
+    def from_pretrained(cls, path, dtype: torch.dtype = torch.float32) -> "TinyAgentLM":
+        cfg = load_config(path)
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+        wpath = Path(path) / WEIGHTS_FILE
+        if not wpath.is_file():
+            raise CheckpointError(f"{path}: no {WEIGHTS_FILE}")
+        try:
+            sd = load_file(str(wpath))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"{wpath}: unreadable safetensors file ({str(e).splitlines()[0][:120]})") from None
+        with torch.device("meta"):
+            model = cls(cfg)
+        expected = {k: v for k, v in model.state_dict().items()}
+        missing = sorted(set(expected) - set(sd))
+        extra = sorted(set(sd) - set(expected))
+        if missing or extra:
+            what = (f"missing {', '.join(missing[:3])}" if missing else "") + \
+                   ("; " if missing and extra else "") + (f"unexpected {', '.join(extra[:3])}" if extra else "")
+            raise CheckpointError(f"{wpath}: weights do not match config.json ({what})")
+        for k, v in expected.items():
+            if tuple(sd[k].shape) != tuple(v.shape):
+                raise CheckpointError(f"{wpath}: {k} has shape {tuple(sd[k].shape)}, config.json implies "
+                                      f"{tuple(v.shape)}")
+        model = cls(cfg)
+        sd = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in sd.items()}
+        model.load_state_dict(sd, strict=True)
+        return model.to(dtype).eval()
+
+
+def load_config(path) -> ModelConfig:
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such model folder")
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a folder (a model is a folder with {CONFIG_FILE} and {WEIGHTS_FILE})")
+    cpath = path / CONFIG_FILE
+    if not cpath.is_file():
+        raise CheckpointError(f"{path}: no {CONFIG_FILE}")
+    try:
+        raw = json.loads(cpath.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{cpath}: malformed JSON ({e})") from None
+    try:
+        return ModelConfig.from_dict(raw)
+    except CheckpointError as e:
+        raise CheckpointError(f"{cpath}: {e}") from None
+
+
+def _atomic_write(dest: Path, write) -> None:
+    import os
+    import tempfile
+    fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
