@@ -1,0 +1,63 @@
+"""quantize_cpu: the lean CPU step (_decode_fast) against _decode_one on the same quantized model, and against fp32."""
+import pytest
+import torch
+
+from conftest import make_model
+from tinychat.engine import BF16Linear, Decoder, Int8Linear, KVCache, append, int8_kernel_ok, quantize_cpu
+
+# Relative error = max |Δlogit| / max |logit|, over a 40-token greedy walk.
+FAST_VS_ONE = {"int8": 0.02, "bf16": 0.02}    # same quantized weights, different op order / norm epsilon
+QUANT_VS_FP32 = {"int8": 0.08, "bf16": 0.05}  # the quantization itself
+
+
+def _walk(model, fast: bool, tokens):
+    cache = KVCache(model, 1, 128, "cpu", dtype=torch.float32)
+    dec = Decoder(model, cache, graph=False)
+    dec.fast = fast
+    out = [append(model, cache, tokens[:, :10], [10])]
+    for t in tokens[0, 10:].tolist():
+        out.append(dec.step(t))
+    return torch.cat(out), dec.mode
+
+
+def _rel(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.mark.parametrize("mode", ["int8", "bf16"])
+def test_fast_step_matches_decode_one_on_the_quantized_model(mode):
+    if mode == "int8" and not int8_kernel_ok():
+        pytest.skip("this torch build has no CPU int8 kernel")
+    tokens = torch.randint(0, 512, (1, 50), generator=torch.Generator().manual_seed(2))
+    ref, _ = _walk(make_model(), True, tokens)
+    q = quantize_cpu(make_model(), mode)
+    assert isinstance(q.blocks[0].mlp.up, {"int8": Int8Linear, "bf16": BF16Linear}[mode])
+    fast, fmode = _walk(q, True, tokens)
+    one, omode = _walk(q, False, tokens)
+    assert (fmode, omode) == (f"fast-{mode}", "eager")
+    assert _rel(fast, one) < FAST_VS_ONE[mode]
+    assert _rel(fast, ref) < QUANT_VS_FP32[mode]
+    assert _rel(one, ref) < QUANT_VS_FP32[mode]
+    assert _rel(fast, ref) > 0          # really quantized
+
+
+def test_int8_linear_matches_dequantized_weights_for_prefill_and_decode_rows():
+    if not int8_kernel_ok():
+        pytest.skip("this torch build has no CPU int8 kernel")
+    lin = torch.nn.Linear(64, 96, bias=False)
+    q = Int8Linear(lin)
+    w = q.weight
+    assert (w - lin.weight).abs().max() <= lin.weight.abs().max() / 127 + 1e-6
+    for rows in (1, 200):                                  # int8 kernel path, dequantize + GEMM path
+        x = torch.randn(rows, 64)
+        assert torch.allclose(q(x), x @ w.t(), rtol=0.02, atol=0.02)
+
+
+def test_unknown_quant_mode_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown quant mode"):
+        quantize_cpu(make_model(), "int4")
+
+
+def test_quant_none_leaves_model_unchanged():
+    m = make_model()
+    assert quantize_cpu(m, "none") is m and isinstance(m.head, torch.nn.Linear)
