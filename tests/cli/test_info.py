@@ -1,0 +1,35 @@
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from tinychat.cli import app
+
+
+def test_info_reports_kv_bytes_next_to_standard_gqa():
+    r = CliRunner().invoke(app, ["info", "--config", "tiny", "--json"])
+    assert r.exit_code == 0, r.output
+    facts = json.loads(r.output)
+    assert facts["kv_bytes_per_token"] * 2 == facts["gqa_kv_bytes_per_token"]      # tiny: kv_group 2
+    assert facts["params"] > facts["linear_params"] > 0
+
+
+def test_info_bad_config_is_one_line_exit_2():
+    p = subprocess.run([sys.executable, "-m", "tinychat", "info", "--config", "huge"], capture_output=True, text=True)
+    assert p.returncode == 2
+    assert p.stderr.strip().count("\n") == 0 and "--config must be one of" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_info_missing_model_folder_is_one_line_exit_2(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "tinychat", "info", "--model", str(tmp_path / "x")],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "no such model folder" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_help_does_not_import_torch():
+    code = "import sys; sys.argv=['tinychat','--help']\nfrom tinychat import cli\ntry: cli.main()\nexcept SystemExit: pass\n" \
+           "print('torch' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.stdout.strip().endswith("False"), p.stdout + p.stderr
