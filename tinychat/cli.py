@@ -54,14 +54,106 @@ def load_model_for(model: Optional[Path], config: Optional[str], seed: int = 0):
     return TinyAgentLM.from_pretrained(path), str(path)
 
 
+QUANTS = ("none", "int8", "bf16")
+
+
+def _check_choice(name: str, value: str, choices) -> str:
+    if value not in choices:
+        raise UsageError(f"{name} must be one of {', '.join(choices)} (got {value!r})")
+    return value
+
+
+def _device(device: str) -> str:
+    _check_choice("--device", device, ("auto", "cpu", "cuda"))
+    if device == "cpu":
+        return "cpu"
+    import torch
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA GPU is available here")
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_runtime(model: Optional[Path]):
+    """(model, tokenizer, name, identity hash) for chatting: a checkpoint folder with its tokenizer.json."""
+    from .chat import model_identity
+    from .model import TOKENIZER_FILE, TinyAgentLM
+    from .tokenizer import Tokenizer
+    path = model if model is not None else default_model_path()
+    if path is None:
+        raise UsageError("no model given and no default model is shipped in this install; "
+                         "use --model PATH (a folder with config.json, model.safetensors, tokenizer.json)")
+    m = TinyAgentLM.from_pretrained(path)
+    if not (Path(path) / TOKENIZER_FILE).is_file():
+        raise UsageError(f"{path}: no {TOKENIZER_FILE} (a chat model folder needs its tokenizer)")
+    tok = Tokenizer.from_file(Path(path) / TOKENIZER_FILE)
+    if tok.vocab_size > m.cfg.vocab_size:
+        raise UsageError(f"{path}: tokenizer has {tok.vocab_size} tokens, the model only {m.cfg.vocab_size}")
+    name = Path(path).resolve().name if model is not None else "default"
+    return m, tok, name, model_identity(m)
+
+
 @app.callback(invoke_without_command=True)
 def chat(ctx: typer.Context,
          model: Optional[Path] = typer.Option(None, "--model", "-m", help="Model folder (default: the shipped model)."),
+         quant: str = typer.Option("none", "--quant", "-q", help="Weights: none, int8 (the laptop mode) or bf16."),
+         device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+         seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed for every turn (default: random, recorded)."),
+         temperature: Optional[float] = typer.Option(None, "--temperature", "-t", help="Sampling temperature (0: greedy)."),
+         top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus mass."),
+         penalty: Optional[float] = typer.Option(None, "--penalty", help="Repetition penalty (1: off)."),
+         ban: Optional[bool] = typer.Option(None, "--ban/--no-ban", help="Ban 3-grams the assistant already said."),
+         system: Optional[str] = typer.Option(None, "--system", help="System prompt for a new chat."),
+         max_new: Optional[int] = typer.Option(None, "--max-new", help="Most tokens per reply."),
+         session: Optional[str] = typer.Option(None, "--session", "-s", help="Continue a saved session (id or path)."),
+         plain: bool = typer.Option(False, "--plain", help="Line mode instead of the app (automatic when piped)."),
+         json_out: bool = typer.Option(False, "--json", help="With --plain: one JSON object per reply on stdout."),
          ):
-    """Chat with a small local TinyAgentLM model. Subcommands: info."""
+    """Chat with a small local TinyAgentLM model.
+
+    Opens the app in a terminal; with --plain, or when stdin/stdout is not a terminal, a line mode where each
+    input line is one turn. Every chat is saved as a session (see `tinychat sessions`)."""
     if ctx.invoked_subcommand is not None:
         return
-    info(model=model, config=None, json_out=False)   # until the chat runtime lands: the model summary
+    _check_choice("--quant", quant, QUANTS)
+    if json_out and not plain and sys.stdin.isatty() and sys.stdout.isatty():
+        raise UsageError("--json goes with --plain")
+    from .chat import ChatSettings
+    overrides = {k: v for k, v in dict(seed=seed, temperature=temperature, top_p=top_p, penalty=penalty, ban=ban,
+                                       system_prompt=system, max_new=max_new).items() if v is not None}
+    settings = ChatSettings(**overrides) if session is None else None
+    dev = _device(device)
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    if not plain and interactive:
+        try:
+            from .tui.app import run_app
+        except ImportError:
+            run_app = None
+        if run_app is not None:
+            raise typer.Exit(run_app(model=model, quant=quant, device=dev, settings=settings, overrides=overrides,
+                                     session=session))
+    m, tok, name, ident = load_runtime(model)
+    chat_ = _open_chat(m, tok, name, ident, quant, dev, settings, overrides, session)
+    from .plain import PlainREPL
+
+    def restore(ref):
+        return _open_chat(m, tok, name, ident, quant, dev, None, {}, ref)
+
+    raise typer.Exit(PlainREPL(chat_, json_out=json_out, restore=restore).run())
+
+
+def _open_chat(m, tok, name, ident, quant, dev, settings, overrides, session_ref):
+    from .chat import Chat, settings_from_session
+    from .session import load
+    kw = dict(quant=quant, device=dev, model_name=name, model_hash=ident)
+    if session_ref is None:
+        return Chat(m, tok, settings, **kw)
+    sess = load(session_ref)
+    st = settings_from_session(sess)
+    for k, v in overrides.items():
+        if k != "system_prompt":
+            st = st.with_value(k, str(v))
+    return Chat.restore(sess.id if "/" not in str(session_ref) else session_ref, m, tok, settings=st,
+                        max_len=sess.model.get("max_len"), **kw)
 
 
 @app.command()
@@ -103,6 +195,115 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help="Model
     Console().print(t)
 
 
+sessions_app = typer.Typer(help="Saved chats: list, show, export, rename, remove.", invoke_without_command=True,
+                           context_settings={"help_option_names": ["-h", "--help"]})
+app.add_typer(sessions_app, name="sessions")
+
+
+@sessions_app.callback(invoke_without_command=True)
+def sessions_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="A JSON list.")):
+    """List saved sessions, newest first."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import json
+    import time
+
+    from . import session as S
+    errors: list = []
+    infos = S.list_sessions(errors=errors)
+    if json_out:
+        typer.echo(json.dumps([{"id": i.id, "path": str(i.path), "title": i.title, "updated": i.updated,
+                                "n_turns": i.n_turns} for i in infos]))
+    else:
+        for i in infos:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(i.updated))
+            typer.echo(f"{i.id}  {when}  {i.n_turns:3d} turns  {i.title}")
+        if not infos:
+            typer.echo("no saved sessions", err=True)
+    for e in errors:
+        typer.echo(f"skipped: {e}", err=True)
+
+
+@sessions_app.command("show")
+def sessions_show(ref: str = typer.Argument(..., metavar="ID|PATH")):
+    """Print a session as markdown."""
+    from . import session as S
+    typer.echo(S.export_markdown(S.load(ref)))
+
+
+@sessions_app.command("export")
+def sessions_export(ref: str = typer.Argument(..., metavar="ID|PATH"),
+                    fmt: str = typer.Option("md", "--format", "-f", help="md or json."),
+                    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to a file (default: stdout).")):
+    """Export a session as markdown or JSON."""
+    from . import session as S
+    _check_choice("--format", fmt, ("md", "json"))
+    sess = S.load(ref)
+    text = S.export_markdown(sess) if fmt == "md" else S.export_json(sess)
+    if out is None:
+        typer.echo(text)
+    else:
+        from .model import _atomic_write
+        _atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        typer.echo(f"wrote {out}", err=True)
+
+
+@sessions_app.command("rename")
+def sessions_rename(ref: str = typer.Argument(..., metavar="ID"), title: str = typer.Argument(...)):
+    """Give a session a new title."""
+    from . import session as S
+    S.rename(ref, title)
+
+
+@sessions_app.command("rm")
+def sessions_rm(ref: str = typer.Argument(..., metavar="ID")):
+    """Delete a session (and its KV snapshot)."""
+    from . import session as S
+    if not S.delete(ref):
+        raise UsageError(f"no session {ref!r}")
+    typer.echo(f"deleted {ref}", err=True)
+
+
+@app.command()
+def replay(ref: str = typer.Argument(..., metavar="ID|PATH", help="A saved session."),
+           model: Optional[Path] = typer.Option(None, "--model", "-m", help="Model folder (default: the shipped model)."),
+           check: bool = typer.Option(False, "--check", help="Only report: exit 0 token-exact, 1 on divergence."),
+           play: bool = typer.Option(False, "--play", help="Play the session back in the app."),
+           speed: float = typer.Option(1.0, "--speed", help="With --play: playback speed (0: as fast as it decodes)."),
+           device: str = typer.Option("auto", "--device", help="auto, cpu or cuda.")):
+    """Regenerate every assistant turn with its recorded settings and seed; report the first token that differs.
+
+    Exit 0 when every turn regenerates token-exact, 1 on a divergence (with the report), 2 on any error."""
+    from . import session as S
+    sess = S.load(ref)
+    dev = _device(device)
+    if play and sys.stdin.isatty() and sys.stdout.isatty():
+        try:
+            from .tui.app import run_replay
+        except ImportError:
+            run_replay = None
+        if run_replay is not None:
+            raise typer.Exit(run_replay(sess, model=model, device=dev, speed=speed))
+    m, tok, name, ident = load_runtime(model)
+    from .chat import Chat, ChatSettings
+    from .replay import replay as run
+    chat_ = Chat(m, tok, ChatSettings(system_prompt=sess.system_prompt), quant=sess.quant, device=dev,
+                 model_name=name, model_hash=ident, autosave=False, max_len=sess.model.get("max_len"))
+
+    def on_turn(t):
+        if not check:
+            status = "exact" if t.divergence is None else "DIVERGES"
+            typer.echo(f"turn {t.turn}: {len(t.recorded)} tokens, {status}")
+
+    report = run(chat_, sess, on_turn=on_turn)
+    for d in report.divergences:
+        typer.echo(f"divergence: {d.describe()}")
+    if report.ok:
+        typer.echo(f"replay: {len(report.turns)} turns, {report.n_tokens} tokens, token-exact")
+        raise typer.Exit(0)
+    raise typer.Exit(1)
+
+
 def main() -> None:
     """Entry point: run the Typer app; expected failures become one line on stderr and exit 2 (TINYCHAT_DEBUG=1
     or --debug shows the traceback)."""
@@ -110,7 +311,8 @@ def main() -> None:
         sys.argv.remove("--debug")
         os.environ["TINYCHAT_DEBUG"] = "1"
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)     # returns the code of typer.Exit instead of exiting
+        sys.exit(rc if isinstance(rc, int) else 0)
     except SystemExit:
         raise
     except KeyboardInterrupt:

@@ -265,12 +265,20 @@ class TinyAgentLM(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.rope = Rope(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)
-        if token_strings is not None and len(token_strings) != cfg.vocab_size:
-            raise CheckpointError(f"tokenizer has {len(token_strings)} tokens, the config {cfg.vocab_size}")
-        cid = canonical_ids(token_strings) if token_strings is not None else torch.arange(cfg.vocab_size)
-        self.register_buffer("cid_map", cid)
+        self.register_buffer("cid_map", torch.arange(cfg.vocab_size))
+        if token_strings is not None:
+            self.set_token_strings(token_strings)
         self._engrams = [b.engram for b in self.blocks if b.engram is not None]
         self.reset_parameters()
+
+    def set_token_strings(self, token_strings: list[str]) -> None:
+        """Build cid_map from the tokenizer's token texts (ids past the tokenizer's vocabulary map to themselves)."""
+        V = self.cfg.vocab_size
+        if len(token_strings) > V:
+            raise CheckpointError(f"tokenizer has {len(token_strings)} tokens, more than the model's {V}")
+        cid = torch.arange(V)
+        cid[:len(token_strings)] = canonical_ids(token_strings)
+        self.cid_map.copy_(cid)
 
     def reset_parameters(self, seed: int | None = None) -> None:
         g = torch.Generator().manual_seed(seed) if seed is not None else None

@@ -1,0 +1,450 @@
+"""The chat runtime: history -> tokens -> prefill -> generate -> text, one batch-1 KV cache for the whole
+conversation (each turn appends only its new tokens), sessions recorded to the token and autosaved.
+
+Feed schedule (what makes restores exact): a turn feeds `pending + user message + generation prompt` with one
+`append`, then the decoder steps every sampled token and the stop token (appended too when a turn is cut off or
+cancelled). `pending` is what the conversation holds but the cache does not yet: the system message before the
+first turn, the newline after each `<|im_end|>`. Restoring replays exactly this schedule, so the cache comes back
+bit-identical and the next turn is token-identical to the uninterrupted chat's."""
+from __future__ import annotations
+
+import dataclasses
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import session as S
+from .engine import Decoder, KVCache, append, quantize_cpu
+from .model import TinyAgentLM
+from .sampler import Cancelled, TokenTrace, TurnHook, TurnStats, ngram_table, penalty_ids
+from .tokenizer import StreamDecoder, Tokenizer
+
+
+class ChatError(ValueError):
+    """A turn or setting the chat cannot take; one line, fit for the user."""
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """Sampler and turn settings. Changes apply from the next turn and are recorded with it."""
+    system_prompt: str = "You are a helpful assistant."
+    temperature: float = 0.7
+    top_p: float = 0.9
+    penalty: float = 1.1            # repetition penalty (1.0: off)
+    penalty_window: int = 64        # over the last this-many content tokens of the conversation
+    ban: bool = True                # phrase ban: 3-grams the assistant already said in earlier turns
+    no_parrot: bool = True          # ... and the 3-grams of the user's current message
+    max_new: int = 256
+    seed: int | None = None         # None: a fresh random seed per turn (recorded)
+
+    LIMITS = {"temperature": (0.0, 5.0), "top_p": (0.01, 1.0), "penalty": (1.0, 5.0), "penalty_window": (0, 100000),
+              "max_new": (1, 100000)}
+
+    def __post_init__(self):
+        for k, (lo, hi) in self.LIMITS.items():
+            v = getattr(self, k)
+            if not lo <= v <= hi:
+                raise ChatError(f"{k.replace('_', '-')} must be between {lo:g} and {hi:g} (got {v})")
+        if self.seed is not None and not 0 <= self.seed < 2 ** 63:
+            raise ChatError("seed must be a non-negative integer below 2^63")
+
+    def sampler(self) -> dict:
+        """The per-turn record of what shaped this turn's sampling."""
+        d = dataclasses.asdict(self)
+        d.pop("system_prompt")
+        return d
+
+    def with_value(self, key: str, value: str) -> "ChatSettings":
+        """A copy with one setting parsed from text (`/set KEY VALUE`)."""
+        key = key.replace("-", "_").lower()
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        if key == "system":
+            key = "system_prompt"
+        if key not in fields:
+            raise ChatError(f"unknown setting {key!r} (settings: {', '.join(n.replace('_', '-') for n in fields)})")
+        cur = getattr(self, key)
+        try:
+            if key == "seed":
+                v = None if value.strip().lower() in ("", "none", "random", "off") else int(value)
+            elif isinstance(cur, bool):
+                low = value.strip().lower()
+                if low not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
+                    raise ValueError
+                v = low in ("on", "true", "1", "yes")
+            elif isinstance(cur, int):
+                v = int(value)
+            elif isinstance(cur, float):
+                v = float(value)
+            else:
+                v = value
+        except ValueError:
+            raise ChatError(f"{key.replace('_', '-')}: cannot read {value!r} as {type(cur).__name__}") from None
+        return dataclasses.replace(self, **{key: v})
+
+
+@dataclass
+class TurnResult:
+    text: str
+    token_ids: list[int]            # sampled content tokens (the stop token excluded)
+    finish: str                     # "stop", "length" or "cancelled"
+    seed: int
+    prefill_tokens: int
+    ttft_ms: float
+    decode_tok_s: float
+    traces: list[TokenTrace] = field(default_factory=list)
+    stats: TurnStats = field(default_factory=TurnStats)
+    dropped_turns: int = 0          # oldest turns dropped to make room (context full)
+    mode: str = "eager"
+    probs: list = field(default_factory=list, repr=False)   # replay only: each step's final distribution
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def summary(self) -> dict:
+        return {"text": self.text, "n_tokens": self.n_tokens, "finish": self.finish, "seed": self.seed,
+                "ttft_ms": round(self.ttft_ms, 2), "decode_tok_s": round(self.decode_tok_s, 2),
+                "prefill_tokens": self.prefill_tokens, "dropped_turns": self.dropped_turns, "mode": self.mode,
+                "banned_steps": self.stats.banned_steps, "ban_lifts": self.stats.lifts}
+
+
+def model_identity(model: TinyAgentLM) -> str:
+    """sha256 over config + every weight tensor (call before quantizing): what a session ties itself to."""
+    import hashlib
+    import json
+    h = hashlib.sha256(json.dumps(model.cfg.to_dict(), sort_keys=True).encode())
+    for k, v in sorted(model.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if v.numel() else b"")
+    return h.hexdigest()
+
+
+class Chat:
+    """One conversation with one model. Not thread-safe except `cancel()`: run turns on one thread."""
+
+    def __init__(self, model: TinyAgentLM, tokenizer: Tokenizer, settings: ChatSettings | None = None, *,
+                 quant: str = "none", device: str = "cpu", max_len: int | None = None, model_name: str = "",
+                 model_hash: str | None = None, autosave: bool = True, sessions_dir: Path | None = None,
+                 graph=None, session: S.Session | None = None, rebuild: bool = True):
+        self.model, self.tok = model, tokenizer
+        self.settings = settings or ChatSettings()
+        self.quant, self.device = quant, torch.device(device)
+        self.model_name = model_name
+        self.model_hash = model_hash or model_identity(model)
+        done = getattr(model, "_quant", None)     # already quantized in place (a second chat on the same model)
+        if done is None and quant not in (None, "", "none"):
+            quantize_cpu(model, quant)
+        self.quant = getattr(model, "_quant", None) or "none"
+        self.max_len = min(max_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
+        dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
+        self.cache = KVCache(model, 1, self.max_len, self.device, dtype=dtype)
+        self.decoder = Decoder(model, self.cache, graph=graph)
+        self.autosave, self.sessions_dir = autosave, sessions_dir
+        self.stop_id = tokenizer.im_end
+        self._special = set(tokenizer.special_ids)
+        self._cancel = threading.Event()
+        self._marks: list[dict] = []          # cache mark before each turn (undo / regenerate)
+        self.trace = False
+        self.session = session or self._new_session()
+        self._pending: list[int] = []
+        self.used_snapshot = False
+        if rebuild:
+            self._rebuild()
+
+    # -- sessions -----------------------------------------------------------------------------------------------
+    def _new_session(self) -> S.Session:
+        sess = S.Session.new(model={"name": self.model_name, "hash": self.model_hash, "max_len": self.max_len},
+                             tokenizer_hash=self.tok.sha256, quant=self.quant, device=self.device.type,
+                             settings=self.settings.sampler())
+        if self.settings.system_prompt:
+            sess.messages.append(S.Message("system", self.settings.system_prompt,
+                                           self.tok.message_ids("system", self.settings.system_prompt)))
+        return sess
+
+    def new_session(self) -> None:
+        """Start a fresh conversation (the current one stays saved)."""
+        self.session = self._new_session()
+        self._marks.clear()
+        self._rebuild()
+
+    def save(self, title: str | None = None) -> Path | None:
+        """Write the session (atomic) and its KV snapshot. Nothing to save before the first turn."""
+        if title:
+            self.session.title = title
+        if self.session.n_turns == 0 and not title:
+            return None
+        path = S.save(self.session, self.sessions_dir)
+        S.save_snapshot(self.session.id, self.cache.state_dict(), self._snapshot_meta(), self.sessions_dir)
+        return path
+
+    def _autosave(self) -> None:
+        if self.autosave:
+            self.save()
+
+    def _snapshot_meta(self) -> dict[str, str]:
+        ids = self._cached_ids()
+        return {"model_hash": self.model_hash, "quant": self.quant, "device": self.device.type,
+                "dtype": str(self.cache.gk.dtype), "context": S.hash_bytes(str(ids).encode()),
+                "pending": ",".join(map(str, self._pending))}
+
+    def _cached_ids(self) -> list[int]:
+        ids = self.session.context_ids()
+        return ids[:len(ids) - len(self._pending)] if self._pending else ids
+
+    @classmethod
+    def restore(cls, session_ref, model: TinyAgentLM, tokenizer: Tokenizer, *, use_snapshot: bool = True,
+                **kw) -> "Chat":
+        """Continue a saved session: load its KV snapshot when it matches this model and context exactly (fast),
+        else rebuild the cache by replaying the recorded feed schedule (always exact)."""
+        sess = S.load(session_ref, kw.get("sessions_dir"))
+        settings = kw.pop("settings", None) or settings_from_session(sess)
+        chat = cls(model, tokenizer, settings, session=sess, rebuild=False, **kw)
+        chat.check_identity()
+        if not (use_snapshot and chat._load_snapshot()):
+            chat._rebuild()
+        return chat
+
+    def check_identity(self) -> None:
+        rec = self.session.model.get("hash", "")
+        if rec and rec != self.model_hash:
+            raise ChatError(f"session {self.session.id} was recorded with another model "
+                            f"({self.session.model.get('name') or rec[:12]}); load that model to continue it")
+        if self.session.tokenizer_hash and self.session.tokenizer_hash != self.tok.sha256:
+            raise ChatError(f"session {self.session.id} was recorded with another tokenizer")
+
+    def _load_snapshot(self) -> bool:
+        snap = S.load_snapshot(self.session.id, self.sessions_dir)
+        if snap is None:
+            return False
+        tensors, meta = snap
+        try:
+            self._pending = [int(x) for x in meta.get("pending", "").split(",") if x]
+        except ValueError:
+            return False
+        if any(meta.get(k) != v for k, v in self._snapshot_meta().items()):
+            self._pending = []
+            return False
+        try:
+            self.cache.load_state_dict(tensors)
+        except (ValueError, KeyError, RuntimeError):
+            self.cache.reset([0])
+            self._pending = []
+            return False
+        self.used_snapshot = True
+        self._marks.clear()          # earlier turns' marks are unknown: taking one back rebuilds the cache
+        return True
+
+    # -- the cache from the recorded messages ---------------------------------------------------------------
+    def _rebuild(self) -> None:
+        """Bring the cache to the session's messages by replaying the live feed schedule (bit-exact)."""
+        self.cache.reset([0])
+        self.used_snapshot = False
+        self._marks.clear()
+        msgs = self.session.messages
+        pending: list[int] = []
+        i = 0
+        while i < len(msgs):
+            m = msgs[i]
+            if m.role == "system":
+                pending += m.token_ids
+                i += 1
+                continue
+            if m.role != "user" or i + 1 >= len(msgs) or msgs[i + 1].role != "assistant":
+                raise ChatError(f"session {self.session.id}: message {i} breaks the user/assistant alternation")
+            self._pending = pending
+            self._play(m, msgs[i + 1], i)
+            pending = self._pending
+            i += 2
+        self._pending = pending
+
+    def _play(self, user: S.Message, reply: S.Message, at: int) -> None:
+        """Feed one recorded turn (messages[at], messages[at + 1]) exactly as it ran live."""
+        start = (reply.settings or {}).get("context_start")
+        self._marks.append(self.cache.mark() if start is None else None)
+        pending = self._pending
+        if start is not None:            # this turn re-prefilled a shortened context: do the same
+            self.cache.reset([0])
+            pending = self._context_ids(start, at)
+        self._feed(pending + user.token_ids + self.tok.generation_prompt_ids())
+        for t in self._content(reply) + [self.stop_id]:
+            self.decoder.step(t)
+        self._pending = self.tok.end_ids()[1:]
+
+    def _context_ids(self, start: int, upto: int) -> list[int]:
+        """System message + messages[start:upto] ids: a shortened context to re-prefill."""
+        msgs = self.session.messages
+        sys_ids = msgs[0].token_ids if msgs and msgs[0].role == "system" else []
+        return sys_ids + [t for m in msgs[start:upto] for t in m.token_ids]
+
+    def _feed(self, ids: list[int]):
+        return append(self.model, self.cache, torch.tensor([ids], dtype=torch.long, device=self.device), [len(ids)])
+
+    # -- turns ----------------------------------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Stop the running turn (thread-safe): it ends at the next token, the cache stays well-formed."""
+        self._cancel.set()
+
+    def set(self, key: str, value: str) -> ChatSettings:
+        """Change one setting from the next turn. A new system prompt replaces the current one while the chat has
+        no turns yet; later it applies from the next new chat (the history was prefilled with the old one)."""
+        new = self.settings.with_value(key, value)
+        if new.system_prompt != self.settings.system_prompt and self.session.n_turns == 0:
+            msgs = self.session.messages
+            if msgs and msgs[0].role == "system":
+                msgs.pop(0)
+            if new.system_prompt:
+                msgs.insert(0, S.Message("system", new.system_prompt,
+                                         self.tok.message_ids("system", new.system_prompt)))
+            self.settings = new
+            self._rebuild()
+        self.settings = new
+        return self.settings
+
+    def send(self, text: str, on_token=None, trace: bool | None = None) -> TurnResult:
+        """One turn: the user's text in, the assistant's reply out. on_token(index, token_id, text_piece, trace,
+        ms) is called as each token is sampled (from this thread)."""
+        if not isinstance(text, str) or not text.strip():
+            raise ChatError("empty message")
+        user = S.Message("user", text, self.tok.message_ids("user", text))
+        return self._turn(user, on_token, self.trace if trace is None else trace)
+
+    def regenerate(self, on_token=None, trace: bool | None = None) -> TurnResult:
+        """Drop the last reply and sample it again (a new seed unless the settings fix one)."""
+        user = self._pop_turn()
+        return self._turn(user, on_token, self.trace if trace is None else trace)
+
+    def undo(self) -> S.Message:
+        """Remove the last user message and its reply; returns the user message (to edit and resend)."""
+        user = self._pop_turn()
+        self._autosave()
+        return user
+
+    def _pop_turn(self) -> S.Message:
+        msgs = self.session.messages
+        if len(msgs) < 2 or msgs[-1].role != "assistant":
+            raise ChatError("no turn to take back")
+        a = msgs.pop()
+        user = msgs.pop()
+        mark = self._marks.pop() if self._marks else None
+        if mark is None:
+            self._rebuild()                 # a turn that re-prefilled a shortened context, or one from a snapshot
+        else:
+            self.cache.truncate(mark)
+            self._pending = self.tok.end_ids()[1:] if any(m.role == "assistant" for m in msgs) \
+                else (msgs[0].token_ids if msgs and msgs[0].role == "system" else [])
+        return user
+
+    def _room(self, n_feed: int) -> bool:
+        return int(self.cache.lens_cpu[0]) + n_feed + self.settings.max_new + 1 <= self.max_len
+
+    def _turn(self, user: S.Message, on_token, trace: bool, keep_probs: bool = False,
+              context_start: int | None = None) -> TurnResult:
+        st = self.settings
+        self._cancel.clear()
+        gen = self.tok.generation_prompt_ids()
+        feed = self._pending + user.token_ids + gen
+        dropped = 0
+        if context_start is not None:        # replay: shorten the context exactly as the recorded turn did
+            feed = self._context_ids(context_start, len(self.session.messages)) + user.token_ids + gen
+        elif not self._room(len(feed)):
+            feed, context_start, dropped = self._shorten(user, gen)
+        seed = st.seed if st.seed is not None else random.SystemRandom().randrange(2 ** 63)
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        msgs = self.session.messages
+        table = {}
+        if st.ban:
+            table = ngram_table([self._content(m) for m in msgs if m.role == "assistant"])
+        if st.no_parrot:
+            table = ngram_table([self.tok.encode(user.content)], table=table)
+        recent = [t for m in msgs if m.role != "system" for t in self._content(m)] + self.tok.encode(user.content)
+        pen_ids = penalty_ids(recent, st.penalty_window, self._special) if st.penalty != 1.0 else []
+        stream = StreamDecoder(self.tok, skip_special=True)
+
+        def emit(i, tok, tr, ms):
+            if on_token is not None:
+                on_token(i, tok, stream.push(tok), tr, ms)
+
+        hook = TurnHook(table, st.temperature, st.top_p, st.penalty, pen_ids, self.stop_id, trace=trace,
+                        on_token=emit, cancel=self._cancel, keep_probs=keep_probs)
+        mark = self.cache.mark()
+        if context_start is not None:
+            self.cache.reset([0])
+        t0 = time.perf_counter()
+        logits = self._feed(feed)
+        finish = "stop"
+        try:
+            out = self.decoder.generate(logits, st.max_new, self.stop_id, st.temperature, st.top_p, st.penalty,
+                                        pen_ids, (), g, hook)
+        except Cancelled:
+            out = list(hook.out)
+            self.decoder.step(self.stop_id)       # every assistant turn ends in <|im_end|> in the cache
+            finish = "cancelled"
+        hook.finish(out)
+        t1 = time.perf_counter()
+        tail = stream.flush()
+        if tail and on_token is not None:
+            on_token(len(out), -1, tail, None, 0.0)
+        sampled = out[:-1] if out and out[-1] == self.stop_id else out
+        if finish == "stop" and (not out or out[-1] != self.stop_id):
+            finish = "length"
+        ttft = ((hook.t_first or t1) - t0) * 1000
+        rate = (len(out) - 1) / (t1 - hook.t_first) if hook.t_first and len(out) > 1 and t1 > hook.t_first else 0.0
+        sampler = {**st.sampler(), "seed": seed}
+        if context_start is not None:
+            sampler["context_start"] = context_start
+        text = self.tok.decode(sampled, skip_special=True)
+        reply = S.Message("assistant", text, gen + sampled + self.tok.end_ids(), settings=sampler, seed=seed,
+                          finish=finish, timing_ms=[round(ms, 3) for ms in hook.times] or None)
+        msgs.extend([user, reply])
+        self.session.settings = st.sampler()
+        self._marks.append(mark if context_start is None else None)
+        self._pending = self.tok.end_ids()[1:]
+        self._autosave()
+        return TurnResult(text=text, token_ids=sampled, finish=finish, seed=seed, prefill_tokens=len(feed),
+                          ttft_ms=ttft, decode_tok_s=rate, traces=hook.traces, stats=hook.stats,
+                          dropped_turns=dropped, mode=self.decoder.mode, probs=hook.probs)
+
+    def _shorten(self, user: S.Message, gen: list[int]):
+        """Context full: drop the oldest turns (the system prompt stays) until this turn fits; the cache is
+        rebuilt from the shortened history in one prefill."""
+        msgs = self.session.messages
+        first = 1 if msgs and msgs[0].role == "system" else 0
+        starts = [i for i in range(first, len(msgs)) if msgs[i].role == "user"] + [len(msgs)]
+        for dropped, start in enumerate(starts):
+            if dropped == 0:
+                continue
+            feed = self._context_ids(start, len(msgs)) + user.token_ids + gen
+            if len(feed) + self.settings.max_new + 1 <= self.max_len:
+                return feed, start, dropped
+        raise ChatError(f"message too long: {len(user.token_ids)} tokens plus a {self.settings.max_new}-token "
+                        f"reply do not fit the {self.max_len}-token context")
+
+    def _content(self, m: S.Message) -> list[int]:
+        """A message's content ids, without its ChatML frame."""
+        if m.role == "assistant":
+            gen = self.tok.generation_prompt_ids()
+            return m.token_ids[len(gen):len(m.token_ids) - len(self.tok.end_ids())]
+        head = self.tok.header_ids(m.role)
+        return m.token_ids[len(head):len(m.token_ids) - len(self.tok.end_ids())]
+
+    # -- facts for the status bar -----------------------------------------------------------------------------
+    def status(self) -> dict:
+        L = int(self.cache.lens_cpu[0])
+        return {"model": self.model_name, "mode": self.decoder.mode, "device": self.device.type,
+                "quant": self.quant, "cache_tokens": L, "max_len": self.max_len,
+                "cache_bytes": self.cache.used_bytes(), "session": self.session.id, "turns": self.session.n_turns}
+
+
+def settings_from_session(sess: S.Session) -> ChatSettings:
+    """The settings a session's next turn continues with: its last recorded ones, its system prompt."""
+    known = {f.name for f in dataclasses.fields(ChatSettings)}
+    d = {k: v for k, v in (sess.settings or {}).items() if k in known}
+    d["system_prompt"] = sess.system_prompt
+    try:
+        return ChatSettings(**d)
+    except (TypeError, ChatError) as e:
+        raise ChatError(f"session {sess.id}: unusable settings ({e})") from None

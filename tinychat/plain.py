@@ -1,0 +1,183 @@
+"""`tinychat --plain`: a line REPL over the chat runtime. With stdin not a terminal, each input line is one user
+turn and stdout carries only the replies (`--json`: one JSON object per assistant turn); notices go to stderr."""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import threading
+
+from .chat import Chat, ChatError, TurnResult
+from .session import SessionError
+
+HELP = """commands:
+  /help                 this help
+  /reset                start a new chat (the current one stays saved)
+  /save NAME            save the chat under a title
+  /load ID              continue a saved session
+  /set KEY VALUE        change a setting from the next turn (temperature, top-p, penalty, penalty-window,
+                        ban, no-parrot, max-new, seed, system); /set alone lists them
+  /regen                sample the last reply again
+  /undo                 take back the last turn
+  /trace on|off         print how each token was chosen (to stderr)
+  /info                 model, mode, cache fill, session
+  /quit                 leave (Ctrl-D too); Ctrl-C stops a reply mid-turn"""
+
+
+class PlainREPL:
+    def __init__(self, chat: Chat, json_out: bool = False, stdin=None, stdout=None, stderr=None, restore=None):
+        self.chat, self.json_out = chat, json_out
+        self.stdin, self.stdout, self.stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
+        self.interactive = self.stdin.isatty() and self.stdout.isatty()
+        self.restore = restore            # callable(session_id) -> Chat, for /load
+        self.errors = 0
+
+    def note(self, msg: str) -> None:
+        print(msg, file=self.stderr, flush=True)
+
+    def run(self) -> int:
+        if self.interactive:
+            st = self.chat.status()
+            self.note(f"tinychat · {st['model']} · {st['mode']} · session {st['session']} · /help for commands")
+        while True:
+            try:
+                if self.interactive:
+                    self.stdout.write("you> ")
+                    self.stdout.flush()
+                line = self.stdin.readline()
+            except KeyboardInterrupt:
+                self.note("")
+                break
+            if not line:
+                break
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            if line.startswith("/"):
+                if self.command(line) == "quit":
+                    break
+                continue
+            self.turn(lambda on_token: self.chat.send(line, on_token=on_token))
+        return 0 if self.interactive or not self.errors else 2
+
+    # -- turns --------------------------------------------------------------------------------------------------
+    def turn(self, fn) -> TurnResult | None:
+        """Run a turn in a worker thread so Ctrl-C can stop it cleanly (the cache stays well-formed)."""
+        box: dict = {}
+        stream = self.interactive and not self.json_out
+
+        def on_token(i, tok, text, tr, ms):
+            if stream and text:
+                self.stdout.write(text)
+                self.stdout.flush()
+
+        def work():
+            try:
+                box["result"] = fn(on_token)
+            except Exception as e:  # noqa: BLE001  reported on the main thread
+                box["error"] = e
+
+        if stream:
+            self.stdout.write("bot> ")
+        t = threading.Thread(target=work, daemon=True)
+        t.start()
+        while t.is_alive():
+            try:
+                t.join(0.1)
+            except KeyboardInterrupt:
+                self.chat.cancel()
+        if "error" in box:
+            if stream:
+                self.stdout.write("\n")
+            self._error(box["error"])
+            return None
+        r: TurnResult = box["result"]
+        if self.json_out:
+            print(json.dumps(r.summary()), file=self.stdout, flush=True)
+        elif stream:
+            self.stdout.write("\n")
+            if r.finish != "stop":
+                self.note(f"[{r.finish}: {r.n_tokens} tokens]")
+        else:
+            print(r.text, file=self.stdout, flush=True)
+        if r.dropped_turns:
+            self.note(f"[context full: dropped the {r.dropped_turns} oldest turn(s)]")
+        if self.chat.trace:
+            self.print_trace(r)
+        return r
+
+    def _error(self, e: Exception) -> None:
+        if isinstance(e, (ChatError, SessionError, ValueError, RuntimeError, OSError)):
+            self.errors += 1
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            self.note(f"error: {msg}")
+        else:
+            raise e
+
+    def print_trace(self, r: TurnResult) -> None:
+        tok = self.chat.tok
+        for tr in r.traces:
+            mark = " LIFTED" if tr.lifted else (f" banned {len(tr.banned)}" if tr.banned else "")
+            alts = ", ".join(f"{tok.decode([c.token])!r} {c.p_final:.2f}{'✗' if c.banned_by else ''}"
+                             f"{'↓' if c.penalised else ''}" for c in tr.candidates[:4])
+            self.note(f"  {tr.index:4d} {tok.decode([tr.token])!r:14} rank {tr.rank:2d} p {tr.p_final:.3f}{mark}"
+                      f"  [{alts}]")
+        s = r.stats
+        self.note(f"  banned {s.banned_tokens} candidates in {s.banned_steps} steps (mass {s.banned_mass:.2f}), "
+                  f"{s.lifts} dead-end lifts, {s.penalised} ids penalised")
+
+    # -- slash commands ---------------------------------------------------------------------------------------
+    def command(self, line: str) -> str | None:
+        try:
+            parts = shlex.split(line)
+        except ValueError:
+            parts = line.split()
+        cmd, args = parts[0].lower(), parts[1:]
+        try:
+            if cmd in ("/quit", "/exit", "/q"):
+                return "quit"
+            if cmd == "/help":
+                self.note(HELP)
+            elif cmd == "/reset":
+                self.chat.new_session()
+                self.note(f"new chat: session {self.chat.session.id}")
+            elif cmd == "/save":
+                path = self.chat.save(" ".join(args) or None)
+                self.note(f"saved {path}" if path else "nothing to save yet")
+            elif cmd == "/load":
+                if len(args) != 1:
+                    raise ChatError("usage: /load ID")
+                if self.restore is None:
+                    raise ChatError("/load is not available here")
+                self.chat = self.restore(args[0])
+                self.note(f"continuing session {self.chat.session.id} ({self.chat.session.n_turns} turns)")
+            elif cmd == "/set":
+                if not args:
+                    for k, v in vars(self.chat.settings).items():
+                        self.note(f"  {k.replace('_', '-'):15} {v!r}")
+                elif len(args) < 2:
+                    raise ChatError("usage: /set KEY VALUE")
+                else:
+                    st = self.chat.set(args[0], " ".join(args[1:]))
+                    key = args[0].replace("-", "_")
+                    key = "system_prompt" if key == "system" else key
+                    self.note(f"{args[0]} = {getattr(st, key, '')!r} (from the next turn)")
+            elif cmd == "/regen":
+                self.turn(lambda on_token: self.chat.regenerate(on_token=on_token))
+            elif cmd == "/undo":
+                user = self.chat.undo()
+                self.note(f"took back: {user.content[:60]!r}")
+            elif cmd == "/trace":
+                if args not in (["on"], ["off"]):
+                    raise ChatError("usage: /trace on|off")
+                self.chat.trace = args[0] == "on"
+                self.note(f"trace {args[0]}")
+            elif cmd == "/info":
+                for k, v in self.chat.status().items():
+                    self.note(f"  {k:13} {v}")
+            else:
+                raise ChatError(f"unknown command {cmd} (/help lists them)")
+        except (ChatError, SessionError) as e:
+            self.errors += 1
+            self.note(f"error: {e}")
+        return None

@@ -1,0 +1,133 @@
+"""Replay: regenerate every assistant turn of a session with its recorded settings and seed, on the recorded
+history, and report where the regeneration departs from the record (turn, position, both tokens and their
+probabilities). After each turn the recorded tokens are fed, so every turn is checked on its own."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from . import session as S
+from .chat import Chat, ChatError, ChatSettings
+
+
+@dataclass
+class Divergence:
+    turn: int                # 1-based assistant turn
+    position: int            # token index within the reply
+    recorded: int | None     # None: the regeneration went on past the recorded end
+    replayed: int | None     # None: the regeneration stopped before it
+    p_recorded: float | None
+    p_replayed: float | None
+    recorded_text: str = ""
+    replayed_text: str = ""
+
+    def describe(self) -> str:
+        def tok(t, txt, p):
+            if t is None:
+                return "(end)"
+            return f"{t} {txt!r}" + (f" p={p:.4f}" if p is not None else "")
+        return (f"turn {self.turn}, token {self.position}: recorded {tok(self.recorded, self.recorded_text, self.p_recorded)}"
+                f", replayed {tok(self.replayed, self.replayed_text, self.p_replayed)}")
+
+
+@dataclass
+class TurnReplay:
+    turn: int
+    tokens: list[int]                      # regenerated
+    recorded: list[int]
+    timing_ms: list[float] | None          # recorded pace, for playback
+    traces: list = field(default_factory=list)
+    divergence: Divergence | None = None
+
+
+@dataclass
+class ReplayReport:
+    session_id: str
+    turns: list[TurnReplay]
+
+    @property
+    def divergences(self) -> list[Divergence]:
+        return [t.divergence for t in self.turns if t.divergence is not None]
+
+    @property
+    def ok(self) -> bool:
+        return not self.divergences
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(t.recorded) for t in self.turns)
+
+
+def replay(chat: Chat, sess: S.Session, on_turn=None, on_token=None) -> ReplayReport:
+    """Replay `sess` with `chat`'s model (a fresh Chat, autosave off). on_turn(TurnReplay) after each turn;
+    on_token(turn, index, token, text, trace, ms) while a turn regenerates."""
+    if sess.model.get("hash") and sess.model["hash"] != chat.model_hash:
+        raise ChatError(f"session {sess.id} was recorded with another model "
+                        f"({sess.model.get('name') or sess.model['hash'][:12]})")
+    msgs = sess.messages
+    first = 1 if msgs and msgs[0].role == "system" else 0
+    chat.session.messages = list(msgs[:first])
+    chat._rebuild()
+    tok = chat.tok
+    turns = []
+    for n, i in enumerate(range(first, len(msgs) - 1, 2), start=1):
+        user, rec = msgs[i], msgs[i + 1]
+        if user.role != "user" or rec.role != "assistant":
+            raise ChatError(f"session {sess.id}: message {i} breaks the user/assistant alternation")
+        recorded = chat._content(rec)
+        settings = _turn_settings(chat.settings, rec, sess)
+        if rec.finish == "cancelled":           # stopped by hand: check the part that was sampled
+            settings = dataclasses.replace(settings, max_new=max(1, len(recorded)))
+        chat.settings = settings
+        at = len(chat.session.messages)
+        mark_pending = chat._pending
+        mark = chat.cache.mark()
+
+        def cb(idx, t, text, tr, ms, _n=n):
+            if on_token is not None:
+                on_token(_n, idx, t, text, tr, ms)
+
+        res = chat._turn(S.Message("user", user.content, list(user.token_ids)), cb, True, keep_probs=True,
+                         context_start=(rec.settings or {}).get("context_start"))
+        probs = res.probs
+        out = res.token_ids if rec.finish != "cancelled" else res.token_ids[:len(recorded)]
+        div = _first_difference(n, recorded, out, probs, tok)
+        # put the recorded turn in place of the regenerated one
+        del chat.session.messages[at:]
+        if (rec.settings or {}).get("context_start") is None:
+            chat.cache.truncate(mark)
+        chat._marks.pop()
+        chat._pending = mark_pending
+        chat.session.messages.extend([user, rec])
+        chat._play(user, rec, at)
+        tr = TurnReplay(n, out, recorded, rec.timing_ms, res.traces, div)
+        turns.append(tr)
+        if on_turn is not None:
+            on_turn(tr)
+    return ReplayReport(sess.id, turns)
+
+
+def _turn_settings(base: ChatSettings, rec: S.Message, sess: S.Session) -> ChatSettings:
+    known = {f.name for f in dataclasses.fields(ChatSettings)} - {"system_prompt"}
+    d = {k: v for k, v in (rec.settings or {}).items() if k in known}
+    d["seed"] = rec.seed if rec.seed is not None else d.get("seed")
+    if d.get("seed") is None:
+        raise ChatError(f"session {sess.id}: a turn has no recorded seed, it cannot be replayed")
+    try:
+        return dataclasses.replace(base, **d)
+    except (TypeError, ChatError) as e:
+        raise ChatError(f"session {sess.id}: unusable turn settings ({e})") from None
+
+
+def _first_difference(turn, recorded, out, probs, tok) -> Divergence | None:
+    for j in range(max(len(recorded), len(out))):
+        r = recorded[j] if j < len(recorded) else None
+        o = out[j] if j < len(out) else None
+        if r == o:
+            continue
+        p = probs[j] if j < len(probs) else None
+        pr = float(p[r]) if p is not None and r is not None and r < p.numel() else None
+        po = float(p[o]) if p is not None and o is not None else None
+        return Divergence(turn, j, r, o, pr, po, tok.decode([r]) if r is not None else "",
+                          tok.decode([o]) if o is not None else "")
+    return None

@@ -1,0 +1,207 @@
+"""The chat's sampler policy on top of the engine's samplers: the phrase ban (3-grams already said), the repetition
+penalty's window, the dead-end guard and the per-token trace. Token ids in, token ids out; no text.
+
+`TurnHook` is the `logits_hook` a turn hands to `Decoder.generate`. It has the engine's phrase-ban shape (`table`,
+`k`), so the device-graph path matches the ban on the device and keeps its graphs; in the eager loop it is called
+before every draw, which is where the dead-end guard, streaming, cancellation and the trace happen."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .engine import apply_ban_and_penalty
+
+BAN_N = 3                 # the phrase ban's n-gram order: a token is banned after the (n-1) tokens that preceded it
+DEAD_END_MIN_MASS = 0.05  # lift the ban for a step when it would leave less than this probability mass
+TRACE_TOP = 8             # candidates recorded per token
+
+
+def ngram_table(sequences, n: int = BAN_N, table: dict | None = None) -> dict[tuple[int, ...], list[int]]:
+    """{(a, b): [c, ...]} for every n-gram (a, b, c) of the given token sequences (each id listed once)."""
+    table = {} if table is None else table
+    for seq in sequences:
+        for i in range(len(seq) - n + 1):
+            ctx, nxt = tuple(seq[i:i + n - 1]), seq[i + n - 1]
+            row = table.setdefault(ctx, [])
+            if nxt not in row:
+                row.append(nxt)
+    return table
+
+
+def penalty_ids(recent: list[int], window: int, exclude=()) -> list[int]:
+    """The ids the repetition penalty applies to: the distinct ids among the last `window` content tokens of the
+    conversation (chat frames and special tokens excluded), fixed for the whole turn."""
+    ex = set(exclude)
+    return sorted({t for t in (recent[-window:] if window > 0 else []) if t not in ex})
+
+
+@dataclass
+class Candidate:
+    token: int
+    p_raw: float            # softmax(logits / T) before penalty and ban
+    p_final: float          # after penalty and ban (before the nucleus cut)
+    banned_by: tuple[int, ...] | None = None   # the earlier n-gram's context (a, b) that banned it
+    penalised: bool = False
+    in_nucleus: bool = True
+
+
+@dataclass
+class TokenTrace:
+    """How one token was chosen."""
+    index: int              # position in the turn
+    token: int
+    rank: int               # of the chosen token in the final distribution (0 = most likely; -1 unknown)
+    p_raw: float
+    p_final: float
+    candidates: list[Candidate]
+    banned: list[int] = field(default_factory=list)     # ids banned at this step
+    banned_mass: float = 0.0                            # raw probability mass the ban removed
+    lifted: bool = False                                # the dead-end guard lifted the ban for this step
+    ms: float = 0.0                                     # time since the previous token
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+        return asdict(self)
+
+
+@dataclass
+class TurnStats:
+    banned_steps: int = 0       # steps where the ban removed at least one candidate
+    banned_tokens: int = 0      # candidates removed, summed over steps
+    banned_mass: float = 0.0    # raw probability mass removed, summed over steps
+    lifts: int = 0              # dead-end guard lifts
+    penalised: int = 0          # ids under the repetition penalty this turn
+
+
+class Cancelled(Exception):
+    """Raised inside the decode loop when the turn is stopped from another thread."""
+
+
+class TurnHook:
+    """One turn's logits hook. Calls on_token(index, token, trace | None, ms) for each sampled token as soon as it
+    is known (the eager loop hands the hook the tokens sampled so far), except the stop token."""
+
+    def __init__(self, table: dict, temperature: float, top_p: float, pen: float, pen_ids: list[int], stop: int,
+                 trace: bool = False, on_token=None, cancel: threading.Event | None = None, guard: bool = True,
+                 keep_probs: bool = False):
+        self.table, self.k = table, BAN_N - 1
+        self.temperature, self.top_p, self.pen = temperature, top_p, pen
+        self.pen_ids = pen_ids
+        self.stop, self.trace, self.on_token, self.cancel, self.guard = stop, trace, on_token, cancel, guard
+        self.keep_probs = keep_probs      # replay: every step's final distribution, to report divergences
+        self.probs: list[torch.Tensor] = []
+        self.stats = TurnStats(penalised=len(pen_ids))
+        self.traces: list[TokenTrace] = []
+        self.out: list[int] = []          # the decoder's list of sampled tokens (the same object)
+        self._pending: TokenTrace | None = None   # trace of the draw whose token is not known yet
+        self._pen_mask = None
+        self._t_last = time.perf_counter()
+        self.t_first: float | None = None
+        self.emitted = 0
+        self.times: list[float] = []      # ms between consecutive sampled tokens (the first: since the hook began)
+
+    # -- called by Decoder.generate before every draw -------------------------------------------------------------
+    def __call__(self, out: list[int], logits: torch.Tensor) -> torch.Tensor:
+        self.out = out
+        self._emit_new()
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled
+        banned, ctx = self._banned(out)
+        if not banned and not self.trace:
+            return logits
+        V = logits.size(-1)
+        pen_mask = self._penalty_mask(V, logits.device)
+        raw = apply_ban_and_penalty(logits, self.pen, pen_mask)         # penalty only
+        T = self.temperature if self.temperature > 0 else 1.0
+        p_pen = torch.softmax(raw / T, dim=-1)[0]
+        lifted = False
+        mass = 0.0
+        if banned:
+            ban_ix = torch.tensor(banned, dtype=torch.long)
+            mass = float(p_pen[ban_ix].sum())
+            if self.guard and 1.0 - mass < DEAD_END_MIN_MASS:
+                lifted = True
+                self.stats.lifts += 1
+            else:
+                self.stats.banned_steps += 1
+                self.stats.banned_tokens += len(banned)
+                self.stats.banned_mass += mass
+        result = logits
+        if banned and not lifted:
+            result = logits.clone()
+            result[0, banned] = float("-inf")
+        if self.trace:
+            self._pending = self._make_trace(logits, result, pen_mask, banned if not lifted else [], ctx, mass, lifted)
+        return result
+
+    def _banned(self, out):
+        if len(out) < self.k or not self.table:
+            return [], None
+        ctx = tuple(out[-self.k:])
+        return list(self.table.get(ctx, ())), ctx
+
+    def _penalty_mask(self, V, device):
+        if self._pen_mask is None:
+            m = torch.zeros(V, dtype=torch.bool, device=device)
+            if self.pen_ids and self.pen != 1.0:
+                m[torch.tensor(self.pen_ids, dtype=torch.long)] = True
+            self._pen_mask = m
+        return self._pen_mask
+
+    def _make_trace(self, logits, banned_logits, pen_mask, banned, ctx, mass, lifted) -> TokenTrace:
+        T = self.temperature if self.temperature > 0 else 1.0
+        p_raw = torch.softmax(logits.float() / T, dim=-1)[0]
+        final = apply_ban_and_penalty(banned_logits, self.pen, pen_mask if self.pen != 1.0 else None)
+        p_fin = torch.softmax(final / T, dim=-1)[0]
+        # candidates: the top of the raw and of the final distribution (a banned favourite stays visible)
+        top = list(dict.fromkeys(p_raw.topk(TRACE_TOP).indices.tolist() + p_fin.topk(TRACE_TOP).indices.tolist()))
+        sp, si = p_fin.sort(descending=True)
+        keep = (sp.cumsum(0) - sp) < self.top_p
+        nucleus = set(si[keep].tolist()) if self.temperature > 0 else {int(si[0])}
+        bset = set(banned)
+        cands = [Candidate(t, float(p_raw[t]), float(p_fin[t]), ctx if t in bset else None,
+                           bool(pen_mask[t]) and self.pen != 1.0, t in nucleus) for t in top]
+        cands.sort(key=lambda c: -c.p_raw)
+        tr = TokenTrace(index=len(self.out), token=-1, rank=-1, p_raw=0.0, p_final=0.0, candidates=cands,
+                        banned=banned, banned_mass=mass if not lifted else 0.0, lifted=lifted)
+        tr._p_raw, tr._p_fin = p_raw, p_fin     # kept until the token is known
+        return tr
+
+    def _finish_trace(self, token: int) -> TokenTrace | None:
+        tr = self._pending
+        if tr is None:
+            return None
+        self._pending = None
+        tr.token = token
+        tr.p_raw, tr.p_final = float(tr._p_raw[token]), float(tr._p_fin[token])
+        tr.rank = int((tr._p_fin > tr._p_fin[token]).sum())
+        if self.keep_probs:
+            self.probs.append(tr._p_fin)
+        del tr._p_raw, tr._p_fin
+        self.traces.append(tr)
+        return tr
+
+    def _emit_new(self):
+        """Hand every newly sampled token (the stop excluded) to on_token."""
+        while self.emitted < len(self.out):
+            tok = self.out[self.emitted]
+            now = time.perf_counter()
+            if self.t_first is None:
+                self.t_first = now
+            tr = self._finish_trace(tok)
+            ms = (now - self._t_last) * 1000
+            self._t_last = now
+            self.times.append(ms)
+            if tr is not None:
+                tr.ms = ms
+            if tok != self.stop and self.on_token is not None:
+                self.on_token(self.emitted, tok, tr, ms)
+            self.emitted += 1
+
+    def finish(self, out: list[int]) -> None:
+        """After generate returns (or was cancelled): emit what the loop sampled after the last hook call."""
+        self.out = out
+        self._emit_new()
