@@ -4,7 +4,7 @@ import importlib
 import pytest
 import torch
 
-from conftest import make_model
+from support import make_model
 from tinychat.engine import CHUNK, KVCache, append, append_chunked
 from tinychat.engine.append import _decode_one
 

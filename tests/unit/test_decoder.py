@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import make_model
+from support import make_model
 from tinychat.engine import Decoder, KVCache, append, sample_top_p
 
 

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from conftest import make_model
+from support import make_model
 from tinychat.model import (SIZES, CheckpointError, ModelConfig, TinyAgentLM, canonical_ids, config_for,
                             load_config)
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import make_model
+from support import make_model
 from tinychat.engine import BF16Linear, Decoder, Int8Linear, KVCache, append, int8_kernel_ok, quantize_cpu
 
 # Relative error = max |Δlogit| / max |logit|, over a 40-token greedy walk.

@@ -14,7 +14,7 @@ import torch
 
 import tinychat.engine as E
 import tinychat.model
-from conftest import make_model
+from support import make_model
 
 SEED = os.environ.get("TINYCHAT_SEED_MODULE")
 pytestmark = pytest.mark.skipif(not SEED, reason="set TINYCHAT_SEED_MODULE to the user's decode module to check it")
