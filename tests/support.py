@@ -56,12 +56,14 @@ def make_chat_model(seed: int = 0):
     return m
 
 
-def make_chat(seed: int = 0, model=None, **kw):
+def make_chat(model=None, model_seed: int = 0, **kw):
+    """A Chat on the tiny chat model; ChatSettings fields (seed, temperature, ...) go to the settings, the rest
+    (max_len, graph, autosave, ...) to Chat."""
     from tinychat.chat import Chat, ChatSettings
     settings = kw.pop("settings", None) or ChatSettings(**{k: kw.pop(k) for k in list(kw)
                                                           if k in ChatSettings.__dataclass_fields__})
     kw.setdefault("max_len", 512)
-    return Chat(model or make_chat_model(seed), tokenizer(), settings, model_name="tiny-test", **kw)
+    return Chat(model or make_chat_model(model_seed), tokenizer(), settings, model_name="tiny-test", **kw)
 
 
 torch.set_num_threads(1)   # tiny models: one thread is fastest, and immune to other processes on the machine

@@ -217,7 +217,10 @@ class Chat:
             raise ChatError(f"session {self.session.id} was recorded with another tokenizer")
 
     def _load_snapshot(self) -> bool:
-        snap = S.load_snapshot(self.session.id, self.sessions_dir)
+        try:
+            snap = S.load_snapshot(self.session.id, self.sessions_dir)
+        except S.SessionError:              # a damaged snapshot only costs the fast path
+            return False
         if snap is None:
             return False
         tensors, meta = snap

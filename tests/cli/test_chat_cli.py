@@ -1,0 +1,155 @@
+"""The `tinychat` CLI: plain mode in a pipe, sessions, replay --check, and one-line errors for bad input."""
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from support import make_chat_model, tokenizer
+from tinychat.cli import app, main
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("model")
+    make_chat_model().save_pretrained(d)
+    tokenizer().save(d / "tokenizer.json")
+    return d
+
+
+def _run(args, input=None):
+    return CliRunner().invoke(app, [str(a) for a in args], input=input)
+
+
+def _sessions():
+    r = _run(["sessions", "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_plain_json_one_object_per_turn_and_autosaved(model_dir):
+    r = _run(["--model", model_dir, "--plain", "--json", "--max-new", "12", "--seed", "3"],
+             input="hello there\nwhy the cat?\n")
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(lines) == 2
+    for obj in lines:
+        assert {"text", "n_tokens", "finish", "ttft_ms", "decode_tok_s"} <= set(obj)
+        assert obj["finish"] in ("stop", "length") and 0 < obj["n_tokens"] <= 12
+    (info,) = _sessions()
+    assert info["n_turns"] == 2 and info["title"] == "hello there"
+
+
+def test_slash_commands_in_plain_mode(model_dir):
+    script = "hello\n/set temperature 0\n/set max-new 5\nwhy?\n/undo\n/regen\n/trace on\nagain\n/info\n/quit\nnever sent\n"
+    r = _run(["--model", model_dir, "--plain", "--json", "--max-new", "8"], input=script)
+    assert r.exit_code == 0, r.output
+    turns = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(turns) == 4                                   # hello, why? (then undone), hello regenerated, again
+    assert all(t["n_tokens"] <= 5 for t in turns[1:])
+    (info,) = _sessions()
+    assert info["n_turns"] == 2
+
+
+def test_bad_slash_command_in_a_pipe_is_an_error_exit(model_dir):
+    r = _run(["--model", model_dir, "--plain", "--max-new", "4"], input="/frobnicate\n")
+    assert r.exit_code == 2 and "unknown command" in r.stderr
+
+
+def test_sessions_show_export_rename_rm(model_dir, tmp_path):
+    _run(["--model", model_dir, "--plain", "--max-new", "6"], input="tell me about the moon\n")
+    (info,) = _sessions()
+    sid = info["id"]
+    assert "tell me about the moon" in _run(["sessions", "show", sid]).stdout
+    out = tmp_path / "s.json"
+    assert _run(["sessions", "export", sid, "--format", "json", "--out", out]).exit_code == 0
+    assert json.loads(out.read_text())["id"] == sid
+    assert _run(["sessions", "rename", sid, "Moon talk"]).exit_code == 0
+    assert _sessions()[0]["title"] == "Moon talk"
+    assert _run(["sessions", "rm", sid]).exit_code == 0
+    assert _sessions() == []
+    assert _run(["sessions", "rm", sid]).exit_code != 0
+
+
+def test_replay_check_exit_codes(model_dir, capsys):
+    _run(["--model", model_dir, "--plain", "--max-new", "10"], input="hello there\nwhy the cat?\n")
+    (info,) = _sessions()
+    r = _run(["replay", info["id"], "--check", "--model", model_dir])
+    assert r.exit_code == 0 and "token-exact" in r.stdout
+    data = json.loads(open(info["path"]).read())
+    reply = data["messages"][-1]["token_ids"]
+    head = len(tokenizer().generation_prompt_ids())
+    reply[head + 2] = (reply[head + 2] + 7) % tokenizer().vocab_size
+    open(info["path"], "w").write(json.dumps(data))
+    r = _run(["replay", info["path"], "--check", "--model", model_dir])
+    assert r.exit_code == 1 and "divergence: turn 2, token 2" in r.stdout
+    code, err = _cli_main(["replay", info["id"], "--check", "--model", model_dir / "nope"], capsys)
+    assert code == 2 and "no such model folder" in err
+
+
+def _cli_main(args, capsys):
+    old = sys.argv
+    sys.argv = ["tinychat", *map(str, args)]
+    try:
+        with pytest.raises(SystemExit) as e:
+            main()
+    finally:
+        sys.argv = old
+    out = capsys.readouterr()
+    return e.value.code, out.err
+
+
+def test_corrupt_session_files_each_give_exit_2_and_a_short_error(model_dir, tmp_path, capsys):
+    _run(["--model", model_dir, "--plain", "--max-new", "6"], input="hello there\n")
+    (info,) = _sessions()
+    good = open(info["path"], "rb").read()
+    rng = random.Random(0)
+    trials = 0
+    for i in range(120):
+        data = bytearray(good)
+        kind = i % 4
+        if kind == 0:
+            data = data[:rng.randrange(len(data))]
+        elif kind == 1:
+            for _ in range(rng.randint(1, 8)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        elif kind == 2:
+            obj = json.loads(good)
+            key = rng.choice(list(obj))
+            obj[key] = rng.choice([None, 7, "x", [], {}]) if rng.random() < 0.7 else obj.pop(key)
+            data = json.dumps(obj).encode()
+        else:
+            obj = json.loads(good)
+            msg = rng.choice(obj["messages"])
+            msg[rng.choice(list(msg))] = rng.choice([-1, "oops", [1.5], None, {"a": 1}])
+            data = json.dumps(obj).encode()
+        bad = tmp_path / f"bad{i}.json"
+        bad.write_bytes(bytes(data))
+        code, err = _cli_main(["sessions", "show", bad], capsys)
+        if code == 0:
+            continue                                        # a flip that left valid JSON with valid values
+        trials += 1
+        assert code == 2, err
+        assert err.count("\n") == 1 and err.startswith("tinychat: error:") and "Traceback" not in err
+    assert trials >= 100
+
+
+def test_plain_mode_through_a_real_pipe(model_dir):
+    env = dict(os.environ)
+    p = subprocess.run([sys.executable, "-m", "tinychat", "--model", str(model_dir), "--max-new", "8", "--seed", "1"],
+                       input="hello there\nwhy the cat?\n", capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert len(p.stdout.splitlines()) >= 2                  # stdout carries only the replies
+    assert "Traceback" not in p.stderr
+
+
+def test_bad_flags_are_one_line_errors(model_dir, capsys):
+    for args, msg in [(["--quant", "int4", "--model", model_dir], "--quant must be one of"),
+                      (["--temperature", "-1", "--model", model_dir, "--plain"], "temperature must be between"),
+                      (["--model", model_dir / "missing", "--plain"], "no such model folder"),
+                      (["--session", "nope", "--model", model_dir, "--plain"], "no such session")]:
+        code, err = _cli_main(args, capsys)
+        assert code == 2 and msg in err and err.count("\n") == 1, (args, err)
