@@ -304,6 +304,43 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH", help="A saved sessi
     raise typer.Exit(1)
 
 
+@app.command()
+def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", help="Model folder (default: the shipped model)."),
+          config: Optional[str] = typer.Option(None, "--config", help="A named size with random weights: tiny, demo, full."),
+          quant: str = typer.Option("none", "--quant", "-q", help="none, int8 or bf16."),
+          device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+          prompt_len: int = typer.Option(100, "--prompt-len", help="Prompt tokens to prefill."),
+          gen_len: int = typer.Option(64, "--gen-len", help="Tokens to decode."),
+          repeats: int = typer.Option(3, "--repeats", help="Timed repeats (medians are reported)."),
+          json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
+    """Measure prefill tok/s, time to first token, batch-1 decode tok/s, KV bytes per token and peak RSS."""
+    import json
+
+    from .bench import render_table, run_bench
+    _check_choice("--quant", quant, QUANTS)
+    _check_choice("--device", device, ("cpu", "cuda"))
+    if config is not None:
+        _check_choice("--config", config, SIZES)
+    if model is not None and config is not None:
+        raise UsageError("give --model or --config, not both")
+    if json_out or not sys.stderr.isatty():
+        result = run_bench(model, config, quant, device, prompt_len, gen_len, repeats)
+    else:
+        from rich.progress import Progress
+        with Progress(transient=True) as bar:
+            task = bar.add_task("benchmark", total=None)
+
+            def progress(done, total, what):
+                bar.update(task, completed=done, total=total, description=what)
+
+            result = run_bench(model, config, quant, device, prompt_len, gen_len, repeats, progress=progress)
+    if json_out:
+        typer.echo(json.dumps(result))
+    else:
+        from rich.console import Console
+        Console().print(render_table(result))
+
+
 def main() -> None:
     """Entry point: run the Typer app; expected failures become one line on stderr and exit 2 (TINYCHAT_DEBUG=1
     or --debug shows the traceback)."""

@@ -1,0 +1,23 @@
+import json
+
+from typer.testing import CliRunner
+
+from tinychat.cli import app
+
+KEYS = {"prefill_tok_s", "ttft_ms", "decode_tok_s", "kv_bytes_per_token", "peak_rss_mb", "quant", "device",
+        "linear_params"}
+
+
+def test_bench_json_has_the_documented_keys():
+    r = CliRunner().invoke(app, ["bench", "--config", "tiny", "--json", "--repeats", "1", "--gen-len", "4",
+                                 "--prompt-len", "8"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert KEYS <= set(res)
+    assert res["quant"] == "none" and res["device"] == "cpu" and res["decode_tok_s"] > 0
+    assert res["kv_bytes_per_token"] < res["gqa_kv_bytes_per_token"]
+
+
+def test_bench_rejects_bad_quant():
+    r = CliRunner().invoke(app, ["bench", "--config", "tiny", "--quant", "int3"])
+    assert r.exit_code != 0
