@@ -376,6 +376,10 @@ class Chat:
         mark = self.cache.mark()
         if context_start is not None:
             self.cache.reset([0])
+        graph = self.decoder.graph              # device loop: streams every few tokens, traces afterwards
+        self.decoder.on_sync = hook.on_sync if graph else None
+        self.decoder.keep_logits = bool(trace and graph)
+        self.decoder.last_logits = None
         t0 = time.perf_counter()
         logits = self._feed(feed)
         finish = "stop"
@@ -387,6 +391,10 @@ class Chat:
             self.decoder.step(self.stop_id)       # every assistant turn ends in <|im_end|> in the cache
             finish = "cancelled"
         hook.finish(out)
+        if graph and trace and getattr(self.decoder, "last_logits", None) is not None:
+            hook.traces_from_logits(out, self.decoder.last_logits)
+        if graph and self._cancel.is_set() and (not out or out[-1] != self.stop_id):
+            finish = "cancelled"
         t1 = time.perf_counter()
         tail = stream.flush()
         if tail and on_token is not None:

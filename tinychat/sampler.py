@@ -109,6 +109,26 @@ class TurnHook:
         self._emit_new()
         if self.cancel is not None and self.cancel.is_set():
             raise Cancelled
+        return self._process(out, logits)
+
+    def on_sync(self, toks: list[int]) -> bool:
+        """The device loop's read-back (every few tokens): stream them; False stops the turn."""
+        self.finish(toks)
+        return not (self.cancel is not None and self.cancel.is_set())
+
+    def traces_from_logits(self, out: list[int], rows: torch.Tensor) -> None:
+        """Traces after a device-loop turn, from each draw's logits (rows (n, V)): what the device did, so no
+        dead-end guard (the device loop has none) and no per-token timing."""
+        self.guard = False
+        self.stats = TurnStats(penalised=self.stats.penalised)
+        self.traces = []
+        self.out = []
+        for i in range(min(len(out), rows.size(0))):
+            self.out = out[:i]
+            self._process(out[:i], rows[i:i + 1])
+            self._finish_trace(out[i])
+
+    def _process(self, out: list[int], logits: torch.Tensor) -> torch.Tensor:
         banned, ctx = self._banned(out)
         if not banned and not self.trace:
             return logits

@@ -269,3 +269,37 @@ def test_unusable_snapshot_falls_back_to_an_exact_re_prefill():
     chat.save()                                          # a good snapshot, but of an fp32 cache: int8 ignores it
     q = Chat.restore(chat.session.id, make_chat_model(), tokenizer(), quant="int8", max_len=512)
     assert not q.used_snapshot and q.quant == "int8" and int(q.cache.lens_cpu[0]) == int(chat.cache.lens_cpu[0])
+
+
+def test_static_loop_traces_and_streams_like_the_eager_loop():
+    runs = []
+    for graph in (False, "static"):
+        chat = make_chat(max_new=30, seed=3, temperature=0.0, penalty=1.0, graph=graph)
+        chat.send("the cat sees the dog")
+        pieces = []
+        r = chat.send("the cat sees the dog", trace=True, on_token=lambda i, t, text, tr, ms: pieces.append(t))
+        runs.append((r, pieces))
+    (e, ep), (s, sp) = runs
+    assert s.mode == "static" and e.token_ids == s.token_ids and e.stats.lifts == 0
+    assert [t for t in sp if t >= 0] == s.token_ids == [t for t in ep if t >= 0]
+    assert len(e.traces) == len(s.traces) and s.stats.banned_steps == e.stats.banned_steps > 0
+    for a, b in zip(e.traces, s.traces):
+        assert (a.token, a.rank, a.banned) == (b.token, b.rank, b.banned)
+        assert abs(a.p_final - b.p_final) < 1e-4
+        assert [c.token for c in a.candidates][:3] == [c.token for c in b.candidates][:3]
+
+
+def test_stop_mid_turn_in_the_static_loop_leaves_a_well_formed_cache():
+    chat = make_chat(max_new=120, seed=10, graph="static")      # this seed runs to max_new when left alone
+
+    def on_token(i, t, text, tr, ms):
+        if i == 3:
+            chat.cancel()
+
+    r = chat.send("tell me a long story", on_token=on_token)
+    assert r.finish == "cancelled" and r.n_tokens < 120
+    L = int(chat.cache.lens_cpu[0])
+    assert int(chat.cache.tokens[0, L - 1]) == tokenizer().im_end
+    again = Chat.restore(chat.session.id, make_chat_model(), tokenizer(), use_snapshot=False, max_len=512,
+                         graph="static")
+    assert _same_cache(_cache(again), _cache(chat))

@@ -31,6 +31,9 @@ class Decoder:
     BAN_K = 2       # context length of the phrase ban (n-gram order 3 - 1)
     ban_graph = True   # False after a capture with the ban ops failed: graphs without them, ban hooks run eagerly
     fast = True        # CPU speed modes (quantize_cpu): step() runs the lean _decode_fast; False: _decode_one
+    on_sync = None     # device loop: on_sync(tokens so far) after each read-back (streaming); False ends the turn
+    keep_logits = False   # device loop: keep each draw's logits in last_logits (n, V), for sampler traces
+    last_logits = None
 
     def __init__(self, model, cache: KVCache, graph=None, compile: bool = False, sync_every: int = 8,
                  feed: bool = True):
@@ -93,11 +96,18 @@ class Decoder:
 
     @torch.no_grad()
     def step(self, tok: int) -> torch.Tensor:
-        """Append one token (host int); returns the logits (1, V) after it."""
+        """Append one token (host int); returns the logits (1, V) after it. Eager decoders run _decode_one (or the
+        lean _decode_fast of a quantize_cpu model); device-loop decoders run the loop's static step."""
         L = int(self.cache.lens_cpu[0])
         if L + 1 > self.cache.max_len:
             raise RuntimeError(f"KV cache full: all {self.cache.max_len} positions are used")
         self._tok.fill_(int(tok))
+        if self.graph:              # the device loop's own step: a replayed turn rounds exactly as the live one
+            if getattr(self, "_one", None) is None:
+                self._one = torch.ones(1, dtype=torch.long, device=self.dev)
+            logits = _step_static(self.model, self.cache, self._tok, self._one, self._static_aux())
+            self.cache.lens_cpu[0] += 1
+            return logits
         fs = getattr(self.model, "_cpu_fast", None)
         if fs is not None and self.fast and self.dev.type == "cpu":
             return _decode_fast(self.model, self.cache, self._tok, L, fs)
@@ -164,6 +174,8 @@ class Decoder:
         self._ban_tok = torch.full((ban_cap,), V, dtype=torch.long, device=dev)
         self._ban_scratch = torch.zeros(V + 1, device=dev)
         self._ban_ar = torch.arange(ban_k, device=dev)
+        keep = self.keep_logits
+        self._logits = torch.zeros(n, V, device=dev) if keep else None     # (max_new + 2, V): row i = draw i
         aux = self._static_aux()     # the graph reads these: kept alive on the decoder
         self._stop = stop
         samp = (temperature, top_p, pen)
@@ -171,6 +183,8 @@ class Decoder:
         def body():
             live = ~self._done
             lg = _step_static(self.model, cache, self._tok, live.long(), aux)
+            if keep:
+                self._logits.index_copy_(0, self._i, lg.float())
             self._done |= self._tok[0] == stop
             u = self._u.index_select(0, self._i)
             bm = self._bm
@@ -183,7 +197,7 @@ class Decoder:
             self._tok.copy_(nxt.view(1, 1))
 
         fn = self._fn = torch.compile(body, fullgraph=False, dynamic=False) if self.compile else body
-        self._key = (max_new, samp, stop, ban_cap, ban_k)
+        self._key = (max_new, samp, stop, ban_cap, ban_k, keep)
         if not self.capture:
             self._g = fn
             return
@@ -218,13 +232,14 @@ class Decoder:
         table = getattr(hook, "table", None) or {}
         rows = [(ctx, t) for ctx, toks in table.items() for t in toks]
         k = hook.k if table else (self._key[4] if self._key else self.BAN_K)
+        keep = bool(self.keep_logits)
         if not self.ban_graph:
             cap = 0
         else:
             cap = (self._key[3] if self._key else 0) or self.BAN_CAP
             while cap < len(rows):
                 cap *= 2
-        if self._g is None or self._key != (max_new, (temperature, top_p, pen), stop, cap, k):
+        if self._g is None or self._key != (max_new, (temperature, top_p, pen), stop, cap, k, keep):
             try:
                 self._setup(max_new, temperature, top_p, pen, stop, cap, k)
             except Exception as e:  # noqa: BLE001  e.g. an op this backend can't capture
@@ -250,6 +265,8 @@ class Decoder:
         self._u.copy_(torch.rand(self._u.shape, device=self.dev, generator=generator))
         self._i.zero_()
         first = _sample_icdf(logits, temperature, top_p, pen, self._pm, self._bm, self._u[:1])
+        if keep:
+            self._logits[0].copy_(logits[0].float())
         self._out[:1].copy_(first)
         self._tok.copy_(first.view(1, 1))
         self._i.fill_(1)
@@ -264,6 +281,8 @@ class Decoder:
             toks = self._out[:n].tolist()
             if stop in toks:
                 break
+            if self.on_sync is not None and self.on_sync(toks) is False:
+                break               # stopped by the caller: ends like a cut-off turn
         if stop in toks:
             toks = toks[:toks.index(stop) + 1]
         else:                       # cut off: append stop (its sampled successor is ignored)
@@ -271,4 +290,5 @@ class Decoder:
             self._g()
         self._done.fill_(True)
         self.cache.lens_cpu.copy_(self.cache.lens.cpu())
+        self.last_logits = self._logits[:len(toks)].cpu() if keep else None
         return toks
