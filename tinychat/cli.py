@@ -9,8 +9,16 @@ from typing import Optional
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=False, rich_markup_mode="rich",
-                  help="Chat with a small local TinyAgentLM model in the terminal.",
+HELP = """Chat with a small local TinyAgentLM model in the terminal.
+
+With no command, opens the chat app (a line mode with --plain, or when piped: each input line is one turn).
+Every chat is saved as a session; `tinychat sessions` lists them and `--session ID` continues one.
+
+Examples:  tinychat --quant int8  ·  echo "Hi!" | tinychat --plain --json  ·  tinychat replay ID --check
+
+Errors print one line and exit 2; add --debug for the traceback."""
+
+app = typer.Typer(add_completion=False, no_args_is_help=False, rich_markup_mode="rich", help=HELP,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
 SIZES = ("tiny", "demo", "full")
