@@ -32,13 +32,15 @@ def _load(model_path, config, seed: int = 0):
 def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = None, quant: str = "none",
               device: str = "cpu", prompt_len: int = 100, gen_len: int = 64, repeats: int = 3,
               progress: Optional[Progress] = None, *, warmup: int = 1, graph=None, compile: bool = False,
-              seed: int = 0) -> dict:
+              seed: int = 0, threads: Optional[int] = None) -> dict:
     """Measure one model. model_path / config: a checkpoint folder or a named size with random weights (neither: the
     shipped model). quant: none | int8 | bf16 (CPU weight-only modes, quantize_cpu). device: cpu | cuda.
     Each repeat prefills prompt_len random tokens into an emptied cache (append), samples the first token (TTFT =
     prefill + that draw) and decodes gen_len more through Decoder.generate. Medians over `repeats`, after `warmup`
     untimed repeats. graph / compile: Decoder options (GPU modes; None = the Decoder's default for the device).
-    progress(done, total, what) is called as repeats finish."""
+    progress(done, total, what) is called as repeats finish. threads: torch.set_num_threads first (None: as is).
+    On a CPU that other processes keep busy, fewer threads than cores is often faster: a descheduled worker stalls
+    every op's barrier."""
     import torch
 
     from .engine import Decoder, KVCache, append, quantize_cpu, sample_top_p
@@ -56,6 +58,8 @@ def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = N
     if prompt_len < 1 or gen_len < 1 or repeats < 1:
         raise ValueError("prompt-len, gen-len and repeats must be positive")
 
+    if threads:
+        torch.set_num_threads(int(threads))
     total = 2 + warmup + repeats
     done = 0
 

@@ -16,6 +16,9 @@ from .cache import KVCache
 QUANT_GEMV_ROWS = 8    # BF16Linear: up to this many rows use the bf16 kernel (on AVX2 bf16 GEMM is ~3x slower than fp32)
 INT8_GEMV_ROWS = 128   # Int8Linear: up to this many rows use the int8 kernel; beyond, dequantize + fp32 GEMM (the
                        # kernel costs per row, the GEMM per weight byte)
+INT8_GEMV_ROWS_BF16 = 12   # the same where prefill runs bf16 GEMMs: they win from ~12 rows on (full-config shapes)
+PREFILL_BF16 = None    # prefill GEMMs of the quant Linears in bf16 (oneDNN, fp32 accumulation): None = where the CPU
+                       # has native bf16 dot products (AVX512-BF16 / AMX; ~2.5x faster than fp32 there), else fp32
 _SCRATCH_MAX = 16 << 20
 _tls = threading.local()
 
@@ -34,6 +37,20 @@ def _scratch(shape, dtype):
     return t
 
 
+def prefill_bf16() -> bool:
+    """Do quant Linears prefill through bf16 GEMMs? PREFILL_BF16, or (None) whether this CPU has native bf16 dot
+    products (AVX512-BF16 or AMX tiles): there oneDNN's bf16 GEMM beats fp32 by ~2.5x; on AVX2 it is ~3x slower."""
+    if PREFILL_BF16 is not None:
+        return bool(PREFILL_BF16)
+    if not hasattr(prefill_bf16, "ok"):
+        try:
+            cpu = torch.cpu
+            prefill_bf16.ok = bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
+        except Exception:  # noqa: BLE001  older torch: no probes
+            prefill_bf16.ok = False
+    return prefill_bf16.ok
+
+
 class BF16Linear(torch.nn.Module):
     """A Linear whose weight is stored in bf16: half the bytes to stream per token. The matmul runs on bf16 inputs
     (fp32 accumulation inside oneDNN), the output is returned in the input dtype."""
@@ -49,7 +66,7 @@ class BF16Linear(torch.nn.Module):
         return torch.nn.functional.linear(xb, self.weight, self.bias)
 
     def forward(self, x):
-        if x.numel() // x.size(-1) > QUANT_GEMV_ROWS:   # prefill: fp32 GEMM on the upcast weight
+        if x.numel() // x.size(-1) > QUANT_GEMV_ROWS and not prefill_bf16():   # prefill: fp32 GEMM, upcast weight
             b = None if self.bias is None else self.bias.to(x.dtype)
             w = self.weight
             return torch.nn.functional.linear(x, _scratch(w.shape, x.dtype).copy_(w), b)
@@ -83,7 +100,13 @@ class Int8Linear(torch.nn.Module):
 
     def forward(self, x):
         shape = x.shape
-        if x.numel() // shape[-1] > INT8_GEMV_ROWS:
+        rows = x.numel() // shape[-1]
+        if rows > INT8_GEMV_ROWS_BF16 and prefill_bf16():
+            # bf16 GEMM on the int8 values (exact in bf16), the per-channel scale applied to the output columns
+            wq = _scratch(self.qweight.shape, torch.bfloat16).copy_(self.qweight)
+            y = torch.nn.functional.linear(x.to(torch.bfloat16), wq).to(x.dtype).mul_(self.scale.to(x.dtype))
+            return y if self.bias is None else y.add_(self.bias.to(x.dtype))
+        if rows > INT8_GEMV_ROWS:
             w = torch.mul(self.qweight, self.scale.float()[:, None],
                           out=_scratch(self.qweight.shape, torch.float32)).to(x.dtype)
             return torch.nn.functional.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
