@@ -38,6 +38,63 @@ static inline float bf16_to_f32(uint16_t x) {
     return c.f;
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define HAVE_D64 1
+/* 16 bf16 -> 16 fp32 (exact: a bf16 is the top half of an fp32) */
+static inline __m512 bf16x16(const uint16_t *p) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* One (segment, kv head) task for head_dim 64, AVX-512. Same maths as the generic loop below. */
+static void task_d64(const float *q, const uint16_t *kb, const uint16_t *vb, int64_t start,
+                     int64_t off, int64_t cnt, int h, int Hkv, int G, float scale, float *out,
+                     float *s)
+{
+    const int64_t n = start + cnt;
+    for (int64_t j = 0; j < n; ++j) {
+        const uint16_t *kr = kb + (size_t)j * 64;
+        __m512 k0 = bf16x16(kr), k1 = bf16x16(kr + 16), k2 = bf16x16(kr + 32), k3 = bf16x16(kr + 48);
+        for (int64_t t = (j > start ? j - start : 0); t < cnt; ++t) {
+            for (int g = 0; g < G; ++g) {
+                const float *qg = q + (((size_t)(off + t) * Hkv + h) * G + g) * 64;
+                __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qg), k0);
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16), k1, acc);
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 32), k2, acc);
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 48), k3, acc);
+                s[(size_t)(t * G + g) * n + j] = _mm512_reduce_add_ps(acc) * scale;
+            }
+        }
+    }
+    for (int64_t t = 0; t < cnt; ++t) {
+        int64_t m_ = start + t + 1;
+        for (int g = 0; g < G; ++g) {
+            float *sg = s + (size_t)(t * G + g) * n, mx = -INFINITY, sum = 0.f;
+            for (int64_t j = 0; j < m_; ++j) mx = sg[j] > mx ? sg[j] : mx;
+            for (int64_t j = 0; j < m_; ++j) { sg[j] = expf(sg[j] - mx); sum += sg[j]; }
+            float inv = 1.f / sum;
+            for (int64_t j = 0; j < m_; ++j) sg[j] *= inv;
+            memset(out + (((size_t)(off + t) * Hkv + h) * G + g) * 64, 0, sizeof(float) * 64);
+        }
+    }
+    for (int64_t j = 0; j < n; ++j) {
+        const uint16_t *vr = vb + (size_t)j * 64;
+        __m512 v0 = bf16x16(vr), v1 = bf16x16(vr + 16), v2 = bf16x16(vr + 32), v3 = bf16x16(vr + 48);
+        for (int64_t t = (j > start ? j - start : 0); t < cnt; ++t) {
+            for (int g = 0; g < G; ++g) {
+                __m512 p = _mm512_set1_ps(s[(size_t)(t * G + g) * n + j]);
+                float *og = out + (((size_t)(off + t) * Hkv + h) * G + g) * 64;
+                _mm512_storeu_ps(og, _mm512_fmadd_ps(p, v0, _mm512_loadu_ps(og)));
+                _mm512_storeu_ps(og + 16, _mm512_fmadd_ps(p, v1, _mm512_loadu_ps(og + 16)));
+                _mm512_storeu_ps(og + 32, _mm512_fmadd_ps(p, v2, _mm512_loadu_ps(og + 32)));
+                _mm512_storeu_ps(og + 48, _mm512_fmadd_ps(p, v3, _mm512_loadu_ps(og + 48)));
+            }
+        }
+    }
+}
+#endif
+
 /* Causal attention for "segments": runs of consecutive query tokens of one cache row.
    q     [N, Hkv, G, D] fp32, RoPE'd (G query heads share one kv head)
    k, v  [Bc, Hkv, L, D] bf16: one layer of the static cache, already holding the new tokens
@@ -60,6 +117,13 @@ void seg_attention(const float *q, const uint16_t *k, const uint16_t *v, const i
             const uint16_t *kb = k + ((size_t)r * Hkv + h) * L * D;
             const uint16_t *vb = v + ((size_t)r * Hkv + h) * L * D;
             float *s = (float *)malloc(sizeof(float) * (size_t)(cnt * G) * n);
+#ifdef HAVE_D64
+            if (D == 64) {
+                task_d64(q, kb, vb, start, off, cnt, h, Hkv, G, scale, out, s);
+                free(s);
+                continue;
+            }
+#endif
             for (int64_t j = 0; j < n; ++j) {
                 const uint16_t *kr = kb + (size_t)j * D;
                 for (int d = 0; d < D; ++d) row[d] = bf16_to_f32(kr[d]);

@@ -10,7 +10,8 @@ Output: ``OUT/shard-00012.jsonl.gz``, one JSON conversation per line::
     {"id": "s00012-0003", "kind": "explain", "source": "template",
      "messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}, ...],
      "tokens": {"total": 312, "assistant": 240}, "ended": "planned" | "<drop reason>" | "context",
-     "teacher": {"model": ..., "system": ..., "temperature": ..., ...}}
+     "teacher": {"model": ..., "system": ..., "temperature": ..., ...},
+     "dropped": {"reason": ..., "user": ..., "reply": ...}}     # only when a bad reply ended it
 
 Shards are written atomically (temp file + rename, gzip with mtime 0), only once complete; existing
 shards are never rewritten, so killing and restarting the command resumes where it stopped (the
@@ -34,6 +35,11 @@ from collections import Counter
 from pathlib import Path
 
 SHARD_RE = re.compile(r"^shard-(\d{5})\.jsonl\.gz$")
+
+# SmolLM2's default system prompt ("You are a helpful AI assistant named SmolLM, trained by Hugging
+# Face") gives ~50 % replies cut at 120 tokens and names the teacher; this one, ~20 % (measured on
+# 144 first turns at T 0.7, top-p 0.9). Short answers are also what the small student should learn.
+SYSTEM = "You are a helpful AI assistant. Keep your answers short: one to three sentences."
 
 # ----------------------------------------------------------------------------------------------
 # Degenerate replies
@@ -102,6 +108,7 @@ class Conversation:
         self.ended = "planned"
         self.reasons: list[str | None] = []      # one per reply generated (None = kept)
         self.assistant_tokens = 0
+        self.dropped: dict | None = None          # the reply that ended the conversation early
 
     def first_prompt(self) -> list[int]:
         return self.tok.encode(self._user(0)).ids
@@ -115,6 +122,8 @@ class Conversation:
         self.reasons.append(reason)
         if reason:
             self.ended = reason
+            self.dropped = {"reason": reason, "user": self.plan.turns[len(self.messages) // 2],
+                            "reply": text}
             return None
         turn = len(self.messages) // 2
         self.messages += [{"role": "user", "content": self.plan.turns[turn]},
@@ -135,7 +144,7 @@ class Conversation:
         return {"id": cid, "kind": self.plan.kind, "source": self.plan.source,
                 "messages": self.messages, "ended": self.ended,
                 "tokens": {"total": total, "assistant": self.assistant_tokens},
-                "teacher": teacher_meta}
+                "teacher": teacher_meta, **({"dropped": self.dropped} if self.dropped else {})}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -200,12 +209,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=96, help="rows decoded together")
     p.add_argument("--max-new", type=int, default=120, help="reply cap in tokens")
     p.add_argument("--max-len", type=int, default=1024, help="KV cache positions per row")
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--top-k", type=int, default=64)
-    p.add_argument("--system", default=None, help="teacher system prompt (default: SmolLM2's own)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads per worker")
-    p.add_argument("--workers", type=int, default=1,
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=0.9)
+    p.add_argument("--top-k", type=int, default=40, help="candidates re-scored in fp32")
+    p.add_argument("--system", default=SYSTEM,
+                   help="teacher system prompt ('' for none: SmolLM2's template then adds its own)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--workers", type=int, default=2,
                    help="processes, each writing every WORKERS-th shard (1 thread each is robust "
                         "when the cores are shared)")
     p.add_argument("--no-chitchat", action="store_true", help="templates only")
@@ -225,8 +235,7 @@ def run_worker(args, worker: int = 0, workers: int = 1, model=None, tok=None, lo
 
     from .batched import BatchedGenerator, Sampling
     from .prompts import plan_stream
-    from .teacher import (DEFAULT_SYSTEM, IM_END, TEACHER_NAME, Llama, chatml, load_teacher,
-                          tokenizer_from_gguf)
+    from .teacher import IM_END, TEACHER_NAME, Llama, chatml, load_teacher, tokenizer_from_gguf
 
     if model is None:
         torch.set_num_threads(args.threads)
@@ -234,7 +243,7 @@ def run_worker(args, worker: int = 0, workers: int = 1, model=None, tok=None, lo
         tok = tokenizer_from_gguf(reader)
         model = Llama(cfg, weights, max_len=args.max_len)
         del weights
-    system = DEFAULT_SYSTEM if args.system is None else args.system
+    system = args.system
     prefix = tok.encode(chatml([{"role": "system", "content": system}], False)).ids if system else []
     sampling = Sampling(args.temperature, args.top_p, args.top_k, args.max_new)
     meta = {"model": TEACHER_NAME, "system": system, "temperature": args.temperature,

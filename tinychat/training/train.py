@@ -1,0 +1,528 @@
+"""``python -m tinychat.training train``: train the student TinyAgentLM on the teacher's conversations.
+
+The `demo` model (with Engram; its cid_map built from the tokenizer), cross-entropy on assistant tokens only
+(content + the closing <|im_end|>, see data.py), AdamW (no decay on embeddings and Engram tables), linear
+warmup then cosine decay to min_lr, bf16 autocast on CPU (fp32 master weights), gradient clipping, a held-out
+validation loss every --eval-every steps, and a progress line with loss, val loss, tok/s and ETA.
+
+Checkpoints (no pickle anywhere): RUN/checkpoints/step-NNNNNNN/ holds model.safetensors (fp32 weights and
+buffers), optim.safetensors (AdamW's step / exp_avg / exp_avg_sq per parameter, by parameter name, plus the
+torch RNG state) and state.json (step, data position, schedule, config, data and tokenizer fingerprints). A
+checkpoint is written into a temp folder and renamed; RUN/LATEST (itself replaced atomically) names the newest.
+Running the same command again resumes from LATEST and continues exactly as if never stopped (same batches,
+same optimizer state, bit-identical parameters at a given thread count). Ctrl-C or SIGTERM saves a checkpoint
+at the next step boundary, then exits.
+
+    python -m tinychat.training train --shards data/shards --tokenizer runs/demo/tokenizer.json --run runs/demo
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tinychat.model import TinyAgentLM, config_for
+from tinychat.tokenizer import Tokenizer
+
+from .data import DEFAULT_SYSTEM, TokenizedSet, encode_all, load_split, stats
+
+CKPT_FORMAT = 1
+
+
+@dataclass
+class TrainConfig:
+    size: str = "demo"
+    model_overrides: dict = field(default_factory=dict)   # ModelConfig fields over the named size
+    seq_len: int = 1024             # tokens per row (longer conversations are truncated)
+    batch_tokens: int = 12288       # padded rows * length per batch, at most
+    max_rows: int = 64
+    tokens: int = 20_000_000        # training tokens (non-padding inputs) the schedule is sized for
+    steps: int = 0                  # > 0: this many steps instead of sizing from `tokens`
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    clip: float = 1.0
+    seed: int = 0
+    bf16: bool = True
+    val_fraction: float = 0.02
+    system_prompt: str = DEFAULT_SYSTEM
+    # bookkeeping only (may change between resumes without changing the result)
+    eval_every: int = 250
+    val_convs: int = 200            # periodic validation on the first this-many held-out conversations
+    ckpt_every: int = 250
+    keep: int = 2
+    log_every: int = 10
+
+    MUTABLE = ("eval_every", "val_convs", "ckpt_every", "keep", "log_every")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def model_config(self):
+        return config_for(self.size, **self.model_overrides)
+
+
+def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
+    """Linear warmup over cfg.warmup steps, then cosine from lr down to lr * min_lr_ratio at total_steps."""
+    if cfg.warmup and step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(1, total_steps - cfg.warmup)
+    t = min(1.0, (step - cfg.warmup) / span)
+    lo = cfg.lr * cfg.min_lr_ratio
+    return lo + (cfg.lr - lo) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+@contextmanager
+def head_rows(model: TinyAgentLM, sel: torch.Tensor):
+    """Run the output head only on the flattened positions `sel`: forward() then returns (len(sel), V)
+    softcapped logits. The loss needs logits at target positions only, and the 8192-wide head is the biggest
+    GEMM and the biggest activation, so skipping the masked positions saves time and memory."""
+    def pre(_mod, args):
+        x = args[0]
+        return (x.reshape(-1, x.size(-1)).index_select(0, sel),)
+    h = model.head.register_forward_pre_hook(pre)
+    try:
+        yield
+    finally:
+        h.remove()
+
+
+def masked_loss(model: TinyAgentLM, idx, tgt, msk, bf16: bool = True) -> tuple[torch.Tensor, int]:
+    """(sum of cross-entropy over the masked targets, their count)."""
+    sel = msk.reshape(-1).nonzero().squeeze(1)
+    with head_rows(model, sel), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(idx)
+    loss = F.cross_entropy(logits.float(), tgt.reshape(-1).index_select(0, sel), reduction="sum")
+    return loss, int(sel.numel())
+
+
+def _param_groups(model: TinyAgentLM, weight_decay: float):
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if name.startswith("embed.") or name.endswith("table.weight") else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(dest: Path, data: bytes) -> None:
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, dest)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    run_dir = Path(run_dir)
+    ptr = run_dir / "LATEST"
+    if not ptr.is_file():
+        return None
+    ck = run_dir / "checkpoints" / ptr.read_text().strip()
+    if not (ck / "state.json").is_file():
+        raise SystemExit(f"{ptr} names {ck}, which is not a complete checkpoint")
+    return ck
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, tok: Tokenizer, train: TokenizedSet, val: TokenizedSet,
+                 run_dir: str | Path, total_steps: int | None = None, log=print):
+        self.cfg, self.tok, self.train, self.val = cfg, tok, train, val
+        self.run_dir = Path(run_dir)
+        self.log = log
+        torch.manual_seed(cfg.seed)
+        mcfg = cfg.model_config()
+        if tok.vocab_size > mcfg.vocab_size:
+            raise SystemExit(f"tokenizer has {tok.vocab_size} entries, the {cfg.size} model only {mcfg.vocab_size}")
+        self.model = TinyAgentLM(mcfg)
+        self.model.reset_parameters(cfg.seed)
+        self.model.set_token_strings(tok.token_strings())
+        self.model.train()
+        self.opt = torch.optim.AdamW(_param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
+                                     betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+        self.step = 0
+        self.epoch, self.pos = 0, 0             # next batch: plan(epoch)[pos]
+        self.tokens_seen = self.targets_seen = 0
+        self.elapsed = 0.0                      # training wall time over all sessions (s)
+        self.val_loss: float | None = None
+        self._plan: tuple[int, list] | None = None
+        self.total_steps = total_steps or cfg.steps or self.steps_for_tokens()
+        self._stop = False
+
+    # -- data order ---------------------------------------------------------------------------------------------
+    def plan(self, epoch: int) -> list[list[int]]:
+        if self._plan is None or self._plan[0] != epoch:
+            self._plan = (epoch, self.train.plan(self.cfg.batch_tokens, self.cfg.seq_len, self.cfg.seed, epoch,
+                                                 self.cfg.max_rows))
+        return self._plan[1]
+
+    def steps_for_tokens(self) -> int:
+        p = self.plan(0)
+        per_epoch = int((self.train.lengths.clamp(max=self.cfg.seq_len + 1) - 1).sum())
+        return max(1, math.ceil(self.cfg.tokens / max(1.0, per_epoch / max(1, len(p)))))
+
+    def next_batch(self) -> list[int]:
+        p = self.plan(self.epoch)
+        if self.pos >= len(p):
+            self.epoch, self.pos = self.epoch + 1, 0
+            p = self.plan(self.epoch)
+        rows = p[self.pos]
+        self.pos += 1
+        return rows
+
+    # -- one step -----------------------------------------------------------------------------------------------
+    def train_step(self) -> dict:
+        t0 = time.perf_counter()
+        rows = self.next_batch()
+        idx, tgt, msk = self.train.collate(rows, self.cfg.seq_len)
+        lr = lr_at(self.step, self.cfg, self.total_steps)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        loss_sum, n = masked_loss(self.model, idx, tgt, msk, self.cfg.bf16)
+        loss = loss_sum / max(n, 1)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
+        self.opt.step()
+        self.step += 1
+        ntok = sum(min(int(self.train.lengths[i]), self.cfg.seq_len + 1) - 1 for i in rows)
+        self.tokens_seen += ntok
+        self.targets_seen += n
+        dt = time.perf_counter() - t0
+        self.elapsed += dt
+        return {"step": self.step, "loss": float(loss), "lr": lr, "gnorm": float(gnorm), "tokens": ntok,
+                "targets": n, "seconds": dt, "rows": idx.shape[0], "T": idx.shape[1]}
+
+    @torch.no_grad()
+    def evaluate(self, data: TokenizedSet | None = None, max_convs: int | None = None) -> float:
+        """Mean loss per assistant target token over held-out conversations (length-sorted batches)."""
+        data = self.val if data is None else data
+        if max_convs:
+            data = data.subset(max_convs)
+        if len(data) == 0:
+            return float("nan")
+        order = sorted(range(len(data)), key=lambda i: int(data.lengths[i]))
+        total, count, cur = 0.0, 0, []
+        was = self.model.training
+        self.model.eval()
+
+        def flush(rows):
+            nonlocal total, count
+            s, n = masked_loss(self.model, *data.collate(rows, self.cfg.seq_len), self.cfg.bf16)
+            total += float(s)
+            count += n
+        for i in order:
+            L = min(int(data.lengths[i]), self.cfg.seq_len + 1)
+            if cur and L * (len(cur) + 1) > 2 * self.cfg.batch_tokens:
+                flush(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            flush(cur)
+        self.model.train(was)
+        return total / max(count, 1)
+
+    # -- checkpoints --------------------------------------------------------------------------------------------
+    def state(self) -> dict:
+        return {"format": CKPT_FORMAT, "step": self.step, "epoch": self.epoch, "pos": self.pos,
+                "total_steps": self.total_steps, "tokens_seen": self.tokens_seen, "targets_seen": self.targets_seen,
+                "elapsed_s": round(self.elapsed, 3), "val_loss": self.val_loss, "lr": lr_at(max(self.step - 1, 0),
+                self.cfg, self.total_steps), "threads": torch.get_num_threads(), "config": self.cfg.to_dict(),
+                "model_config": self.model.cfg.to_dict(), "tokenizer_sha256": self.tok.sha256,
+                "data": {"train": {**stats(self.train), "fingerprint": self.train.fingerprint()},
+                         "val": {**stats(self.val), "fingerprint": self.val.fingerprint()}},
+                "params": self.model.num_params(), "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+    def optimizer_tensors(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, p in self.model.named_parameters():
+            st = self.opt.state.get(p)
+            if not st:
+                continue
+            for k in ("step", "exp_avg", "exp_avg_sq"):
+                v = st[k]
+                v = v if torch.is_tensor(v) else torch.tensor(float(v))
+                out[f"{name}.{k}"] = v.detach().clone().contiguous()
+        out["rng.torch"] = torch.get_rng_state().clone()
+        return out
+
+    def save_checkpoint(self) -> Path:
+        from safetensors.torch import save_file
+        ck_root = self.run_dir / "checkpoints"
+        ck_root.mkdir(parents=True, exist_ok=True)
+        name = f"step-{self.step:07d}"
+        final = ck_root / name
+        tmp = ck_root / f".{name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        weights = {k: v.detach().contiguous().clone() for k, v in self.model.state_dict().items()}
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_file(self.optimizer_tensors(), str(tmp / "optim.safetensors"), metadata={"format": "pt"})
+        (tmp / "state.json").write_text(json.dumps(self.state(), indent=2))
+        for f in tmp.iterdir():
+            with open(f, "rb+") as fh:
+                os.fsync(fh.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(ck_root)
+        _write_atomic(self.run_dir / "LATEST", name.encode())
+        self._prune(ck_root, keep=name)
+        return final
+
+    def _prune(self, ck_root: Path, keep: str) -> None:
+        done = sorted(p for p in ck_root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+        for p in done[:-max(1, self.cfg.keep)]:
+            if p.name != keep:
+                shutil.rmtree(p, ignore_errors=True)
+
+    def load_checkpoint(self, ck: Path) -> None:
+        from safetensors.torch import load_file
+        state = json.loads((ck / "state.json").read_text())
+        self.model.load_state_dict(load_file(str(ck / "model.safetensors")), strict=True)
+        tensors = load_file(str(ck / "optim.safetensors"))
+        sd = self.opt.state_dict()
+        index = {}
+        for gsd, group in zip(sd["param_groups"], self.opt.param_groups):
+            for i, p in zip(gsd["params"], group["params"]):
+                index[id(p)] = i
+        sd["state"] = {}
+        for name, p in self.model.named_parameters():
+            if f"{name}.exp_avg" in tensors:
+                sd["state"][index[id(p)]] = {k: tensors[f"{name}.{k}"] for k in ("step", "exp_avg", "exp_avg_sq")}
+        self.opt.load_state_dict(sd)
+        torch.set_rng_state(tensors["rng.torch"])
+        self.step, self.epoch, self.pos = state["step"], state["epoch"], state["pos"]
+        self.total_steps = state["total_steps"]
+        self.tokens_seen, self.targets_seen = state["tokens_seen"], state["targets_seen"]
+        self.elapsed, self.val_loss = state["elapsed_s"], state["val_loss"]
+
+    @classmethod
+    def resume(cls, run_dir, tok: Tokenizer, train: TokenizedSet, val: TokenizedSet, log=print,
+               overrides: dict | None = None) -> "Trainer":
+        """A trainer at RUN's newest checkpoint. overrides: bookkeeping fields (TrainConfig.MUTABLE) to change."""
+        ck = latest_checkpoint(run_dir)
+        if ck is None:
+            raise SystemExit(f"{run_dir}: no checkpoint to resume")
+        state = json.loads((ck / "state.json").read_text())
+        if state.get("format") != CKPT_FORMAT:
+            raise SystemExit(f"{ck}: checkpoint format {state.get('format')}, expected {CKPT_FORMAT}")
+        cfg = TrainConfig.from_dict(state["config"])
+        if overrides:
+            cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if k in TrainConfig.MUTABLE})
+        if state["tokenizer_sha256"] != tok.sha256:
+            raise SystemExit(f"{ck} was trained with another tokenizer")
+        for part, ds in (("train", train), ("val", val)):
+            if state["data"][part]["fingerprint"] != ds.fingerprint():
+                raise SystemExit(f"{ck}: the {part} data differ from those the run started with "
+                                 f"({state['data'][part]['conversations']} conversations then, {len(ds)} now)")
+        tr = cls(cfg, tok, train, val, run_dir, total_steps=state["total_steps"], log=log)
+        tr.load_checkpoint(ck)
+        if state.get("threads") != torch.get_num_threads():
+            log(f"note: run started with {state.get('threads')} threads, now {torch.get_num_threads()}: "
+                "results stay valid but are no longer bit-identical to an uninterrupted run")
+        return tr
+
+    # -- the loop -----------------------------------------------------------------------------------------------
+    def request_stop(self, *_):
+        self._stop = True
+
+    def fit(self, stop_after: int | None = None, time_limit: float | None = None, progress: bool = True) -> dict:
+        """Train to total_steps (or stop_after more steps / time_limit seconds), checkpointing on the way.
+        Returns the last step's record."""
+        cfg = self.cfg
+        metrics = self.run_dir / "metrics.jsonl"
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        _trim_metrics(metrics, self.step)
+        start_step, t_start = self.step, time.perf_counter()
+        rec: dict = {}
+        ema = None
+        tty = progress and sys.stdout.isatty()
+        with open(metrics, "a") as mf:
+            while self.step < self.total_steps and not self._stop:
+                if stop_after is not None and self.step - start_step >= stop_after:
+                    break
+                if time_limit is not None and time.perf_counter() - t_start >= time_limit:
+                    break
+                rec = self.train_step()
+                rate = rec["tokens"] / max(rec["seconds"], 1e-9)
+                ema = rate if ema is None else 0.9 * ema + 0.1 * rate
+                rec["tok_s"] = round(rate, 1)
+                last = self.step == self.total_steps
+                if cfg.eval_every and (self.step % cfg.eval_every == 0 or last):
+                    self.val_loss = self.evaluate(max_convs=None if last else cfg.val_convs)
+                    rec["val_loss"] = self.val_loss
+                    rec["val_full"] = last
+                mf.write(json.dumps({k: (round(v, 6) if isinstance(v, float) else v) for k, v in rec.items()}) + "\n")
+                mf.flush()
+                if progress and (self.step % cfg.log_every == 0 or "val_loss" in rec or last or self.step == 1):
+                    line = self._line(rec, ema)
+                    if tty:
+                        print("\r" + line.ljust(120), end="" if "val_loss" not in rec else "\n", flush=True)
+                    else:
+                        print(line, flush=True)
+                if cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and not last:
+                    self.save_checkpoint()
+        if self.step > start_step:
+            self.save_checkpoint()
+        if tty:
+            print()
+        return rec
+
+    def _line(self, rec: dict, ema: float | None) -> str:
+        left = self.total_steps - self.step
+        per_step = self.elapsed / max(self.step, 1)
+        eta = _hms(left * per_step)
+        val = f"{self.val_loss:.3f}" if self.val_loss is not None else "-"
+        frac = self.step / self.total_steps
+        bar = "#" * int(20 * frac) + "." * (20 - int(20 * frac))
+        return (f"[{bar}] step {self.step}/{self.total_steps} | loss {rec['loss']:.3f} | val {val} | "
+                f"lr {rec['lr']:.2e} | {ema or 0:,.0f} tok/s | {self.tokens_seen / 1e6:.2f}M tok | "
+                f"{_hms(self.elapsed)} elapsed | ETA {eta}")
+
+
+def _trim_metrics(path: Path, step: int) -> None:
+    """Drop metric lines past `step` (written after the checkpoint a resumed run starts from)."""
+    if not path.is_file():
+        return
+    keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    _write_atomic(path, ("\n".join(keep) + ("\n" if keep else "")).encode())
+
+
+def _hms(s: float) -> str:
+    s = int(max(0, s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def load_data(shards, tok: Tokenizer, val_fraction: float, system: str = DEFAULT_SYSTEM):
+    train, val = load_split(shards, val_fraction)
+    return encode_all(tok, train, system), encode_all(tok, val, system)
+
+
+# -- CLI --------------------------------------------------------------------------------------------------------
+
+def _kv(text: str):
+    k, _, v = text.partition("=")
+    if not _:
+        raise argparse.ArgumentTypeError("expected KEY=VALUE")
+    try:
+        return k, json.loads(v)
+    except json.JSONDecodeError:
+        return k, v
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = TrainConfig()
+    p.add_argument("--shards", default="data/shards")
+    p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer.json (default: RUN/tokenizer.json)")
+    p.add_argument("--run", type=Path, default=Path("runs/demo"), help="run folder (checkpoints, metrics)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--stop-after", type=int, default=None, help="stop (with a checkpoint) after this many steps")
+    p.add_argument("--time-limit", type=float, default=None, help="stop (with a checkpoint) after this many s")
+    p.add_argument("--no-resume", action="store_true", help="refuse to continue an existing run")
+    g = p.add_argument_group("training config (fixed for a run; a resumed run keeps its own)")
+    g.add_argument("--size", default=None, help=f"model size (default {d.size})")
+    g.add_argument("--set", type=_kv, action="append", default=None, metavar="FIELD=VALUE",
+                   help="override a ModelConfig field, e.g. --set n_layers=4")
+    for name, typ in (("seq_len", int), ("batch_tokens", int), ("max_rows", int), ("tokens", int), ("steps", int),
+                      ("lr", float), ("min_lr_ratio", float), ("warmup", int), ("weight_decay", float),
+                      ("clip", float), ("seed", int), ("val_fraction", float)):
+        g.add_argument("--" + name.replace("_", "-"), type=typ, default=None,
+                       help=f"default {getattr(d, name)}")
+    g.add_argument("--no-bf16", action="store_true", help="fp32 matmuls (slow)")
+    b = p.add_argument_group("bookkeeping (may change on resume)")
+    for name in TrainConfig.MUTABLE:
+        b.add_argument("--" + name.replace("_", "-"), type=int, default=None, help=f"default {getattr(d, name)}")
+
+
+def run(args) -> int:
+    torch.set_num_threads(args.threads)
+    run_dir: Path = args.run
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tok_path = args.tokenizer or run_dir / "tokenizer.json"
+    tok = Tokenizer.from_file(tok_path)
+    if (run_dir / "tokenizer.json").resolve() != Path(tok_path).resolve():
+        shutil.copyfile(tok_path, run_dir / "tokenizer.json")
+    given = {k: getattr(args, k) for k in ("size", "seq_len", "batch_tokens", "max_rows", "tokens", "steps", "lr",
+                                           "min_lr_ratio", "warmup", "weight_decay", "clip", "seed", "val_fraction")
+             if getattr(args, k) is not None}
+    if args.set:
+        given["model_overrides"] = dict(args.set)
+    if args.no_bf16:
+        given["bf16"] = False
+    book = {k: getattr(args, k) for k in TrainConfig.MUTABLE if getattr(args, k) is not None}
+    ck = latest_checkpoint(run_dir)
+    if ck is not None:
+        if args.no_resume:
+            raise SystemExit(f"{run_dir} already holds a run (--no-resume): choose another --run")
+        old = TrainConfig.from_dict(json.loads((ck / "state.json").read_text())["config"])
+        clash = {k: (getattr(old, k), v) for k, v in given.items() if getattr(old, k) != v}
+        if clash:
+            raise SystemExit(f"{run_dir} was started with " + ", ".join(f"{k}={a!r}" for k, (a, _) in clash.items())
+                             + "; drop those flags to resume it, or start a new --run")
+        cfg = old
+    else:
+        cfg = TrainConfig(**{**TrainConfig().to_dict(), **given, **book})
+    t0 = time.perf_counter()
+    train, val = load_data(args.shards, tok, cfg.val_fraction, cfg.system_prompt)
+    print(f"data: train {stats(train)} | val {stats(val)} | tokenized in {time.perf_counter() - t0:.1f}s",
+          flush=True)
+    if ck is not None:
+        tr = Trainer.resume(run_dir, tok, train, val, overrides=book)
+        print(f"resumed {ck.name}: step {tr.step}/{tr.total_steps}, {tr.tokens_seen:,} tokens seen", flush=True)
+    else:
+        tr = Trainer(cfg, tok, train, val, run_dir)
+        print(f"new run {run_dir}: {tr.model.num_params() / 1e6:.2f}M params, {tr.total_steps} steps "
+              f"for {cfg.tokens:,} tokens, threads {torch.get_num_threads()}", flush=True)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, tr.request_stop)
+    rec = tr.fit(stop_after=args.stop_after, time_limit=args.time_limit)
+    done = "finished" if tr.step >= tr.total_steps else "stopped (run the same command to resume)"
+    print(f"{done} at step {tr.step}/{tr.total_steps}: {tr.tokens_seen:,} tokens in {_hms(tr.elapsed)}, "
+          f"{tr.tokens_seen / max(tr.elapsed, 1e-9):,.0f} tok/s, last loss {rec.get('loss', float('nan')):.4f}, "
+          f"val loss {tr.val_loss if tr.val_loss is not None else float('nan'):.4f}", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tinychat.training train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
