@@ -136,6 +136,7 @@ def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = N
         "quant": quant_eff,
         "device": device,
         "mode": dec.mode,
+        "native": getattr(getattr(model, "_cpu_fast", None), "nat", None) is not None,
         "threads": torch.get_num_threads() if device == "cpu" else None,
         "linear_params": linear_params,
         "params": sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers()),

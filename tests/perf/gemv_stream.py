@@ -52,8 +52,30 @@ def main():
         for w in ws:
             F.linear(xs[w.size(1)].float(), w)
 
+    from tinychat.engine import native
+    lib = native.load()
+    sf = [x.float() for x in ss]
+    xf = {K: v.float() for K, v in xs.items()}
+    ys = [torch.empty(q.size(0)) for q in qs]
+    nt = torch.get_num_threads()
+    xq = torch.empty(4096, dtype=torch.int16)
+    args = [(xf[q.size(1)].data_ptr(), xq.data_ptr(), q.data_ptr(), s.data_ptr(), y.data_ptr(), q.size(0), q.size(1), 0, nt)
+            for q, s, y in zip(qs, sf, ys)]
+
+    def nat():
+        f = lib.tc_gemv
+        for a in args:
+            f(*a)
+
     variants = {"int8pack_mm": (int8, 1), "bf16 linear": (bf16, 2), "bf16 mkldnn packed": (bf16pk, 2),
                 "fp32 linear": (fp32, 4)}
+    if lib is not None:
+        variants["native tc_gemv"] = (nat, 1)
+        ref = torch.ops.aten._weight_int8pack_mm(xs[768], qs[0], ss[0]).float()[0]
+        nat()
+        print("native vs aten rel diff", ((ys[0] - ref).abs().max() / ref.abs().max()).item())
+    else:
+        print("native kernels off:", native.why_not)
     res = {k: [] for k in variants}
     for fn, _ in variants.values():
         fn()

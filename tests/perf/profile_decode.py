@@ -14,7 +14,7 @@ import torch
 from tinychat.engine import Decoder, KVCache, append, quantize_cpu
 from tinychat.model import TinyAgentLM, config_for
 
-GEMV = {"aten::_weight_int8pack_mm", "aten::linear", "aten::mm", "aten::addmm", "aten::matmul"}
+GEMV = {"aten::_weight_int8pack_mm", "native", "aten::linear", "aten::mm", "aten::addmm", "aten::matmul"}
 ATTN = {"aten::bmm", "aten::baddbmm", "aten::_softmax", "aten::softmax"}
 
 
@@ -26,12 +26,27 @@ def main():
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--rows", type=int, default=25, help="top ops to list")
+    ap.add_argument("--no-native", action="store_true", help="the PyTorch-ops step (quant.NATIVE = False)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     m = TinyAgentLM(config_for(a.config)).eval()
+    from tinychat.engine import quant as Q
+    Q.NATIVE = not a.no_native
     quantize_cpu(m, a.quant)
+    if m._cpu_fast.nat is not None:          # time the native calls as one profiler row
+        lib = m._cpu_fast.nat.lib
+
+        class Timed:
+            def __init__(self, f):
+                self.f = f
+
+            def __call__(self, *args):
+                with torch.profiler.record_function("native"):
+                    return self.f(*args)
+        m._cpu_fast.nat.lib = type("L", (), {k: Timed(getattr(lib, k)) for k in ("tc_tail", "tc_norm_gemv",
+                                                                               "tc_gemv")})()
     cache = KVCache(m, 1, a.ctx + 3 * a.steps + 8, "cpu", dtype=torch.float32)
     dec = Decoder(m, cache, graph=False)
     with torch.no_grad():

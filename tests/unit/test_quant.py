@@ -61,3 +61,52 @@ def test_unknown_quant_mode_is_a_clear_error():
 def test_quant_none_leaves_model_unchanged():
     m = make_model()
     assert quantize_cpu(m, "none") is m and isinstance(m.head, torch.nn.Linear)
+
+
+def _walk_dtype(model, fast: bool, tokens, dtype):
+    cache = KVCache(model, 1, 128, "cpu", dtype=dtype)
+    dec = Decoder(model, cache, graph=False)
+    dec.fast = fast
+    out = [append(model, cache, tokens[:, :10], [10])]
+    for t in tokens[0, 10:].tolist():
+        out.append(dec.step(t))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])   # native attention / PyTorch attention
+def test_native_int8_step_matches_the_pytorch_steps(kv_dtype, monkeypatch):
+    """The native kernels (engine/native.py, built where a C compiler exists) against the PyTorch lean step and
+    _decode_one on the same int8 model, with the tolerances the PyTorch lean step has."""
+    from tinychat.engine import native
+    from tinychat.engine import quant as Q
+    if native.load() is None:
+        pytest.skip(f"no native kernels here: {native.why_not}")
+    tokens = torch.randint(0, 512, (1, 50), generator=torch.Generator().manual_seed(3))
+    ref = _walk_dtype(make_model(), True, tokens, kv_dtype)
+    q = quantize_cpu(make_model(), "int8")
+    assert q._cpu_fast.nat is not None
+    nat = _walk_dtype(q, True, tokens, kv_dtype)
+    monkeypatch.setattr(Q, "NATIVE", False)
+    torch_fast = _walk_dtype(q, True, tokens, kv_dtype)
+    one = _walk_dtype(q, False, tokens, kv_dtype)
+    assert _rel(nat, one) < FAST_VS_ONE["int8"]
+    assert _rel(nat, torch_fast) < FAST_VS_ONE["int8"]
+    assert _rel(nat, ref) < QUANT_VS_FP32["int8"]
+    assert _rel(nat, torch_fast) > 0          # really the other path
+
+
+def test_native_kernels_off_or_unusable_fall_back_to_pytorch(monkeypatch):
+    from tinychat.engine import native
+    monkeypatch.setenv("TINYCHAT_NATIVE", "0")
+    native.reset()
+    try:
+        assert native.load() is None and "TINYCHAT_NATIVE" in native.why_not
+        q = quantize_cpu(make_model(), "int8")
+        assert q._cpu_fast.nat is None
+        tokens = torch.randint(0, 512, (1, 20), generator=torch.Generator().manual_seed(4))
+        assert torch.isfinite(_walk_dtype(q, True, tokens, torch.float32)).all()
+    finally:
+        monkeypatch.delenv("TINYCHAT_NATIVE")
+        native.reset()
+    h = quantize_cpu(make_model(), "int8", head=False)       # full-precision head: the PyTorch lean step
+    assert h._cpu_fast.nat is None

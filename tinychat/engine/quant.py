@@ -210,6 +210,158 @@ class _CpuFast:
         self.P = P
         self.act = getattr(type(fused[0]), "ACT_DTYPE", torch.bfloat16)   # what mm() takes (tests: float64)
         self.hb = torch.empty(1, c.d_model, dtype=self.act)
+        self.nat = _NativeStep.build(model, self) if NATIVE else None
+
+
+NATIVE = True   # int8 models: run _decode_fast's GEMVs and everything after attention through the native kernels
+                # (engine/native.py) when they build here; False: the PyTorch ops only (set before quantize_cpu)
+
+
+class _NativeStep:
+    """The native kernels' view of an int8 model: per layer the raw pointers of the int8 weights and their fp32
+    scales (kept alive here), and the fp32 / int16 buffers the kernels read and write in place."""
+
+    @classmethod
+    def build(cls, model, fs):
+        from . import native
+        heads_int8 = isinstance(fs.head, Int8Linear)
+        if not (all(type(m) is Int8Linear for m in fs.qkv) and heads_int8
+                and all(type(b.attn.w_o) is Int8Linear and type(b.mlp.up) is Int8Linear
+                        and type(b.mlp.down) is Int8Linear and b.attn.w_o.bias is None and b.mlp.up.bias is None
+                        and b.mlp.down.bias is None for b in model.blocks)
+                and all(m.bias is None for m in fs.qkv) and fs.head.bias is None):
+            return None
+        lib = native.load()
+        return None if lib is None else cls(model, fs, lib)
+
+    def __init__(self, model, fs, lib):
+        c = model.cfg
+        self.lib = lib
+        keep = self._keep = []
+
+        def w(lin):
+            s = lin.scale.float().contiguous()
+            keep.append(s)
+            return lin.qweight.data_ptr(), s.data_ptr(), lin.qweight.size(0)   # (the fused QKV: out_features 1)
+
+        self.qkv = [w(m) for m in fs.qkv]
+        self.wo = [w(b.attn.w_o) for b in model.blocks]
+        self.up = [w(b.mlp.up) for b in model.blocks]
+        self.down = [w(b.mlp.down) for b in model.blocks]
+        self.head = w(fs.head)
+        self.has_engram = [b.engram is not None for b in model.blocks]
+        d, hid, HD = c.d_model, c.mlp_hidden, c.n_heads * c.head_dim
+        self.x = torch.empty(d)
+        self.h = torch.empty(d)
+        self.xq = torch.empty(max(d, hid, HD, 64), dtype=torch.int16)
+        self.u = torch.empty(hid)
+        self.y = torch.empty(HD)
+        self.qkvbuf = torch.empty(max(n for _, _, n in self.qkv))
+        self.logits = torch.empty(1, c.vocab_size)
+        self.sc = torch.empty(0)               # attention scores scratch (grown to threads * (max_len + 1 + W))
+        self.p = {k: getattr(self, k).data_ptr() for k in ("x", "h", "xq", "u", "y", "qkvbuf", "logits")}
+
+
+def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _NativeStep):
+    """_decode_fast in native kernels (engine/native.py), two calls per layer: tc_attn (q/k norms, RoPE, the cache
+    writes, one softmax over [global | local] keys; fp32 caches, else the PyTorch attention ops below) and tc_tail
+    (w_o + residual, norm, MLP + residual, next norm, next fused QKV). Engram blocks stay PyTorch ops. Same math as
+    _decode_fast; the activations enter the int8 products as int16 (per-vector scale) instead of bf16."""
+    c = model.cfg
+    H, Hk, D, W = c.n_heads, c.n_kv_heads, c.head_dim, c.swa_window
+    rep = H // Hk
+    d, hid = c.d_model, c.mlp_hidden
+    vnorm = torch.linalg.vector_norm
+    lib, P = nat.lib, nat.p
+    nt = torch.get_num_threads()
+    inv = fs.inv_sqrt_d
+    addrs = {}
+    if model.engram_modules():
+        n1 = max(c.engram_orders) - 1
+        prev = cache.tokens[:1, max(0, L - n1):L]
+        if prev.size(1) < n1:
+            prev = torch.cat([prev.new_zeros(1, n1 - prev.size(1)), prev], dim=1)
+        addrs = model.engram_addresses(idx, prev)
+    cache.tokens[0, L] = idx[0, 0]
+    slot = L % W
+    cache.lpos[0, slot] = L
+    lp = cache.lpos[0, :W]
+    kdt = cache.gk.dtype
+    native_attn = kdt == torch.float32 and cache.B == 1 and all(t.is_contiguous() for t in (
+        cache.lk, cache.lv, cache.gk, cache.gv, cache.lpos, model.rope.cos, model.rope.sin))
+    if not native_attn:                                      # the PyTorch attention ops (e.g. a bf16 cache)
+        ok = (lp >= 0) & (L - lp < W)
+        lbias = None if bool(ok.all()) else torch.zeros(W).masked_fill_(~ok, float("-inf"))
+        cs, sn = model.rope.cos[L], model.rope.sin[L]
+        R = fs.eye * torch.cat([cs, cs]) + fs.P * torch.cat([sn, sn])
+        lk, lv, gk, gv = cache.lk[:, 0], cache.lv[:, 0], cache.gk[:, 0], cache.gv[:, 0]
+        lk_new, lv_new, gk_new, gv_new = lk[:, :, slot], lv[:, :, slot], gk[:, :, L], gv[:, :, L]
+        Vl, Vg_all = lv[:, :, :W], gv[:, :, :L + 1]
+        KlT, KgT_all = lk[:, :, :W].transpose(-1, -2), gk[:, :, :L + 1].transpose(-1, -2)
+    x = nat.x
+    x.copy_(model.embed.weight[idx[0, 0]])
+    y3 = nat.y.view(Hk, rep, D)
+    if native_attn:
+        need = nt * (cache.max_len + 1 + W)
+        if nat.sc.numel() < need:
+            nat.sc = torch.empty(need)
+        half = D // 2
+        cosp = model.rope.cos.data_ptr() + L * half * 4
+        sinp = model.rope.sin.data_ptr() + L * half * 4
+        lstep = Hk * (W + 1) * D * 4
+        gstep = Hk * (cache.max_len + 1) * D * 4
+        lkp, lvp, gkp, gvp = (t.data_ptr() for t in (cache.lk, cache.lv, cache.gk, cache.gv))
+        lposp, scp = cache.lpos.data_ptr(), nat.sc.data_ptr()
+    group = -1
+    n_layers = len(model.blocks)
+    have_qkv = False
+    for li, blk in enumerate(model.blocks):
+        if not have_qkv:                                     # the first layer, or one after an Engram block
+            if blk.engram is not None:
+                x.add_(blk.engram(x[None, None], addrs[li])[0, 0])
+            qp, sp, nq = nat.qkv[li]
+            lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, qp, sp, P["qkvbuf"], nq, d, nt)
+        full = blk.attn.mode == "full"
+        if full:
+            group += 1
+        if native_attn:                                      # norms, RoPE, cache writes and attention: one call
+            lib.tc_attn(P["qkvbuf"], H, Hk, D, int(full), cosp, sinp, lkp + li * lstep, lvp + li * lstep, W,
+                        gkp + group * gstep, gvp + group * gstep, cache.max_len + 1, lposp, L, P["y"], scp, nt)
+        else:
+            heads = nat.qkvbuf[:nat.qkv[li][2]].view(-1, D)
+            nqk = fs.nqk[li]
+            qk = heads[:nqk]
+            qk = (qk / vnorm(qk, dim=-1, keepdim=True).mul_(fs.ndiv[li])) @ R
+            q = qk[:H].view(Hk, rep, D)
+            lk_new[li].copy_(qk[H:H + Hk])
+            lv_new[li].copy_(heads[nqk:nqk + Hk])
+            if full:
+                gk_new[group].copy_(qk[H + Hk:nqk])
+                gv_new[group].copy_(heads[nqk + Hk:])
+                KgT, Vg = KgT_all[group], Vg_all[group]
+            if q.dtype != kdt:
+                q = q.to(kdt)
+            sl = torch.bmm(q, KlT[li])
+            if lbias is not None:
+                sl.add_(lbias)
+            p = torch.softmax(torch.cat([torch.bmm(q, KgT), sl], dim=-1), dim=-1, dtype=torch.float32)
+            if kdt == torch.float32:
+                torch.bmm(p[..., :L + 1], Vg, out=y3).baddbmm_(p[..., L + 1:], Vl[li])
+            else:
+                p = p.to(kdt)
+                y3.copy_(torch.bmm(p[..., :L + 1], Vg).baddbmm_(p[..., L + 1:], Vl[li]))
+        nxt = li + 1
+        have_qkv = nxt < n_layers and not nat.has_engram[nxt]
+        wq, sq, nq = nat.qkv[nxt] if have_qkv else (None, None, 0)
+        (op, os_, _), (up, us, _), (dp, ds, _) = nat.wo[li], nat.up[li], nat.down[li]
+        lib.tc_tail(P["x"], P["h"], P["xq"], inv, P["y"], H * D, op, os_, up, us, dp, ds, P["u"], hid, d,
+                    wq, sq, P["qkvbuf"], nq, nt)
+    cache.lens[0] += 1
+    cache.lens_cpu[0] += 1
+    hp, hs, V = nat.head
+    lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, hp, hs, P["logits"], V, d, nt)
+    sc = c.logit_softcap
+    return sc * torch.tanh(nat.logits / sc)
 
 
 def _decode_fast(model, cache: KVCache, idx, L: int, fs: _CpuFast):
@@ -217,7 +369,11 @@ def _decode_fast(model, cache: KVCache, idx, L: int, fs: _CpuFast):
     dispatch, about as much as the weights take to stream): fused QKV, norms as x / |x| (one vector_norm), RoPE as one
     DxD matmul for all q/k heads, the token's K/V written into the cache first so attention reads the cache directly
     (no K/V concatenation), each Linear fed from one bf16 buffer and added into the fp32 residual in place.
-    Same math as _decode_one up to float rounding (norm epsilon, summation order)."""
+    Same math as _decode_one up to float rounding (norm epsilon, summation order).
+    With native kernels (an int8 model, NATIVE, a C compiler): _decode_native."""
+    nat = fs.nat
+    if nat is not None and NATIVE:
+        return _decode_native(model, cache, idx, L, fs, nat)
     c = model.cfg
     H, Hk, D, W = c.n_heads, c.n_kv_heads, c.head_dim, c.swa_window
     rep = H // Hk

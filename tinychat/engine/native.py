@@ -1,0 +1,461 @@
+"""Native CPU kernels for the lean int8 decode step, built on first use with the system C compiler and loaded with
+ctypes; everything degrades to the pure-PyTorch path (aten._weight_int8pack_mm) when there is no compiler, the build
+fails, or the kernels disagree with the reference on a self-test.
+
+Why: at batch 1 a decode step streams every weight once, and aten._weight_int8pack_mm reaches about half the memory
+bandwidth a plain fp32 GEMV gets on the same core; each PyTorch op also costs a few microseconds of dispatch, and a
+layer of _decode_fast is ~40 of them. The kernels here read the int8 weights in four streams (`gemv`; activations rounded to int16 per vector, finer than the bf16 the aten kernel takes, so the products run on
+integer multiply-adds, 32 weights an instruction) and run everything after attention in one call per layer (`tail`: w_o, residual, norm, MLP, residual, next
+norm and next fused QKV), so a layer costs one native call plus the attention ops.
+
+The shared object is cached under the user cache folder ($TINYCHAT_HOME/cache when set), keyed by the source, the
+compiler and the CPU's flags (it is built with -march=native). TINYCHAT_NATIVE=0 turns the kernels off."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+ENV = "TINYCHAT_NATIVE"
+_lock = threading.Lock()
+_lib = None
+_tried = False
+why_not: str | None = None     # why the kernels are off (None while on or not tried yet)
+
+SOURCE = r"""/* tinychat native CPU kernels for the batch-1 int8 decode step (built and loaded by tinychat/engine/native.py).
+
+   gemv:      y[n] (+)= s[n] * dot(x, q[n, :])      int8 weights, one scale per row
+   norm_gemv: h = x / rms(x); y = w(h)              (the first layer's QKV, the head)
+   tail:      the part of a layer after attention, in one call:
+              x += w_o(y); h = x / rms(x); u = relu(up(h))^2; x += down(u); [h = x / rms(x); qkv = w_qkv(h)]
+
+   Activations enter as fp32 and are rounded to int16 with one scale per vector (max |x| -> 32767: finer than the
+   bf16 activations of aten._weight_int8pack_mm, 2^-16 of the largest element vs 2^-9 of each element), so the dot
+   products run on integer multiply-adds (VNNI vpdpwssd / vpmaddwd): 32 weights per instruction, int32 sums flushed
+   to fp32 every 8192 columns (no overflow). Threads: OpenMP from the runtime torch already loaded, nt per call. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX512BW__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define MIN_PAR_WORK (1 << 16)   /* weights per call below which one thread does it all */
+#define KCHUNK 8192              /* columns per int32 partial sum: 8192/32 * 2 * 32767 * 127 < 2^31 */
+
+/* xq = round(x / sx) with sx = max|x| / 32767; returns sx (0 for an all-zero vector). */
+static float quant16(const float *x, int16_t *xq, int64_t K) {
+    float m = 0.f;
+    for (int64_t k = 0; k < K; k++) {
+        float a = fabsf(x[k]);
+        m = a > m ? a : m;
+    }
+    if (!(m > 0.f) || !isfinite(m)) {
+        memset(xq, 0, K * sizeof(int16_t));
+        return isfinite(m) ? 0.f : NAN;
+    }
+    float r = 32767.f / m;
+    for (int64_t k = 0; k < K; k++) xq[k] = (int16_t)lrintf(x[k] * r);
+    return m / 32767.f;
+}
+
+static inline int64_t dot_row(const int16_t *x, const int8_t *q, int64_t K) {
+    int64_t k = 0, acc = 0;
+#if defined(__AVX512BW__)
+    __m512i a = _mm512_setzero_si512();
+    for (; k + 32 <= K; k += 32) {
+        __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q + k)));
+        a = _mm512_add_epi32(a, _mm512_madd_epi16(_mm512_loadu_si512((const void *)(x + k)), w));
+        if (((k + 32) & (KCHUNK - 1)) == 0) {
+            acc += _mm512_reduce_add_epi32(a);
+            a = _mm512_setzero_si512();
+        }
+    }
+    acc += _mm512_reduce_add_epi32(a);
+#elif defined(__AVX2__)
+    __m256i a = _mm256_setzero_si256();
+    for (; k + 16 <= K; k += 16) {
+        __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + k)));
+        a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(x + k)), w));
+        if (((k + 16) & (KCHUNK - 1)) == 0) {
+            __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+            acc += _mm_cvtsi128_si32(h);
+            a = _mm256_setzero_si256();
+        }
+    }
+    {
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+        acc += _mm_cvtsi128_si32(h);
+    }
+#endif
+    for (; k < K; k++) acc += (int32_t)x[k] * (int32_t)q[k];
+    return acc;
+}
+
+#if defined(__AVX512VNNI__)
+#define MADD(a, x, w) _mm512_dpwssd_epi32(a, x, w)
+#elif defined(__AVX512BW__)
+#define MADD(a, x, w) _mm512_add_epi32(a, _mm512_madd_epi16(x, w))
+#endif
+
+/* Four rows at once: four weight streams, each activation chunk loaded once for all of them. */
+static inline void dot4(const int16_t *x, const int8_t *q, int64_t K, int64_t *out) {
+#if defined(__AVX512BW__)
+    if ((K & 31) == 0) {
+        const int8_t *q0 = q, *q1 = q + K, *q2 = q + 2 * K, *q3 = q + 3 * K;
+        int64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int64_t c = 0; c < K; c += KCHUNK) {
+            int64_t e = c + KCHUNK < K ? c + KCHUNK : K;
+            __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512(), a2 = _mm512_setzero_si512(),
+                    a3 = _mm512_setzero_si512();
+            for (int64_t k = c; k < e; k += 32) {
+                __m512i xv = _mm512_loadu_si512((const void *)(x + k));
+                a0 = MADD(a0, xv, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q0 + k))));
+                a1 = MADD(a1, xv, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q1 + k))));
+                a2 = MADD(a2, xv, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q2 + k))));
+                a3 = MADD(a3, xv, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q3 + k))));
+            }
+            s0 += _mm512_reduce_add_epi32(a0);
+            s1 += _mm512_reduce_add_epi32(a1);
+            s2 += _mm512_reduce_add_epi32(a2);
+            s3 += _mm512_reduce_add_epi32(a3);
+        }
+        out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
+        return;
+    }
+#endif
+    for (int r = 0; r < 4; r++) out[r] = dot_row(x, q + r * K, K);
+}
+
+/* Rows [0, N) of y (+)= s * sx * (q @ xq), split over the threads of the enclosing parallel region (no barrier). */
+static void gemv_rows(const int16_t *x, float sx, const int8_t *q, const float *s, float *y, int64_t N, int64_t K,
+                      int acc) {
+    int64_t nb = N / 4;
+#pragma omp for schedule(static) nowait
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t d[4];
+        int64_t n = 4 * b;
+        dot4(x, q + n * K, K, d);
+        for (int r = 0; r < 4; r++) {
+            float v = s[n + r] * sx * (float)d[r];
+            y[n + r] = acc ? y[n + r] + v : v;
+        }
+    }
+#pragma omp single nowait
+    for (int64_t n = 4 * nb; n < N; n++) {
+        float v = s[n] * sx * (float)dot_row(x, q + n * K, K);
+        y[n] = acc ? y[n] + v : v;
+    }
+}
+
+static inline int threads_for(int64_t work, int nt) { return work < MIN_PAR_WORK || nt < 1 ? 1 : nt; }
+
+/* xq: int16 scratch of K entries. */
+void tc_gemv(const float *x, int16_t *xq, const int8_t *q, const float *s, float *y, int64_t N, int64_t K, int acc,
+             int nt) {
+    float sx = quant16(x, xq, K);
+#pragma omp parallel num_threads(threads_for(N * K, nt))
+    gemv_rows(xq, sx, q, s, y, N, K, acc);
+}
+
+/* h = x / (|x| * inv) = x * sqrt(d) / |x| (rms_norm without epsilon, as _decode_fast computes it) */
+static void rms(const float *x, float *h, int64_t d, float inv) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < d; i++) ss += (double)x[i] * x[i];
+    float r = 1.0f / ((float)sqrt(ss) * inv);
+    for (int64_t i = 0; i < d; i++) h[i] = x[i] * r;
+}
+
+void tc_norm_gemv(const float *x, float *h, int16_t *xq, float inv, const int8_t *q, const float *s, float *y,
+                  int64_t N, int64_t d, int nt) {
+    rms(x, h, d, inv);
+    float sx = quant16(h, xq, d);
+#pragma omp parallel num_threads(threads_for(N * d, nt))
+    gemv_rows(xq, sx, q, s, y, N, d, 0);
+}
+
+/* x += wo(y_attn); h = rms(x); u = relu(up(h))^2; x += down(u); then, if nq > 0: h = rms(x); qkv = wq(h).
+   x, h: (d,); y_attn: (dv,); u: (hidden,); xq: int16 scratch of max(dv, d, hidden); qkv: (nq,). */
+void tc_tail(float *x, float *h, int16_t *xq, float inv, const float *y_attn, int64_t dv,
+             const int8_t *wo_q, const float *wo_s, const int8_t *up_q, const float *up_s,
+             const int8_t *dn_q, const float *dn_s, float *u, int64_t hidden, int64_t d,
+             const int8_t *wq_q, const float *wq_s, float *qkv, int64_t nq, int nt) {
+    float sx = quant16(y_attn, xq, dv);
+#pragma omp parallel num_threads(threads_for(hidden * d, nt))
+    {
+        gemv_rows(xq, sx, wo_q, wo_s, x, d, dv, 1);
+#pragma omp barrier
+#pragma omp single
+        {
+            rms(x, h, d, inv);
+            sx = quant16(h, xq, d);
+        }
+        gemv_rows(xq, sx, up_q, up_s, u, hidden, d, 0);
+#pragma omp barrier
+#pragma omp single
+        {
+            for (int64_t i = 0; i < hidden; i++) {
+                float v = u[i] > 0.f ? u[i] : 0.f;
+                u[i] = v * v;
+            }
+            sx = quant16(u, xq, hidden);
+        }
+        gemv_rows(xq, sx, dn_q, dn_s, x, d, hidden, 1);
+        if (nq > 0) {
+#pragma omp barrier
+#pragma omp single
+            {
+                rms(x, h, d, inv);
+                sx = quant16(h, xq, d);
+            }
+            gemv_rows(xq, sx, wq_q, wq_s, qkv, nq, d, 0);
+        }
+    }
+}
+
+
+/* The attention of one layer for one token at position L, straight against an fp32 KVCache (row 0):
+   heads: the fused QKV output [q (H*D) | k_local (Hk*D) | k_global (Hk*D, full layers) | v_local | v_global];
+   q heads are scaled to unit length, k heads rms-normed (the 1/sqrt(D) of the scores folded in), both rotated
+   (half-split RoPE, cos/sin rows of position L); the new local K/V go to ring slot L % W (lk/lv: this layer's
+   (Hk, W + 1, D) ring), the global ones (full layers) to position L of gk/gv ((Hk, M + 1, D)); then one softmax
+   per q head over [global keys 0..L | the ring slots holding one of the last W positions (lpos)], y = p @ [V].
+   y: (H*D). sc: float scratch of at least L + 1 + W per thread (nt * (L + 1 + W)). */
+void tc_attn(float *heads, int64_t H, int64_t Hk, int64_t D, int full, const float *cos_, const float *sin_,
+             float *lk, float *lv, int64_t W, float *gk, float *gv, int64_t gstride, const int64_t *lpos,
+             int64_t L, float *y, float *sc, int nt) {
+    int64_t nk = full ? 2 : 1, half = D / 2, nqk = H + Hk * nk;
+    for (int64_t i = 0; i < nqk; i++) {                        /* norm + RoPE of the q and k heads, in place */
+        float *v = heads + i * D;
+        double ss = 0.0;
+        for (int64_t j = 0; j < D; j++) ss += (double)v[j] * v[j];
+        float r = (float)(1.0 / sqrt(ss));
+        if (i >= H) r *= (float)sqrt((double)D);
+        for (int64_t j = 0; j < half; j++) {
+            float a = v[j] * r, b = v[j + half] * r;
+            v[j] = a * cos_[j] - b * sin_[j];
+            v[j + half] = b * cos_[j] + a * sin_[j];
+        }
+    }
+    int64_t slot = L % W;
+    const float *kl = heads + H * D, *kg = heads + (H + Hk) * D, *vl = heads + nqk * D, *vg = vl + Hk * D;
+    for (int64_t g = 0; g < Hk; g++) {
+        memcpy(lk + (g * (W + 1) + slot) * D, kl + g * D, D * sizeof(float));
+        memcpy(lv + (g * (W + 1) + slot) * D, vl + g * D, D * sizeof(float));
+        if (full) {
+            memcpy(gk + (g * gstride + L) * D, kg + g * D, D * sizeof(float));
+            memcpy(gv + (g * gstride + L) * D, vg + g * D, D * sizeof(float));
+        }
+    }
+    int64_t rep = H / Hk, n = L + 1 + W;
+#pragma omp parallel for schedule(static) num_threads((L + 1) * H * D > (1 << 18) ? nt : 1)
+    for (int64_t hq = 0; hq < H; hq++) {
+        int64_t g = hq / rep;
+#ifdef _OPENMP
+        float *s = sc + (int64_t)omp_get_thread_num() * n;
+#else
+        float *s = sc;
+#endif
+        const float *q = heads + hq * D, *K = gk + g * gstride * D, *V = gv + g * gstride * D;
+        const float *Kl = lk + g * (W + 1) * D, *Vl = lv + g * (W + 1) * D;
+        float m = -INFINITY;
+        for (int64_t j = 0; j <= L; j++) {
+            float a = 0.f;
+#pragma omp simd reduction(+ : a)
+            for (int64_t t = 0; t < D; t++) a += q[t] * K[j * D + t];
+            s[j] = a;
+            m = a > m ? a : m;
+        }
+        for (int64_t j = 0; j < W; j++) {
+            int64_t p = lpos[j];
+            float a = -INFINITY;
+            if (p >= 0 && L - p < W) {
+                a = 0.f;
+#pragma omp simd reduction(+ : a)
+                for (int64_t t = 0; t < D; t++) a += q[t] * Kl[j * D + t];
+            }
+            s[L + 1 + j] = a;
+            m = a > m ? a : m;
+        }
+        double z = 0.0;
+        for (int64_t j = 0; j < n; j++) {
+            float e = expf(s[j] - m);
+            s[j] = e;
+            z += e;
+        }
+        float rz = (float)(1.0 / z);
+        float *o = y + hq * D;
+        for (int64_t t = 0; t < D; t++) o[t] = 0.f;
+        for (int64_t j = 0; j <= L; j++) {
+            float p = s[j] * rz;
+            for (int64_t t = 0; t < D; t++) o[t] += p * V[j * D + t];
+        }
+        for (int64_t j = 0; j < W; j++) {
+            float p = s[L + 1 + j] * rz;
+            if (p != 0.f)
+                for (int64_t t = 0; t < D; t++) o[t] += p * Vl[j * D + t];
+        }
+    }
+}
+
+int tc_abi_version(void) { return 3; }
+"""
+
+
+def _cache_dir() -> Path:
+    home = os.environ.get("TINYCHAT_HOME", "").strip()
+    if home:
+        return Path(home).expanduser() / "cache" / "kernels"
+    import platformdirs
+    return platformdirs.user_cache_path("tinychat") / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    import platform
+    return platform.processor() + platform.machine()
+
+
+def _compiler() -> str | None:
+    for c in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if c and shutil.which(c):
+            return shutil.which(c)
+    return None
+
+
+def _build(cc: str) -> Path:
+    ver = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([SOURCE, ver, _cpu_flags(), torch.__version__]).encode()).hexdigest()[:16]
+    for d in (_cache_dir(), Path(tempfile.gettempdir()) / "tinychat-kernels"):
+        so = d / f"tc_native_{key}.so"
+        if so.is_file():
+            return so
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        with tempfile.TemporaryDirectory(dir=d) as tmp:
+            c = Path(tmp) / "tc_native.c"
+            c.write_text(SOURCE)
+            out = Path(tmp) / so.name
+            base = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(out), str(c), "-lm"]
+            err = ""
+            for extra in (["-fopenmp"], []):         # without OpenMP: the pragmas are ignored, one thread
+                r = subprocess.run(base[:1] + extra + base[1:], capture_output=True, text=True, timeout=300)
+                if r.returncode == 0:
+                    break
+                err = r.stderr.strip().splitlines()[-1:] if r.stderr.strip() else [f"exit {r.returncode}"]
+            else:
+                raise RuntimeError(f"compiling the native kernels failed: {err[0][:200]}")
+            os.replace(out, so)
+        return so
+    raise RuntimeError("no writable folder for the native kernels")
+
+
+_F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+
+
+def _bind(lib):
+    lib.tc_gemv.argtypes = [_F, _F, _I8, _F, _F, _I64, _I64, _INT, _INT]
+    lib.tc_norm_gemv.argtypes = [_F, _F, _F, ctypes.c_float, _I8, _F, _F, _I64, _I64, _INT]
+    lib.tc_tail.argtypes = [_F, _F, _F, ctypes.c_float, _F, _I64, _I8, _F, _I8, _F, _I8, _F, _F, _I64, _I64,
+                            _I8, _F, _F, _I64, _INT]
+    lib.tc_attn.argtypes = [_F, _I64, _I64, _I64, _INT, _F, _F, _F, _F, _I64, _F, _F, _I64, _F, _I64, _F, _F, _INT]
+    for f in (lib.tc_gemv, lib.tc_norm_gemv, lib.tc_tail, lib.tc_attn):
+        f.restype = None
+    lib.tc_abi_version.restype = ctypes.c_int
+    return lib
+
+
+def _self_test(lib) -> bool:
+    """The kernels against aten / plain fp32 math on odd shapes (remainder rows and columns), 1 and 2 threads."""
+    g = torch.Generator().manual_seed(0)
+    xq = torch.empty(16384, dtype=torch.int16)
+    for N, K in ((37, 80), (64, 768), (5, 19), (8, 9000)):
+        q = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)
+        s = torch.rand(N, generator=g) + 0.5
+        x = torch.randn(K, generator=g)
+        ref = (q.double() @ x.double()) * s.double()
+        for nt in (1, 2):
+            y = torch.full((N,), 3.0)
+            lib.tc_gemv(x.data_ptr(), xq.data_ptr(), q.data_ptr(), s.data_ptr(), y.data_ptr(), N, K, 1, nt)
+            if not torch.allclose(y.double(), ref + 3.0, rtol=1e-3, atol=1e-3 * float(ref.abs().max())):
+                return False
+    d, hid, nq = 48, 96, 40
+    x0 = torch.randn(d, generator=g)
+    ya = torch.randn(d, generator=g)
+    w = [torch.randint(-127, 128, shape, dtype=torch.int8, generator=g) for shape in ((d, d), (hid, d), (d, hid),
+                                                                                     (nq, d))]
+    sc = [torch.rand(t.size(0), generator=g) * 0.01 for t in w]
+    inv = d ** -0.5
+    x = x0.double() + (w[0].double() @ ya.double()) * sc[0].double()
+    h = x / (x.norm() * inv)
+    u = torch.relu((w[1].double() @ h) * sc[1].double()) ** 2
+    x = x + (w[2].double() @ u) * sc[2].double()
+    h = x / (x.norm() * inv)
+    qkv_ref = (w[3].double() @ h) * sc[3].double()
+    for nt in (1, 2):
+        xx, hh, uu, qkv = x0.clone(), torch.empty(d), torch.empty(hid), torch.empty(nq)
+        lib.tc_tail(xx.data_ptr(), hh.data_ptr(), xq.data_ptr(), inv, ya.data_ptr(), d, w[0].data_ptr(), sc[0].data_ptr(),
+                    w[1].data_ptr(), sc[1].data_ptr(), w[2].data_ptr(), sc[2].data_ptr(), uu.data_ptr(), hid, d,
+                    w[3].data_ptr(), sc[3].data_ptr(), qkv.data_ptr(), nq, nt)
+        if not (torch.allclose(xx.double(), x, rtol=1e-3, atol=1e-3 * float(x.abs().max()))
+                and torch.allclose(qkv.double(), qkv_ref, rtol=1e-3, atol=1e-3 * float(qkv_ref.abs().max()))):
+            return False
+    return True
+
+
+def load():
+    """The loaded kernels (a ctypes library), or None (see why_not). Built and self-tested once per process."""
+    global _lib, _tried, why_not
+    if _tried:
+        return _lib
+    with _lock:
+        if _tried:
+            return _lib
+        _tried = True
+        if os.environ.get(ENV, "").strip().lower() in ("0", "off", "no", "false"):
+            why_not = f"{ENV}=0"
+            return None
+        cc = _compiler()
+        if cc is None:
+            why_not = "no C compiler (cc, gcc, clang) on PATH"
+            return None
+        try:
+            lib = _bind(ctypes.CDLL(str(_build(cc))))
+            if lib.tc_abi_version() != 3 or not _self_test(lib):
+                why_not = "the native kernels failed their self-test"
+                warnings.warn(f"tinychat: {why_not}; using the PyTorch kernels")
+                return None
+        except Exception as e:  # noqa: BLE001  any build / load failure: the PyTorch path
+            why_not = f"{type(e).__name__}: {e}"[:300]
+            return None
+        _lib = lib
+        return lib
+
+
+def reset():
+    """Forget the loaded state (tests: load() tries again, e.g. under a changed TINYCHAT_NATIVE)."""
+    global _lib, _tried, why_not
+    with _lock:
+        _lib, _tried, why_not = None, False, None
