@@ -71,19 +71,23 @@ class PlainREPL:
                 self.stdout.write(text)
                 self.stdout.flush()
 
+        done = threading.Event()
+
         def work():
             try:
                 box["result"] = fn(on_token)
-            except Exception as e:  # noqa: BLE001  reported on the main thread
+            except BaseException as e:  # noqa: BLE001  reported on the main thread
                 box["error"] = e
+            finally:
+                done.set()
 
         if stream:
             self.stdout.write("bot> ")
-        t = threading.Thread(target=work, daemon=True)
-        t.start()
-        while t.is_alive():
+        threading.Thread(target=work, daemon=True).start()
+        # an Event, not Thread.join: a join interrupted by Ctrl-C can leave is_alive() False while the turn runs
+        while not done.is_set():
             try:
-                t.join(0.1)
+                done.wait(0.1)
             except KeyboardInterrupt:
                 self.chat.cancel()
         if "error" in box:
