@@ -32,13 +32,14 @@ def _load(model_path, config, seed: int = 0):
 def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = None, quant: str = "none",
               device: str = "cpu", prompt_len: int = 100, gen_len: int = 64, repeats: int = 3,
               progress: Optional[Progress] = None, *, warmup: int = 1, graph=None, compile: bool = False,
-              seed: int = 0, threads: Optional[int] = None) -> dict:
+              seed: int = 0, threads: Optional[int] = None, prefill_lens: tuple = ()) -> dict:
     """Measure one model. model_path / config: a checkpoint folder or a named size with random weights (neither: the
     shipped model). quant: none | int8 | bf16 (CPU weight-only modes, quantize_cpu). device: cpu | cuda.
     Each repeat prefills prompt_len random tokens into an emptied cache (append), samples the first token (TTFT =
     prefill + that draw) and decodes gen_len more through Decoder.generate. Medians over `repeats`, after `warmup`
     untimed repeats. graph / compile: Decoder options (GPU modes; None = the Decoder's default for the device).
-    progress(done, total, what) is called as repeats finish. threads: torch.set_num_threads first (None: as is).
+    progress(done, total, what) is called as repeats finish. prefill_lens: more prompt lengths whose prefill alone
+    is timed the same way (result["prefill_by_len"]: {length: tok/s}). threads: torch.set_num_threads first (None: as is).
     On a CPU that other processes keep busy, fewer threads than cores is often faster: a descheduled worker stalls
     every op's barrier."""
     import torch
@@ -60,7 +61,7 @@ def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = N
 
     if threads:
         torch.set_num_threads(int(threads))
-    total = 2 + warmup + repeats
+    total = 2 + warmup + repeats + len(prefill_lens)
     done = 0
 
     def tick(what):
@@ -71,6 +72,9 @@ def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = N
 
     model, desc = _load(model_path, config, seed)
     cfg = model.cfg
+    prefill_lens = tuple(int(n) for n in prefill_lens)
+    if any(n < 1 or n > cfg.max_seq_len for n in prefill_lens):
+        raise ValueError(f"prefill lengths must be within 1..{cfg.max_seq_len}")
     if prompt_len + gen_len + 2 > cfg.max_seq_len:
         raise ValueError(f"prompt-len + gen-len ({prompt_len} + {gen_len}) must stay below the model's "
                          f"max_seq_len {cfg.max_seq_len}")
@@ -89,7 +93,7 @@ def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = N
     quant_eff = getattr(model, "_quant", None) or ("bf16" if quant == "bf16" else "none")
     model.eval()
 
-    max_len = prompt_len + gen_len + 2
+    max_len = max([prompt_len + gen_len + 2, *prefill_lens])
     cache = KVCache(model, 1, max_len, dev, dtype=kv_dtype)
     dec = Decoder(model, cache, graph=graph, compile=compile)
     V = cfg.vocab_size
@@ -128,6 +132,20 @@ def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = N
                 ttft.append((t2 - t0) * 1e3)
                 dectps.append(gen_len / (t3 - t2))   # gen_len sampled tokens (+ the cut-off stop step, not counted)
             tick("warm-up" if r < warmup else f"repeat {r - warmup + 1}/{repeats}")
+        by_len = {}
+        for n in prefill_lens:
+            ts = []
+            for r in range(warmup + repeats):
+                cache.reset([0])
+                idx = torch.randint(0, V - 1, (1, n), generator=gen).to(dev)
+                sync()
+                t0 = time.perf_counter()
+                append(model, cache, idx, [n])
+                sync()
+                if r >= warmup:
+                    ts.append(n / (time.perf_counter() - t0))
+            by_len[str(n)] = statistics.median(ts)
+            tick(f"prefill {n}")
 
     kv_bytes = torch.empty(0, dtype=kv_dtype).element_size()
     return {
@@ -148,6 +166,7 @@ def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = N
         "decode_tok_s": statistics.median(dectps),
         "decode_ms_per_token": 1e3 / statistics.median(dectps),
         "prefill_tok_s_all": pre,
+        "prefill_by_len": by_len,
         "decode_tok_s_all": dectps,
         "kv_dtype": str(kv_dtype).replace("torch.", ""),
         "kv_bytes_per_token": cfg.kv_bytes_per_token(kv_bytes),

