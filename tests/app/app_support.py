@@ -1,0 +1,86 @@
+"""Helpers for the app tests: chat factories on the tiny test model (optionally slowed down, or with frozen speed
+figures for snapshots), and Pilot waits."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from support import tokenizer
+
+from tinychat.chat import Chat, ChatSettings
+
+
+class SlowChat(Chat):
+    """A chat whose decoding takes `delay` seconds per token (so a test can act mid-turn)."""
+    delay = 0.0
+
+    def _turn(self, user, on_token, trace, **kw):
+        if on_token is not None and self.delay:
+            inner = on_token
+
+            def on_token(*a):
+                time.sleep(self.delay)
+                inner(*a)
+        return super()._turn(user, on_token, trace, **kw)
+
+
+class FrozenChat(SlowChat):
+    """Speed figures fixed (snapshot tests must not show measured timings)."""
+
+    def _turn(self, *a, **kw):
+        r = super()._turn(*a, **kw)
+        r.ttft_ms, r.decode_tok_s = 12.0, 345.0
+        return r
+
+
+class ChatFactory:
+    """factory(session_ref | None) -> Chat, as the app's FactoryBackend wants it. Records every chat it made."""
+
+    def __init__(self, model, cls=SlowChat, delay: float = 0.0, fail: Exception | None = None, **settings):
+        self.model, self.cls, self.delay, self.fail = model, cls, delay, fail
+        self.settings = ChatSettings(**settings)
+        self.chats: list[Chat] = []
+
+    def __call__(self, ref: str | None):
+        if self.fail is not None:
+            raise self.fail
+        kw = dict(model_name="tiny-test", max_len=512)
+        if ref is None:
+            chat = self.cls(self.model, tokenizer(), self.settings, **kw)
+        else:
+            chat = self.cls.restore(ref, self.model, tokenizer(), **kw)
+        chat.delay = self.delay
+        self.chats.append(chat)
+        return chat
+
+
+async def wait_for(pilot, cond, timeout: float = 20.0, step: float = 0.02, what: str = "condition"):
+    t = time.monotonic()
+    while not cond():
+        if time.monotonic() - t > timeout:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(step)
+
+
+async def ready(pilot):
+    app = pilot.app
+    await wait_for(pilot, lambda: app.chat is not None or app.load_error, what="the model to load")
+    await pilot.pause()
+
+
+async def idle(pilot, timeout: float = 20.0):
+    app = pilot.app
+    await wait_for(pilot, lambda: app.busy is None, timeout, what="the app to be idle")
+    await pilot.pause(0.01)
+
+
+async def say(pilot, text: str):
+    """Type a message into the prompt and send it; waits for the reply."""
+    app = pilot.app
+    app.prompt.load_text(text)
+    await pilot.press("enter")
+    await idle(pilot)
+
+
+def notes(app, severity: str | None = None) -> list[str]:
+    return [m for sev, m in app.notices if severity is None or sev == severity]

@@ -1,0 +1,249 @@
+"""Pilot tests of the chat screen: send and stream, stop, regenerate, undo, settings, input behaviour."""
+import dataclasses
+
+import pytest
+
+import tinychat.tui.runtime as RT
+from app_support import ChatFactory, idle, notes, ready, say, wait_for
+from tinychat.tui.app import TinyChatApp, make_app
+from tinychat.tui.runtime import FactoryBackend
+from tinychat.tui.messages import TokensReady
+from tinychat.tui.widgets import AssistantMessage, UserMessage
+from tinychat.tui.widgets.format import visible
+
+SIZE = (130, 40)
+
+
+def replies(app):
+    return [r for r in app.view.replies()]
+
+
+async def test_send_streams_tokens_in_batches_and_matches_headless(factory, monkeypatch, chat_model):
+    monkeypatch.setattr(RT, "BATCH_S", 0.0)       # one update per token: the stream is observable
+    f = factory(temperature=0.8, seed=7, max_new=24)
+    batches, texts = [], []
+
+    class Spy(TinyChatApp):
+        # Textual calls this, then TinyChatApp's own handler (handlers run for every class of the MRO)
+        def on_tokens_ready(self, msg: TokensReady):
+            batches.append([it.token for it in msg.items])
+            if self._current is not None:
+                texts.append(self._current.query_one("Markdown").source)     # as of the previous batch
+    app = Spy(FactoryBackend(f), blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await say(pilot, "hello, tell me about the cat")
+        chat = app.chat
+        reply = chat.session.messages[-1]
+        [r] = replies(app)
+        assert r.finished and r.text == reply.content
+        n = len(r.tokens)
+        assert 0 < n <= 24
+        assert len(batches) >= n // 2                       # streamed, not delivered at the end
+        assert r.query_one("Markdown").source == visible(reply.content)
+        assert len(set(texts)) > 1                          # the markdown grew while decoding
+        assert [u.text for u in app.view.query(UserMessage)] == ["hello, tell me about the cat"]
+        assert "tok/s" in r.meta and f"{n} tokens" in r.meta
+        assert app.status_bar.values["cache_tokens"] == chat.status()["cache_tokens"] > 0
+        assert app.status_bar.values["autosave"] == "autosaved"
+    # the same model, settings and seed headless: the same reply
+    from support import make_chat
+    other = make_chat(model=chat_model, temperature=0.8, seed=7, max_new=24, autosave=False)
+    assert other.send("hello, tell me about the cat").text == reply.content
+
+
+async def test_escape_stops_generation_mid_turn_and_chat_goes_on(factory):
+    f = factory(temperature=0.0, max_new=300, delay=0.01)
+    app = make_app(f, blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        app.prompt.load_text("hello")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app._current is not None and len(app._current.tokens) >= 3, what="tokens")
+        await pilot.press("escape")
+        await idle(pilot)
+        last = app.chat.session.messages[-1]
+        assert last.finish == "cancelled"
+        [r] = replies(app)
+        assert 3 <= len(r.tokens) < 300 and "stopped" in r.meta
+        assert app.busy is None
+        f.chats[0].delay = 0
+        f.chats[0].settings = dataclasses.replace(f.chats[0].settings, max_new=5)
+        await say(pilot, "and again")
+        assert app.chat.session.n_turns == 2 and app.chat.session.messages[-1].finish in ("stop", "length")
+
+
+async def test_regenerate_replaces_the_last_reply(factory):
+    f = factory(temperature=1.0, max_new=16)
+    app = make_app(f, blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await say(pilot, "tell me a story")
+        first = app.chat.session.messages[-1]
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        await idle(pilot)
+        sess = app.chat.session
+        assert sess.n_turns == 1
+        again = sess.messages[-1]
+        assert again.seed != first.seed
+        [r] = replies(app)
+        assert r.text == again.content
+        assert len(list(app.view.query(UserMessage))) == 1
+
+
+async def test_undo_takes_back_the_last_turn_and_returns_its_text(factory):
+    app = make_app(factory(temperature=0.0, max_new=8), blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await say(pilot, "first message")
+        await say(pilot, "second message")
+        assert app.chat.session.n_turns == 2
+        await pilot.press("ctrl+b")
+        await idle(pilot)
+        assert app.chat.session.n_turns == 1
+        assert [u.text for u in app.view.query(UserMessage)] == ["first message"]
+        assert len(replies(app)) == 1
+        assert app.prompt.text == "second message"
+        # the cache was truncated to the first turn: sending again continues from there
+        await say(pilot, "second message")
+        assert app.chat.session.n_turns == 2
+
+
+async def test_settings_screen_applies_from_the_next_turn(factory):
+    app = make_app(factory(temperature=0.7, max_new=30, seed=3), blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await say(pilot, "one")
+        await pilot.press("f2")
+        await pilot.pause()
+        screen = app.screen
+        assert type(screen).__name__ == "SettingsScreen"
+        screen.query_one("#set-temperature").value = "0"
+        screen.query_one("#set-max_new").value = "5"
+        screen.query_one("#set-ban").value = False
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        await idle(pilot)
+        assert app.chat.settings.temperature == 0.0 and app.chat.settings.max_new == 5 and not app.chat.settings.ban
+        first = app.chat.session.messages[-1]
+        assert first.settings["max_new"] == 30 and first.settings["temperature"] == 0.7
+        await say(pilot, "two")
+        rec = app.chat.session.messages[-1]
+        assert rec.settings["temperature"] == 0.0 and rec.settings["max_new"] == 5 and rec.settings["ban"] is False
+        assert len(replies(app)[-1].tokens) <= 5
+
+
+async def test_settings_screen_rejects_bad_values_inline(factory):
+    app = make_app(factory(max_new=5), blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("f2")
+        await pilot.pause()
+        screen = app.screen
+        screen.query_one("#set-top_p").value = "7"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen is screen                                   # still open
+        assert "top-p" in str(screen.query_one("#settings-error").render())
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.chat.settings.top_p == 0.9
+
+
+async def test_slash_set_while_decoding_applies_to_the_next_turn(factory):
+    f = factory(temperature=0.0, max_new=200, delay=0.01)
+    app = make_app(f, blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        app.prompt.load_text("hello")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app._current is not None and app._current.tokens, what="tokens")
+        app.prompt.load_text("/set max-new 3")
+        await pilot.press("enter")
+        assert app.busy == "send" and app.chat.settings.max_new == 200      # queued, not applied mid-turn
+        await pilot.press("escape")
+        await idle(pilot)
+        assert app.chat.session.messages[-1].settings["max_new"] == 200
+        assert app.chat.settings.max_new == 3
+        f.chats[0].delay = 0
+        await say(pilot, "again")
+        assert app.chat.session.messages[-1].settings["max_new"] == 3
+        assert len(replies(app)[-1].tokens) <= 3
+
+
+async def test_input_keys_newline_history_completion_and_hint(factory):
+    app = make_app(factory(temperature=0.0, max_new=4), blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press(*"ab", "ctrl+j", *"cd")
+        assert app.prompt.text == "ab\ncd"
+        await pilot.press("enter")
+        await idle(pilot)
+        assert app.chat.session.messages[-2].content == "ab\ncd"
+        await say(pilot, "second")
+        await pilot.press("up")
+        assert app.prompt.text == "second"
+        await pilot.press("up")
+        assert app.prompt.text == "ab\ncd"
+        await pilot.press("down")
+        assert app.prompt.text == "second"
+        await pilot.press("down")
+        assert app.prompt.text == ""
+        await pilot.press(*"/se")
+        hint = str(app.query_one("#hint").render())
+        assert "/set" in hint and "/sessions" in hint and "/settings" in hint
+        await pilot.press(*"t", "tab")
+        assert app.prompt.text in ("/set", "/set ")  # common prefix of /set, /settings
+        app.prompt.load_text("/bogus")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert any("unknown command /bogus" in n for n in notes(app, "error"))
+
+
+async def test_copy_new_chat_and_help(factory):
+    app = make_app(factory(temperature=0.0, max_new=6), blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await say(pilot, "hi")
+        text = app.chat.session.messages[-1].content
+        await pilot.press("ctrl+o")
+        assert app.clipboard == text
+        old = app.chat.session.id
+        await pilot.press("ctrl+n")
+        await idle(pilot)
+        assert app.chat.session.id != old and app.chat.session.n_turns == 0
+        assert not replies(app)
+        await pilot.press("f1")
+        await pilot.pause()
+        assert type(app.screen).__name__ == "HelpScreen"
+        await pilot.press("escape")
+        await pilot.pause()
+        assert type(app.screen).__name__ != "HelpScreen"
+
+
+async def test_paste_of_100kb_stays_responsive_and_sends_everything(factory):
+    import time
+    app = make_app(factory(temperature=0.0, max_new=4), blink=False)
+    big = "\n".join(f"line {i} " + "the quick brown fox jumps over the lazy dog " * 2 for i in range(1100))
+    assert len(big) > 100_000
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        from textual import events
+        t = time.perf_counter()
+        app.prompt.post_message(events.Paste(big))
+        await pilot.pause()
+        await pilot.press("x")
+        elapsed = time.perf_counter() - t
+        assert app.prompt.text.startswith("[paste #1: ") and app.prompt.text.endswith("x")
+        assert len(app.prompt.text) < 100
+        assert app.prompt.expanded() == big + "x"
+        assert elapsed < 3.0, elapsed
+        await pilot.press("enter")
+        await pilot.pause()
+        await idle(pilot)
+        # the tiny model's 512-token context cannot take it: a notification, not a crash; nothing recorded
+        assert any("too long" in n for n in notes(app, "error"))
+        assert app.chat.session.n_turns == 0
+        await say(pilot, "short one")
+        assert app.chat.session.n_turns == 1

@@ -1,0 +1,193 @@
+"""Sessions in the app: --session resumes, the sessions screen opens / renames / deletes / exports, replay plays a
+session back with divergences highlighted, and a failing model load is shown in the app."""
+import dataclasses
+import time
+from pathlib import Path
+
+from app_support import idle, notes, ready, say, wait_for
+from support import make_chat, tokenizer
+
+from tinychat import session as S
+from tinychat.tui.app import TinyChatApp, make_app
+from tinychat.tui.runtime import Backend
+from tinychat.tui.widgets import AssistantMessage, NoticeMessage, UserMessage
+
+SIZE = (130, 40)
+
+
+def recorded_session(model, turns=("hello there", "tell me about the cat"), **kw):
+    chat = make_chat(model=model, temperature=kw.pop("temperature", 0.0), max_new=kw.pop("max_new", 12), **kw)
+    for t in turns:
+        chat.send(t)
+    return chat.session
+
+
+async def test_session_id_resumes_and_the_next_turn_is_saved(factory, chat_model):
+    sess = recorded_session(chat_model)
+    app = make_app(factory(), session=sess.id, blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.chat.session.id == sess.id
+        assert [u.text for u in app.view.query(UserMessage)] == ["hello there", "tell me about the cat"]
+        replies = app.view.replies()
+        assert [r.text for r in replies] == [m.content for m in sess.messages if m.role == "assistant"]
+        assert "restored" in replies[0].meta and replies[0].tokens
+        assert "continuing session" in str(app.view.query(NoticeMessage).first().render())
+        await pilot.press("up")
+        assert app.prompt.text == "tell me about the cat"            # history holds the session's messages
+        app.prompt.load_text("")
+        await say(pilot, "and one more")
+        assert S.load(sess.id).n_turns == 3
+
+
+async def test_sessions_screen_open_rename_export_delete_and_new(factory, chat_model, tmp_path):
+    a = recorded_session(chat_model, turns=("first chat",))
+    time.sleep(0.01)
+    b = recorded_session(chat_model, turns=("second chat",))
+    app = make_app(factory(temperature=0.0, max_new=4), blink=False, export_dir=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        screen = app.screen
+        assert type(screen).__name__ == "SessionsScreen"
+        assert [i.id for i in screen.infos] == [b.id, a.id]          # newest first
+        # rename the selected (newest) one
+        await pilot.press("r")
+        await pilot.pause()
+        dialog = app.screen
+        dialog.query_one("Input").value = "Renamed chat"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert S.load(b.id).title == "Renamed chat"
+        # export it
+        await pilot.press("e")
+        out = tmp_path / f"tinychat-{b.id}.md"
+        assert out.is_file() and "# Renamed chat" in out.read_text()
+        # delete the older one (confirm with y)
+        await pilot.press("down", "d")
+        await pilot.pause()
+        await pilot.press("y")
+        await pilot.pause()
+        assert not S.session_path(a.id).exists()
+        assert [i.id for i in screen.infos] == [b.id]
+        # open the remaining one
+        await pilot.press("enter")
+        await idle(pilot)
+        assert app.chat.session.id == b.id and app.chat.session.title == "Renamed chat"
+        assert [u.text for u in app.view.query(UserMessage)] == ["second chat"]
+        # continue it, then a new chat from the sessions screen is one key away
+        await say(pilot, "more")
+        assert S.load(b.id).n_turns == 2 and S.load(b.id).title == "Renamed chat"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        await pilot.press("n")
+        await idle(pilot)
+        assert app.chat.session.id != b.id and app.chat.session.n_turns == 0
+        assert not app.view.replies()
+
+
+async def test_opening_a_foreign_session_is_an_error_notification(factory, chat_model):
+    from support import make_chat_model
+    other = recorded_session(make_chat_model(seed=5), turns=("x",))
+    app = make_app(factory(max_new=3), blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        before = app.chat
+        app.prompt.load_text(f"/load {other.id}")
+        await pilot.press("enter")
+        await idle(pilot)
+        assert any("another model" in n for n in notes(app, "error"))
+        assert app.chat is before
+
+
+async def test_replay_plays_back_token_exact(factory, chat_model):
+    sess = recorded_session(chat_model, temperature=0.9, max_new=10, seed=11)
+    app = make_app(factory(), replay=sess, replay_speed=0, blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.replay_summary is not None, what="the replay")
+        s = app.replay_summary
+        assert s.turns == 2 and not s.divergences and not s.stopped
+        replies = app.view.replies()
+        assert len(replies) == 2 and all("token-exact" in r.meta for r in replies)
+        assert [r.tokens for r in replies] == [m.token_ids[len(tokenizer().generation_prompt_ids()):-2]
+                                               for m in sess.messages if m.role == "assistant"]
+        assert all(r.traces for r in replies)                       # inspector data for every replayed token
+        assert not any(r.has_class("diverged") for r in replies)
+        await pilot.press("enter")                                   # the input is off in a replay
+        assert app.chat.session.n_turns == 2
+
+
+async def test_replay_highlights_a_divergence(factory, chat_model):
+    sess = recorded_session(chat_model, temperature=0.0, max_new=10)
+    tok = tokenizer()
+    gen = len(tok.generation_prompt_ids())
+    rec = sess.messages[-1]
+    k = 4                                                            # tamper with the 2nd reply's 5th token
+    ids = list(rec.token_ids)
+    ids[gen + k] = (ids[gen + k] + 1) % 300 + 3
+    sess.messages[-1] = dataclasses.replace(rec, token_ids=ids, content=tok.decode(ids[gen:-2], skip_special=True))
+    app = make_app(factory(), replay=sess, replay_speed=0, blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.replay_summary is not None, what="the replay")
+        assert len(app.replay_summary.divergences) == 1
+        first, second = app.view.replies()
+        assert not first.has_class("diverged") and "token-exact" in first.meta
+        assert second.has_class("diverged") and f"diverges at token {k}" in second.meta
+        assert second.first_divergence == k
+        assert all(second.marks.get(i) == "diverged" for i in range(k, len(second.tokens)))
+        assert "diverge" in str(app.view.query(NoticeMessage).last().render())
+
+
+async def test_replay_paces_tokens_at_the_recorded_speed_and_stops_on_escape(factory, chat_model):
+    sess = recorded_session(chat_model, turns=("hello there",), temperature=0.0, max_new=20)
+    rec = sess.messages[-1]
+    sess.messages[-1] = dataclasses.replace(rec, timing_ms=[40.0] * len(rec.timing_ms))   # 40 ms a token
+    app = make_app(factory(), replay=sess, replay_speed=2.0, blink=False)        # at 2x: 20 ms a token
+    async with app.run_test(size=SIZE) as pilot:
+        t = time.monotonic()
+        await wait_for(pilot, lambda: app.replay_summary is not None, what="the replay")
+        n = len(app.view.replies()[0].tokens)
+        assert time.monotonic() - t >= 0.02 * n * 0.9
+    app = make_app(factory(), replay=sess, replay_speed=0.05, blink=False)       # 800 ms a token
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app._current is not None and app._current.tokens, what="a token")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.replay_summary is not None, what="the stop")
+        assert app.replay_summary.stopped
+        assert len(app.view.replies()[0].tokens) < 20
+
+
+async def test_failing_model_load_is_shown_in_the_app(factory):
+    app = make_app(factory(fail=ValueError("model.safetensors: truncated file")), blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.chat is None and "truncated file" in app.load_error
+        err = app.query_one("#load-error", NoticeMessage)
+        assert "could not load the model" in str(err.render()) and err.has_class("error")
+        assert app.status_bar.values["model"] == "no model"
+        assert any("truncated file" in n for n in notes(app, "error"))
+        await pilot.press(*"hi", "enter")                            # still alive, says why nothing happens
+        assert any("could not load" in n for n in notes(app, "warning"))
+        await pilot.press("ctrl+q")
+    assert app.return_code == 2
+
+
+async def test_real_loader_with_a_missing_model_folder(tmp_path):
+    app = TinyChatApp(Backend(model=tmp_path / "no-such-model"), blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.load_error and app.query_one("#load-error", NoticeMessage)
+
+
+async def test_real_loader_opens_a_model_folder(tmp_path, chat_model):
+    chat_model.save_pretrained(tmp_path)
+    tokenizer().save(tmp_path / "tokenizer.json")
+    from tinychat.chat import ChatSettings
+    app = TinyChatApp(Backend(model=tmp_path, settings=ChatSettings(max_new=3), overrides={"max_new": 3}),
+                      blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.load_error is None and app.chat.model_name == tmp_path.name
+        await say(pilot, "hello")
+        assert app.chat.session.n_turns == 1

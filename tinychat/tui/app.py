@@ -1,0 +1,758 @@
+"""The tinychat app (Textual): a streaming chat view, the live sampler inspector, status bar, settings, sessions
+and replay playback, over the chat runtime (tinychat.chat).
+
+How it runs: the window appears at once; the model loads on a thread worker behind a loading indicator. Every chat
+operation (a turn, regenerate, undo, new chat, a settings change, opening a session, a replay) runs on one
+exclusive thread worker (`group="chat"`), one at a time; the decode thread posts batched token updates
+(messages.TokensReady, ~30 ms apart) and never touches a widget. Stop is `chat.cancel()` (thread-safe). The UI reads
+the chat (its settings, session, status) only between operations. A worker's failure arrives as
+`Worker.StateChanged` (ERROR) and becomes a notification; a failing model load is shown in the app.
+
+Entry points for the CLI: `run_app(...)` and `run_replay(...)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.worker import Worker, WorkerState
+from textual.widgets import Footer
+
+from . import commands
+from .messages import (ChatOpened, JobDone, ReplayFinished, ReplayTurnFinished, ReplayTurnStarted, RuntimeReady,
+                       TokensReady, TurnFinished)
+from .runtime import Backend, FactoryBackend, ReplayBackend, TokenBatcher
+from .screens import HelpScreen, SessionsScreen, SettingsScreen
+from .widgets import (AssistantMessage, ChatView, Inspector, NoticeMessage, PromptArea, PromptInput, StatusBar,
+                      TokenView, UserMessage)
+from .widgets.format import token_label
+from .widgets.inspector import Counters
+
+WIDE = 120                  # columns from which the inspector is shown by default
+
+
+class StopPlayback(Exception):
+    """Raised on the replay thread when the user stops the playback."""
+
+
+class TinyChatApp(App[int]):
+    CSS_PATH = Path(__file__).with_name("app.tcss")     # absolute: subclasses elsewhere find it too
+    TITLE = "tinychat"
+
+    BINDINGS = [
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+r", "regenerate", "Regen"),
+        Binding("ctrl+b", "undo", "Undo"),
+        Binding("ctrl+o", "copy_reply", "Copy"),
+        Binding("ctrl+n", "new_chat", "New"),
+        Binding("ctrl+s", "sessions", "Sessions"),
+        Binding("ctrl+t", "tokens", "Tokens"),
+        Binding("f2", "settings", "Settings"),
+        Binding("f3", "toggle_inspector", "Inspector"),
+        Binding("f1", "help", "Help"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(self, backend: Backend, *, replay_speed: float | None = None, inspector: bool | None = None,
+                 blink: bool = True, export_dir: Path | None = None):
+        super().__init__()
+        self.backend = backend
+        self.replay_sess = getattr(backend, "sess", None)
+        self.replay_speed = 1.0 if replay_speed is None else replay_speed
+        self.inspector_pref = inspector            # None: shown when the terminal is wide enough
+        self.blink = blink
+        self.export_dir = export_dir
+        self.chat: Any = None
+        self.strings: list[str] = []
+        self.busy: str | None = "load"              # the running operation, None when idle
+        self.load_error: str | None = None
+        self._turn_id = 0
+        self._current: AssistantMessage | None = None
+        self._live = {"n": 0, "ms": 0.0, "ttft": None}
+        self._pending_settings: dict[str, str] = {}
+        self._stop_replay = threading.Event()
+        self._job_text = ""                         # the text of the message being sent (restored on failure)
+        self.replay_summary: ReplayFinished | None = None
+        self.notices: list[tuple[str, str]] = []    # (severity, message) of every notification, for tests and logs
+
+    def notify(self, message: str, *, title: str = "", severity: str = "information", **kw) -> None:
+        self.notices.append((severity, str(message)))
+        kw.setdefault("markup", False)          # messages carry user text and file names, never markup
+        super().notify(message, title=title, severity=severity, **kw)
+
+    # -- layout ---------------------------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="main"):
+            with Vertical(id="chat-column"):
+                yield ChatView(id="chat")
+                yield PromptInput(id="input")
+            yield Inspector(id="inspector")
+        yield StatusBar(id="status")
+        yield Footer()
+
+    @property
+    def view(self) -> ChatView:
+        return self.query_one("#chat", ChatView)
+
+    @property
+    def prompt(self) -> PromptArea:
+        return self.query_one("#prompt", PromptArea)
+
+    @property
+    def inspector(self) -> Inspector:
+        return self.query_one("#inspector", Inspector)
+
+    @property
+    def status_bar(self) -> StatusBar:
+        return self.query_one("#status", StatusBar)
+
+    def on_mount(self) -> None:
+        show = self.inspector_pref if self.inspector_pref is not None else self.size.width >= WIDE
+        self.inspector.display = show
+        self.prompt.cursor_blink = self.blink
+        self.view.loading = True
+        self.status_bar.update_status(activity="loading model…")
+        if self.replay_sess is not None:
+            self.prompt.disabled = True
+        self.prompt.focus()
+        self._load()
+
+    # -- loading --------------------------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="load", exit_on_error=False, name="load")
+    def _load(self) -> None:
+        chat = self.backend.load()
+        strings = self.backend.token_strings()
+        note = ""
+        if chat.session.n_turns:
+            note = f"continuing session {chat.session.id}: {chat.session.title or 'untitled'} " \
+                   f"({chat.session.n_turns} turns)"
+        self.post_message(RuntimeReady(chat, strings, note, chat.status()))
+
+    async def on_runtime_ready(self, msg: RuntimeReady) -> None:
+        self.chat, self.strings = msg.chat, msg.token_strings
+        self.view.loading = False
+        self._set_busy(None)
+        await self._show_history(msg.note)
+        self._update_status(msg.status)
+        if self.replay_sess is not None:
+            self._set_busy("replay")
+            self.status_bar.update_status(activity=f"replay ×{self.replay_speed:g}" if self.replay_speed
+                                          else "replay (full speed)")
+            self._replay(self.chat, self.replay_sess, self.replay_speed)
+
+    async def _show_history(self, note: str = "") -> None:
+        """The conversation from the chat's session (after a load, opening a session, a new chat)."""
+        view = self.view
+        await view.clear()
+        self._current = None
+        sess = self.chat.session
+        tok = self.chat.tok
+        gen, end = len(tok.generation_prompt_ids()), len(tok.end_ids())
+        widgets = []
+        history = []
+        for m in sess.messages:
+            if m.role == "user":
+                widgets.append(UserMessage(m.content, classes="message user"))
+                history.append(m.content)
+            elif m.role == "assistant" and self.replay_sess is None:
+                ids = m.token_ids[gen:len(m.token_ids) - end]
+                meta = f"{len(ids)} tokens" + (f" · {m.finish}" if m.finish and m.finish != "stop" else "") + \
+                    " · restored (no trace)"
+                w = AssistantMessage(m.content, meta=meta, classes="message assistant")
+                w.set_history(ids, [self._piece(t) for t in ids])
+                widgets.append(w)
+        if note:
+            widgets.append(NoticeMessage(note, classes="notice"))
+        if widgets:
+            await view.mount_all(widgets)
+        self.prompt.sent = [h for h in history if len(h) <= 4000][-200:]
+        view.scroll_end(animate=False)
+        self.inspector.show_text("Send a message: each token's candidates appear here as it is sampled."
+                                 if self.replay_sess is None else "Replaying: each token's candidates appear here.")
+
+    def _piece(self, token: int) -> str:
+        return self.strings[token] if 0 <= token < len(self.strings) else ""
+
+    # -- state ----------------------------------------------------------------------------------------------------
+    def _set_busy(self, kind: str | None) -> None:
+        # The footer's bindings stay the same whatever the state (an action that does not apply says so when
+        # pressed): refreshing them would recompose the footer twice per turn, on the UI thread, while decoding.
+        self.busy = kind
+
+    def _can_run(self, what: str = "that") -> bool:
+        if self.chat is None:
+            self.notify(self.load_error or "the model is still loading", severity="warning")
+            return False
+        if self.replay_sess is not None:
+            self.notify("this is a replay: start `tinychat` to chat", severity="warning")
+            return False
+        if self.busy is not None:
+            self.notify(f"busy ({self.busy}): {what} after it (Esc stops a reply)", severity="warning")
+            return False
+        return True
+
+    def _update_status(self, st: dict, **extra) -> None:
+        if not st:
+            return
+        autosave = "autosave off"
+        if getattr(self.chat, "autosave", False):
+            autosave = "autosaved" if st.get("turns") else "autosave on"
+        self.status_bar.update_status(model=st.get("model") or "model", mode=st.get("mode", ""),
+                                      device=st.get("device", ""), cache_tokens=st.get("cache_tokens", 0),
+                                      max_len=st.get("max_len", 0), cache_bytes=st.get("cache_bytes", 0),
+                                      autosave=autosave, **extra)
+
+    # -- sending --------------------------------------------------------------------------------------------------
+    async def on_prompt_area_submitted(self, event: PromptArea.Submitted) -> None:
+        text = event.text
+        if text.lstrip().startswith("/") and "\n" not in text.strip():
+            event.area.clear_input()
+            await self.run_command(text.strip())
+            return
+        if not self._can_run("send"):
+            return
+        event.area.clear_input()
+        await self.send(text)
+
+    async def send(self, text: str) -> None:
+        view = self.view
+        await view.mount(UserMessage(text, classes="message user"))
+        await self._start_turn("send", text)
+
+    async def _start_turn(self, kind: str, text: str = "") -> None:
+        self._turn_id += 1
+        self._job_text = text
+        self._live = {"n": 0, "ms": 0.0, "ttft": None}
+        msg = AssistantMessage(streaming=True, classes="message assistant")
+        self._current = msg
+        await self.view.mount(msg)
+        self.view.anchor()
+        self._set_busy(kind)
+        self.status_bar.update_status(activity="generating… (Esc stops)", tok_s=None, ttft_ms=None)
+        self._job(self.chat, kind, text, self._turn_id)
+
+    @work(thread=True, exclusive=True, group="chat", exit_on_error=False, name="chat")
+    def _job(self, chat, kind: str, arg: Any = None, turn_id: int = 0) -> None:
+        """Every chat operation, on the one chat thread."""
+        if kind in ("send", "regen"):
+            batcher = TokenBatcher(lambda items: self.post_message(TokensReady(turn_id, items)))
+            if kind == "send":
+                r = chat.send(arg, on_token=batcher, trace=True)
+            else:
+                r = chat.regenerate(on_token=batcher, trace=True)
+            batcher.flush()
+            self.post_message(TurnFinished(turn_id, r, chat.status()))
+        elif kind == "undo":
+            user = chat.undo()
+            self.post_message(JobDone("undo", user.content, chat.status()))
+        elif kind == "new":
+            chat.new_session()
+            self.post_message(JobDone("new", None, chat.status()))
+        elif kind == "set":
+            for k, v in arg.items():
+                chat.set(k, v)
+            self.post_message(JobDone("set", dict(arg), chat.status()))
+        elif kind == "open":
+            new = self.backend.open(arg)
+            note = f"session {new.session.id}: {new.session.title or 'untitled'} ({new.session.n_turns} turns)" \
+                if arg else ""
+            self.post_message(ChatOpened(new, note, new.status()))
+        elif kind == "save":
+            path = chat.save(arg)
+            self.post_message(JobDone("save", str(path) if path else None, chat.status()))
+        else:
+            raise ValueError(f"unknown job {kind}")
+
+    async def on_tokens_ready(self, msg: TokensReady) -> None:
+        m = self._current
+        if m is None or msg.turn_id != self._turn_id:
+            return
+        live = self._live
+        text = []
+        last = None
+        for it in msg.items:
+            m.add_token(it.index, it.token, it.text, it.trace, self._piece(it.token))
+            text.append(it.text)
+            if it.token >= 0:
+                live["n"] += 1
+                if live["ttft"] is None:
+                    live["ttft"] = it.ms
+                else:
+                    live["ms"] += it.ms
+            if it.trace is not None:
+                last = it
+        await m.add_text("".join(text))
+        if last is not None and self.inspector.display:
+            self.inspector.show_trace(last.trace, self.strings, Counters.from_traces(m.traces.values()),
+                                      f"token #{last.index} · live")
+        tok_s = (live["n"] - 1) / (live["ms"] / 1000) if live["n"] > 1 and live["ms"] > 0 else None
+        self.status_bar.update_status(tok_s=tok_s, ttft_ms=live["ttft"])
+
+    async def on_turn_finished(self, msg: TurnFinished) -> None:
+        if msg.turn_id != self._turn_id or self._current is None:
+            return
+        r, m = msg.result, self._current
+        self._current = None
+        m.stats = Counters.from_stats(r.stats, r.n_tokens)
+        await m.finish(turn_meta(r))
+        self._set_busy(None)
+        self._update_status(msg.status, tok_s=r.decode_tok_s or None, ttft_ms=r.ttft_ms, activity="")
+        if r.traces and self.inspector.display:
+            last = r.traces[-1]
+            self.inspector.show_trace(last, self.strings, m.stats, f"token #{last.index} · last of the reply")
+        if r.dropped_turns:
+            self.notify(f"context full: dropped the {r.dropped_turns} oldest turn(s)", severity="warning")
+        await self._apply_pending()
+
+    async def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state != WorkerState.ERROR:
+            return
+        err = event.worker.error
+        text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        name = event.worker.name
+        if name == "load":
+            self.load_error = f"could not load the model: {text}"
+            self.view.loading = False
+            await self.view.mount(NoticeMessage(f"✗ {self.load_error}\n\nCheck --model (a folder with config.json, "
+                                                f"model.safetensors and tokenizer.json). Ctrl+Q quits.",
+                                                error=True, classes="notice", id="load-error"))
+            self.status_bar.update_status(model="no model", activity="load failed")
+            self.notify(self.load_error, severity="error", timeout=10)
+            self.busy = None
+            return
+        kind = self.busy
+        self.notify(f"{kind or name} failed: {text}", severity="error", timeout=8)
+        if name == "replay":
+            self._set_busy(None)
+            self.status_bar.update_status(activity="replay failed")
+            if self._current is not None:
+                await self._current.finish(f"✗ {text}")
+                self._current = None
+            return
+        self._set_busy(None)
+        self.status_bar.update_status(activity="")
+        if kind in ("send", "regen") and self.chat is not None:
+            # the chat is idle again: show what its session holds, give a failed message back to the input
+            await self._show_history()
+            if kind == "send" and not self.prompt.text and len(self._job_text) <= 4000:
+                self.prompt.set_input(self._job_text)
+        await self._apply_pending()
+
+    # -- actions --------------------------------------------------------------------------------------------------
+    def action_stop(self) -> None:
+        if self.busy in ("send", "regen") and self.chat is not None:
+            self.chat.cancel()
+            self.status_bar.update_status(activity="stopping…")
+        elif self.busy == "replay":
+            self._stop_replay.set()
+            self.status_bar.update_status(activity="stopping replay…")
+
+    async def action_regenerate(self) -> None:
+        if not self._can_run("regenerate"):
+            return
+        if not self.chat.session.n_turns:
+            self.notify("no reply to regenerate yet")
+            return
+        replies = self.view.replies()
+        if replies:
+            await replies[-1].remove()
+        await self._start_turn("regen")
+
+    def action_undo(self) -> None:
+        if not self._can_run("undo"):
+            return
+        if not self.chat.session.n_turns:
+            self.notify("no turn to undo")
+            return
+        self._set_busy("undo")
+        self._job(self.chat, "undo")
+
+    async def on_job_done(self, msg: JobDone) -> None:
+        self._set_busy(None)
+        self._update_status(msg.status, tok_s=None, ttft_ms=None, activity="")
+        if msg.kind == "undo":
+            users = list(self.view.query(UserMessage))
+            if users:
+                last = users[-1]
+                after = list(self.view.children)[list(self.view.children).index(last):]
+                for w in after:
+                    await w.remove()
+            if not self.prompt.text and len(msg.value) <= 4000:
+                self.prompt.set_input(msg.value)
+            self.notify("took back the last turn (its text is back in the input)")
+        elif msg.kind == "new":
+            await self._show_history()
+            self.notify(f"new chat · session {self.chat.session.id}")
+        elif msg.kind == "set":
+            names = ", ".join(f"{k.replace('_', '-')} = {getattr(self.chat.settings, k, v)!r}"
+                              for k, v in msg.value.items())
+            self.notify(f"{names} (from the next turn)")
+        elif msg.kind == "save":
+            self.notify(f"saved {msg.value}" if msg.value else "nothing to save yet")
+        self.prompt.focus()
+        await self._apply_pending()
+
+    def action_copy_reply(self) -> None:
+        replies = [r for r in self.view.replies() if r.finished]
+        if not replies:
+            self.notify("no reply to copy yet")
+            return
+        text = replies[-1].text
+        self.copy_to_clipboard(text)
+        self.notify(f"copied the last reply ({len(text):,} characters)")
+
+    def action_new_chat(self) -> None:
+        if not self._can_run("start a new chat"):
+            return
+        self._set_busy("new")
+        self._job(self.chat, "new")
+
+    def action_toggle_inspector(self) -> None:
+        ins = self.inspector
+        ins.display = not ins.display
+        self.inspector_pref = ins.display
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_tokens(self) -> None:
+        replies = [r for r in self.view.replies() if r.finished and r.tokens]
+        if not replies:
+            self.notify("no finished reply to inspect yet")
+            return
+        self._focus_reply(replies[-1], index=len(replies[-1].tokens) - 1)
+
+    def _focus_reply(self, reply: AssistantMessage, index: int | None = None) -> None:
+        for r in self.view.replies():
+            if r is not reply and r.token_view.display:
+                r.show_tokens(False)
+        if not self.inspector.display and self.size.width >= 80:
+            self.inspector.display = True
+        reply.show_tokens(True, index=index)
+        reply.scroll_visible()
+
+    def on_assistant_message_clicked(self, msg: AssistantMessage.Clicked) -> None:
+        self._focus_reply(msg.message)
+
+    def on_token_view_selected(self, msg: TokenView.Selected) -> None:
+        reply = next((r for r in self.view.replies() if r.token_view is msg.view), None)
+        if reply is None or not reply.tokens:
+            return
+        i = msg.index
+        trace = reply.traces.get(i)
+        counters = reply.stats or (Counters.from_traces(reply.traces.values()) if reply.traces else None)
+        n = self.view.replies().index(reply) + 1
+        heading = f"reply {n} · token #{i} «{token_label(reply.pieces[i], 16)}»"
+        if reply.first_divergence is not None and i >= reply.first_divergence:
+            heading += " · after the divergence"
+        self.inspector.show_trace(trace, self.strings, counters, heading)
+
+    def on_token_view_leave(self, msg: TokenView.Leave) -> None:
+        replies = [r for r in self.view.replies() if r.tokens]
+        reply = next((r for r in replies if r.token_view is msg.view), None)
+        if reply is None:
+            return
+        if msg.direction:
+            j = replies.index(reply) + msg.direction
+            if 0 <= j < len(replies):
+                self._focus_reply(replies[j], index=0 if msg.direction > 0 else len(replies[j].tokens) - 1)
+            return
+        reply.show_tokens(False)
+        self.prompt.focus()
+
+    # -- settings -------------------------------------------------------------------------------------------------
+    def action_settings(self) -> None:
+        if self.chat is None:
+            self.notify(self.load_error or "the model is still loading", severity="warning")
+            return
+        st = self.chat.settings
+        for k, v in self._pending_settings.items():
+            st = st.with_value(k, v)
+        values = dataclasses.asdict(st)
+        note = "A new system prompt applies at once while the chat has no turns, else from the next new chat."
+        self.push_screen(SettingsScreen(values, self._check_settings, note), self._settings_done)
+
+    def _check_settings(self, changes: dict) -> str | None:
+        st = self.chat.settings
+        try:
+            for k, v in {**self._pending_settings, **changes}.items():
+                st = st.with_value(k, v)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    async def _settings_done(self, changes: dict | None) -> None:
+        if changes:
+            await self.apply_settings(changes)
+
+    async def apply_settings(self, changes: dict[str, str]) -> None:
+        """Change settings from the next turn: at once when idle, else when the running operation ends."""
+        err = self._check_settings(changes)
+        if err:
+            self.notify(err, severity="error")
+            return
+        self._pending_settings.update(changes)
+        if self.busy is None:
+            await self._apply_pending()
+        else:
+            self.notify("settings apply from the next turn")
+
+    async def _apply_pending(self) -> None:
+        if self._pending_settings and self.busy is None and self.chat is not None:
+            changes, self._pending_settings = self._pending_settings, {}
+            self._set_busy("set")
+            self._job(self.chat, "set", changes)
+
+    # -- sessions -------------------------------------------------------------------------------------------------
+    def action_sessions(self) -> None:
+        if not self._can_run("open the sessions"):
+            return
+        cur = self.chat.session.id if self.chat.session.n_turns else None
+        self.push_screen(SessionsScreen(current=cur, sessions_dir=getattr(self.chat, "sessions_dir", None),
+                                        export_dir=self.export_dir, on_renamed=self._renamed), self._sessions_done)
+
+    def _renamed(self, sid: str, title: str) -> None:
+        if self.chat is not None and self.chat.session.id == sid:
+            self.chat.session.title = title      # the next autosave keeps the new title
+
+    def _sessions_done(self, result: tuple | None) -> None:
+        if not result:
+            return
+        what, sid = result
+        if what == "new":
+            self.action_new_chat()
+        elif what == "open":
+            self.open_session(sid)
+
+    def open_session(self, sid: str) -> None:
+        if not self._can_run("open a session"):
+            return
+        if self.chat.session.id == sid:
+            self.notify("that session is open")
+            return
+        self._set_busy("open")
+        self.status_bar.update_status(activity="opening session…")
+        self._job(self.chat, "open", sid)
+
+    async def on_chat_opened(self, msg: ChatOpened) -> None:
+        self.chat = msg.chat
+        self._set_busy(None)
+        await self._show_history(msg.note)
+        self._update_status(msg.status, tok_s=None, ttft_ms=None, activity="")
+        self.prompt.focus()
+
+    # -- slash commands -------------------------------------------------------------------------------------------
+    async def run_command(self, line: str) -> None:
+        cmd, args = commands.parse(line)
+        if cmd == "/quit":
+            await self.action_quit()
+        elif cmd == "/help":
+            self.action_help()
+        elif cmd == "/new":
+            self.action_new_chat()
+        elif cmd == "/sessions":
+            self.action_sessions()
+        elif cmd == "/load":
+            if len(args) != 1:
+                self.notify("usage: /load ID", severity="error")
+            else:
+                self.open_session(args[0])
+        elif cmd == "/save":
+            if self._can_run("save"):
+                self._set_busy("save")
+                self._job(self.chat, "save", " ".join(args) or None)
+        elif cmd in ("/set", "/settings"):
+            if not args or cmd == "/settings":
+                self.action_settings()
+            elif len(args) < 2:
+                self.notify("usage: /set KEY VALUE", severity="error")
+            elif self.chat is None:
+                self.notify("the model is still loading", severity="warning")
+            else:
+                await self.apply_settings({args[0]: " ".join(args[1:])})
+        elif cmd == "/regen":
+            await self.action_regenerate()
+        elif cmd == "/undo":
+            self.action_undo()
+        elif cmd == "/copy":
+            self.action_copy_reply()
+        elif cmd == "/inspector":
+            self.action_toggle_inspector()
+        elif cmd == "/trace":
+            if args not in (["on"], ["off"]):
+                self.notify("usage: /trace on|off", severity="error")
+            else:
+                self.inspector.display = args[0] == "on"
+                self.inspector_pref = self.inspector.display
+        elif cmd == "/info":
+            if self.chat is None:
+                self.notify(self.load_error or "the model is still loading")
+            elif self.busy:
+                self.notify("busy: /info after the reply")
+            else:
+                st = self.chat.status()
+                self.notify("\n".join(f"{k}: {v}" for k, v in st.items()), title="info", timeout=10)
+        else:
+            self.notify(f"unknown command {cmd} (/help lists them)", severity="error")
+
+    def get_system_commands(self, screen):
+        yield from super().get_system_commands(screen)
+        for name, help_, fn in [("New chat", "start a new chat", self.action_new_chat),
+                                ("Sessions", "open, rename, delete, export saved chats", self.action_sessions),
+                                ("Settings", "sampler and turn settings", self.action_settings),
+                                ("Toggle inspector", "show or hide the sampler inspector",
+                                 self.action_toggle_inspector),
+                                ("Copy last reply", "to the clipboard", self.action_copy_reply),
+                                ("Keys and commands", "the help screen", self.action_help)]:
+            yield SystemCommand(name, help_, fn)
+
+    async def action_quit(self) -> None:
+        if self.chat is not None and self.busy in ("send", "regen"):
+            self.chat.cancel()
+        self._stop_replay.set()
+        rc = 2 if self.load_error else 0
+        self.exit(rc, return_code=rc)
+
+    # -- replay playback ------------------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="chat", exit_on_error=False, name="replay")
+    def _replay(self, chat, sess, speed: float) -> None:
+        from ..replay import replay
+        msgs = sess.messages
+        first = 1 if msgs and msgs[0].role == "system" else 0
+        pairs = [(msgs[i], msgs[i + 1]) for i in range(first, len(msgs) - 1, 2)]
+        tok = chat.tok
+        gen, end = len(tok.generation_prompt_ids()), len(tok.end_ids())
+        state = {"turn": 0, "t0": 0.0, "rec": [], "batcher": None}
+        stop = self._stop_replay
+
+        def start(n: int) -> None:
+            user, rec = pairs[n - 1]
+            state.update(turn=n, t0=time.perf_counter(), rec=list(rec.timing_ms or []))
+            state["batcher"] = TokenBatcher(lambda items: self.post_message(TokensReady(-n, items)))
+            self.post_message(ReplayTurnStarted(n, user.content, rec.token_ids[gen:len(rec.token_ids) - end]))
+
+        def on_token(n, idx, token, text, trace, ms):
+            if stop.is_set():
+                raise StopPlayback
+            if n != state["turn"]:
+                start(n)
+            if speed > 0 and token >= 0 and idx < len(state["rec"]):
+                due = state["t0"] + sum(state["rec"][:idx + 1]) / 1000 / speed
+                while not stop.is_set():
+                    left = due - time.perf_counter()
+                    if left <= 0:
+                        break
+                    if state["batcher"].items:
+                        state["batcher"].flush()      # show what is due before waiting
+                    time.sleep(min(left, 0.05))
+            state["batcher"](idx, token, text, trace, ms)
+
+        def on_turn(tr):
+            if tr.turn != state["turn"]:
+                start(tr.turn)
+            state["batcher"].flush()
+            self.post_message(ReplayTurnFinished(tr.turn, tr))
+
+        try:
+            report = replay(chat, sess, on_turn=on_turn, on_token=on_token)
+        except StopPlayback:
+            if state["batcher"] is not None:
+                state["batcher"].items.clear()
+            self.post_message(ReplayFinished(state["turn"], [], stopped=True))
+            return
+        self.post_message(ReplayFinished(len(report.turns), [d.describe() for d in report.divergences]))
+
+    async def on_replay_turn_started(self, msg: ReplayTurnStarted) -> None:
+        await self.view.mount(UserMessage(msg.user_text, classes="message user"))
+        self._turn_id = -msg.turn
+        self._live = {"n": 0, "ms": 0.0, "ttft": None}
+        m = AssistantMessage(streaming=True, title=f"replay · turn {msg.turn}", classes="message assistant")
+        m.recorded = list(msg.recorded)
+        self._current = m
+        await self.view.mount(m)
+        self.view.anchor()
+
+    async def on_replay_turn_finished(self, msg: ReplayTurnFinished) -> None:
+        m = self._current
+        if m is None or self._turn_id != -msg.turn:
+            return
+        tr = msg.replay
+        self._current = None
+        m.divergence = tr.divergence
+        m.stats = Counters.from_traces(tr.traces)
+        if tr.divergence is None:
+            meta = f"✓ token-exact: {len(tr.tokens)} tokens as recorded"
+        else:
+            d = tr.divergence
+            m.first_divergence = d.position
+            m.add_class("diverged")
+
+            def tk(t, txt, p):
+                return "(end)" if t is None else f"«{token_label(txt, 16)}»" + (f" p={p:.3f}" if p is not None else "")
+            meta = (f"✗ diverges at token {d.position}: recorded {tk(d.recorded, d.recorded_text, d.p_recorded)}, "
+                    f"replayed {tk(d.replayed, d.replayed_text, d.p_replayed)}")
+        await m.finish(meta)
+        live = self._live
+        tok_s = (live["n"] - 1) / (live["ms"] / 1000) if live["n"] > 1 and live["ms"] > 0 else None
+        self.status_bar.update_status(tok_s=tok_s, ttft_ms=live["ttft"])
+
+    async def on_replay_finished(self, msg: ReplayFinished) -> None:
+        self.replay_summary = msg
+        self._set_busy(None)
+        if self._current is not None:
+            await self._current.finish("stopped")
+            self._current = None
+        if msg.stopped:
+            text = f"replay stopped at turn {msg.turns}"
+        elif msg.divergences:
+            text = f"replay: {msg.turns} turns, {len(msg.divergences)} diverge:\n" + "\n".join(msg.divergences)
+        else:
+            text = f"replay: {msg.turns} turns, token-exact"
+        await self.view.mount(NoticeMessage(text, error=bool(msg.divergences), classes="notice"))
+        self.status_bar.update_status(activity="replay stopped" if msg.stopped else "replay done")
+        self.view.scroll_end(animate=False)
+
+
+def turn_meta(r: Any) -> str:
+    """The line under a finished reply."""
+    parts = [f"{r.n_tokens} tokens", f"{r.decode_tok_s:.0f} tok/s", f"TTFT {r.ttft_ms:.0f} ms"]
+    if r.finish == "cancelled":
+        parts.append("stopped")
+    elif r.finish == "length":
+        parts.append("cut off at max-new")
+    s = r.stats
+    if s.banned_steps:
+        parts.append(f"ban fired {s.banned_steps}×")
+    if s.lifts:
+        parts.append(f"{s.lifts} lifts")
+    if r.dropped_turns:
+        parts.append(f"dropped {r.dropped_turns} old turns")
+    return " · ".join(parts)
+
+
+def run_app(model: Path | None = None, quant: str = "none", device: str = "cpu", settings=None,
+            overrides: dict | None = None, session: str | None = None) -> int:
+    """`tinychat` in a terminal: the app. Returns the exit code."""
+    app = TinyChatApp(Backend(model, quant, device, settings, overrides, session))
+    app.run()
+    return app.return_code or 0
+
+
+def run_replay(sess, model: Path | None = None, device: str = "cpu", speed: float = 1.0) -> int:
+    """`tinychat replay ID --play`: the app playing a session back. Returns the exit code."""
+    app = TinyChatApp(ReplayBackend(sess, model, device), replay_speed=speed)
+    app.run()
+    return app.return_code or 0
+
+
+def make_app(factory: Callable[[str | None], Any], session: str | None = None, replay=None, **kw) -> TinyChatApp:
+    """An app over `factory(session_ref | None) -> Chat` (tests, embedding)."""
+    return TinyChatApp(FactoryBackend(factory, session=session, replay=replay), **kw)

@@ -1,0 +1,83 @@
+"""Messages from the app's workers to its widgets (dataclasses; posted from worker threads with `post_message`).
+
+Worker threads never touch widgets: everything they learn reaches the UI as one of these, handled on the
+event loop. Token updates are batched (see `runtime.TokenBatcher`), so the UI gets tens of them per second, not
+one per token. Fields hold plain Python objects: traces are `tinychat.sampler.TokenTrace` instances, but the UI
+only reads their attributes and never imports torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from textual.message import Message
+
+
+@dataclass
+class TokenItem:
+    """One sampled token as the UI sees it."""
+    index: int                  # position in the reply (-1: trailing text flushed after the last token)
+    token: int                  # token id (-1 for flushed text)
+    text: str                   # the text this token completed (may be "" mid-character)
+    trace: Any = None           # TokenTrace | None
+    ms: float = 0.0             # time since the previous token
+
+
+@dataclass
+class RuntimeReady(Message):
+    """The model is loaded and a chat is open."""
+    chat: Any                   # tinychat.chat.Chat
+    token_strings: list[str]    # display text of every token id
+    note: str = ""              # e.g. "continuing session X (3 turns)"
+    status: dict = field(default_factory=dict)
+
+
+@dataclass
+class ChatOpened(Message):
+    """A different chat (a saved session, or a new one) replaces the current one."""
+    chat: Any
+    note: str = ""
+    status: dict = field(default_factory=dict)
+
+
+@dataclass
+class TokensReady(Message):
+    """A batch of newly sampled tokens of the running reply."""
+    turn_id: int
+    items: list[TokenItem]
+
+
+@dataclass
+class TurnFinished(Message):
+    """The running reply is complete (stopped, cancelled or cut off at max-new)."""
+    turn_id: int
+    result: Any                 # tinychat.chat.TurnResult
+    status: dict = field(default_factory=dict)   # chat.status() read on the worker right after the turn
+
+
+@dataclass
+class ReplayTurnStarted(Message):
+    turn: int                   # 1-based
+    user_text: str
+    recorded: list[int]         # the recorded reply's content token ids
+
+
+@dataclass
+class ReplayTurnFinished(Message):
+    turn: int
+    replay: Any                 # tinychat.replay.TurnReplay
+
+
+@dataclass
+class ReplayFinished(Message):
+    turns: int
+    divergences: list[str]
+    stopped: bool = False
+
+
+@dataclass
+class JobDone(Message):
+    """A chat operation other than a turn finished on the worker: undo, new chat, settings."""
+    kind: str
+    value: Any = None
+    status: dict = field(default_factory=dict)

@@ -1,0 +1,93 @@
+"""The settings screen: the sampler and turn settings (as `/set`), applied from the next turn and recorded with it
+in the session. Works on plain values: the app validates them against the chat's `ChatSettings`."""
+from __future__ import annotations
+
+from typing import Callable
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static, Switch
+
+# key, label, help
+FIELDS: list[tuple[str, str, str]] = [
+    ("temperature", "Temperature", "0 = greedy"),
+    ("top_p", "Top-p", "nucleus mass, 0.01–1"),
+    ("penalty", "Repetition penalty", "1 = off"),
+    ("penalty_window", "Penalty window", "recent content tokens"),
+    ("ban", "Phrase ban", "no 3-gram already said"),
+    ("no_parrot", "No-parrot", "nor the user's 3-grams"),
+    ("max_new", "Max new tokens", "per reply"),
+    ("seed", "Seed", "empty = random per turn"),
+    ("system_prompt", "System prompt", "a new chat's first message"),
+]
+
+
+class SettingsScreen(ModalScreen[dict | None]):
+    """Dismisses with the changed settings as {key: text} (Save, Ctrl+S) or None (Esc)."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
+
+    def __init__(self, values: dict, check: Callable[[dict], str | None] | None = None, note: str = ""):
+        super().__init__()
+        self.values, self.check, self.note = dict(values), check, note
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="dialog", id="settings"):
+            yield Static("Settings", classes="title")
+            yield Static("Changes apply from the next turn and are recorded with it in the session.",
+                         classes="dim")
+            with Grid(id="settings-grid"):
+                for key, label, help_ in FIELDS:
+                    v = self.values.get(key)
+                    yield Label(label)
+                    if isinstance(v, bool):
+                        yield Switch(v, id=f"set-{key}")
+                    else:
+                        yield Input("" if v is None else str(v), id=f"set-{key}", placeholder=help_)
+                    yield Label(help_, classes="dim")
+            if self.note:
+                yield Static(self.note, classes="dim")
+            yield Static("", id="settings-error")
+            with Horizontal(classes="buttons"):
+                yield Button("Save (Ctrl+S)", id="save", variant="primary")
+                yield Button("Cancel (Esc)", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#set-temperature").focus()
+
+    def changes(self) -> dict[str, str]:
+        out = {}
+        for key, _, _ in FIELDS:
+            w = self.query_one(f"#set-{key}")
+            old = self.values.get(key)
+            if isinstance(w, Switch):
+                if w.value != old:
+                    out[key] = "on" if w.value else "off"
+            else:
+                text = w.value.strip() if key != "system_prompt" else w.value
+                if text != ("" if old is None else str(old)):
+                    out[key] = text
+        return out
+
+    def action_save(self) -> None:
+        ch = self.changes()
+        err = self.check(ch) if self.check is not None and ch else None
+        if err:
+            self.query_one("#settings-error", Static).update(err)
+            self.query_one("#settings-error").add_class("error")
+            return
+        self.dismiss(ch)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.action_save()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "save":
+            self.action_save()
+        else:
+            self.action_cancel()

@@ -1,0 +1,270 @@
+"""The conversation: user and assistant messages in a scroll view that follows the stream unless the user
+scrolled up. Assistant replies stream as markdown (`MarkdownStream`: finished blocks are not re-rendered per
+token); a finished reply can switch to its token view, where each token is selectable (keys or mouse) and the
+inspector shows how it was chosen."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rich.style import Style as RichStyle
+from rich.text import Text
+from textual import events
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.content import Content
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import Widget
+from textual.widgets import Markdown, Static
+
+from .format import visible
+
+USER_DISPLAY_LIMIT = 4000       # characters of a user message shown (a 100 KB paste is summarised)
+
+
+class UserMessage(Static):
+    """What the user sent (plain text, never markup)."""
+
+    def __init__(self, text: str, **kw):
+        shown = visible(text)
+        if len(shown) > USER_DISPLAY_LIMIT:
+            rest = len(shown) - USER_DISPLAY_LIMIT
+            shown = shown[:USER_DISPLAY_LIMIT] + f"\n… ({rest:,} more characters)"
+        super().__init__(Content(shown), **kw)
+        self.text = text
+        self.border_title = "you"
+
+
+class NoticeMessage(Static):
+    """A line from the app in the conversation (an error, a note about the session)."""
+
+    def __init__(self, text: str, error: bool = False, **kw):
+        super().__init__(Content(text), **kw)
+        if error:
+            self.add_class("error")
+
+
+class TokenView(Widget, can_focus=True):
+    """A finished reply as its tokens: one is selected (cursor); ←/→ move, Home/End jump, ↑/↓ go to the
+    previous/next reply, Enter or Esc returns to the prompt. Clicking a token selects it."""
+
+    BINDINGS = [
+        Binding("left", "move(-1)", "Prev token", show=False),
+        Binding("right", "move(1)", "Next token", show=False),
+        Binding("ctrl+left", "move(-10)", show=False),
+        Binding("ctrl+right", "move(10)", show=False),
+        Binding("home", "jump(0)", show=False),
+        Binding("end", "jump(-1)", show=False),
+        Binding("up", "other(-1)", "Prev reply", show=False),
+        Binding("down", "other(1)", "Next reply", show=False),
+        Binding("enter,escape", "leave", "Back to prompt", show=False),
+    ]
+
+    cursor = reactive(0)
+
+    @dataclass
+    class Selected(Message):
+        view: "TokenView"
+        index: int
+
+    @dataclass
+    class Leave(Message):
+        view: "TokenView"
+        direction: int = 0          # -1/1: go to the previous/next reply; 0: back to the prompt
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.pieces: list[str] = []
+        self.marks: dict[int, str] = {}     # index -> CSS-like style name: "banned", "lifted", "low", "diverged"
+
+    def set_tokens(self, pieces: list[str], marks: dict[int, str]) -> None:
+        self.pieces, self.marks = pieces, marks
+        self.cursor = min(self.cursor, max(0, len(pieces) - 1))
+        self.refresh(layout=True)
+
+    STYLES = {"banned": "underline", "lifted": "bold magenta", "low": "yellow", "diverged": "bold red"}
+
+    def render(self) -> Text:
+        t = Text()
+        for i, p in enumerate(self.pieces):
+            style = self.STYLES.get(self.marks.get(i, ""), "")
+            if i == self.cursor:
+                style += " reverse" if self.has_focus else " underline"
+            t.append(visible(p).replace("\n", "↵\n"), RichStyle.parse(style.strip() or "none") +
+                     RichStyle(meta={"token": i}))
+        return t or Text("(no tokens)")
+
+    def on_click(self, event: events.Click) -> None:
+        i = event.style.meta.get("token")
+        event.stop()
+        if isinstance(i, int):
+            self.action_select(i)
+        else:
+            self.focus()
+
+    def watch_cursor(self, old: int, new: int) -> None:
+        self.refresh()
+        self.post_message(self.Selected(self, new))
+
+    def on_focus(self) -> None:
+        self.refresh()
+        self.post_message(self.Selected(self, self.cursor))
+
+    def on_blur(self) -> None:
+        self.refresh()
+
+    def action_select(self, index: int) -> None:
+        self.focus()
+        if 0 <= index < len(self.pieces):
+            if self.cursor == index:
+                self.post_message(self.Selected(self, index))
+            self.cursor = index
+
+    def action_move(self, delta: int) -> None:
+        if self.pieces:
+            self.cursor = max(0, min(len(self.pieces) - 1, self.cursor + delta))
+
+    def action_jump(self, where: int) -> None:
+        if self.pieces:
+            self.cursor = where % len(self.pieces)
+
+    def action_other(self, direction: int) -> None:
+        self.post_message(self.Leave(self, direction))
+
+    def action_leave(self) -> None:
+        self.post_message(self.Leave(self, 0))
+
+    def scroll_to_cursor(self) -> None:
+        self.scroll_visible()
+
+
+class AssistantMessage(Vertical):
+    """One reply: streamed markdown while it is generated; afterwards its token view on demand."""
+
+    @dataclass
+    class Clicked(Message):
+        message: "AssistantMessage"
+
+    def __init__(self, text: str = "", *, streaming: bool = False, title: str = "assistant", meta: str = "", **kw):
+        super().__init__(**kw)
+        self.meta = meta
+        self.initial = visible(text)
+        self.streaming = streaming
+        self.text = text                 # the reply's text (as the model produced it)
+        self.tokens: list[int] = []
+        self.traces: dict[int, Any] = {}  # index -> TokenTrace
+        self.pieces: list[str] = []       # display text of each token
+        self.marks: dict[int, str] = {}
+        self.finished = not streaming
+        self.stats: Any = None
+        self.divergence: Any = None
+        self.recorded: list[int] | None = None    # replay: the recorded reply's ids (for live divergence)
+        self.first_divergence: int | None = None
+        self._stream = None
+        self.border_title = title
+
+    def compose(self) -> ComposeResult:
+        yield Markdown(self.initial, classes="body")
+        yield TokenView(classes="tokens")
+        yield Static(Content(self.meta), classes="meta")
+
+    def on_mount(self) -> None:
+        self.query_one(TokenView).display = False
+        if self.streaming:
+            self.add_class("streaming")
+            self._stream = Markdown.get_stream(self.query_one(Markdown))
+
+    @property
+    def token_view(self) -> TokenView:
+        return self.query_one(TokenView)
+
+    async def add_text(self, text: str) -> None:
+        if text and self._stream is not None:
+            await self._stream.write(visible(text))
+
+    def add_token(self, index: int, token: int, text: str, trace: Any, piece: str) -> None:
+        if token < 0:
+            self.text += text
+            return
+        self.text += text
+        self.tokens.append(token)
+        self.pieces.append(piece)
+        if trace is not None:
+            self.traces[index] = trace
+            mark = _mark(trace)
+            if mark:
+                self.marks[index] = mark
+        if self.recorded is not None and self.first_divergence is None:
+            rec = self.recorded[index] if index < len(self.recorded) else None
+            if rec != token:
+                self.first_divergence = index
+                self.add_class("diverged")
+
+    async def finish(self, meta: str = "") -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.streaming = False
+        self.finished = True
+        self.remove_class("streaming")
+        if self.first_divergence is not None:
+            for i in range(self.first_divergence, len(self.tokens)):
+                self.marks[i] = "diverged"
+        self.set_meta(meta)
+
+    def set_meta(self, meta: str) -> None:
+        self.meta = meta
+        self.query_one(".meta", Static).update(Content(meta))
+
+    def set_history(self, tokens: list[int], pieces: list[str]) -> None:
+        """A restored reply: its tokens (no traces were recorded)."""
+        self.tokens, self.pieces = list(tokens), list(pieces)
+
+    def show_tokens(self, on: bool = True, index: int | None = None) -> None:
+        if on and not self.tokens:
+            return
+        tv = self.token_view
+        body = self.query_one(Markdown)
+        if on:
+            tv.set_tokens(self.pieces, self.marks)
+            if index is not None:
+                tv.cursor = max(0, min(len(self.pieces) - 1, index))
+        body.display = not on
+        tv.display = on
+        self.set_class(on, "token-mode")
+        if on:
+            tv.focus()
+
+    def on_click(self, event: events.Click) -> None:
+        if self.finished and self.tokens and not self.token_view.display:
+            event.stop()
+            self.post_message(self.Clicked(self))
+
+
+def _mark(trace: Any) -> str:
+    if getattr(trace, "lifted", False):
+        return "lifted"
+    if getattr(trace, "banned", None):
+        return "banned"
+    if getattr(trace, "rank", 0) > 0:
+        return "low"
+    return ""
+
+
+class ChatView(VerticalScroll):
+    """The conversation; stays at the bottom while a reply streams unless the user scrolled up."""
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+    async def add(self, widget: Widget) -> Widget:
+        await self.mount(widget)
+        return widget
+
+    def replies(self) -> list[AssistantMessage]:
+        return list(self.query(AssistantMessage))
+
+    async def clear(self) -> None:
+        await self.remove_children()

@@ -1,0 +1,166 @@
+"""The sampler inspector: how one token was chosen. For the token being generated (live) or a selected token of a
+finished reply: the top candidates with probability bars before (raw) and after the repetition penalty and the
+phrase ban (final), banned candidates struck through with the earlier 3-gram that banned them, penalised ones
+marked, the chosen token and its rank; and the turn's counters (tokens banned, mass removed, dead-end lifts).
+
+Reads a `TokenTrace` (tinychat.sampler) by its attributes only; no torch here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widget import Widget
+
+from .format import token_label
+
+BAR = 9
+BLOCKS = " ▏▎▍▌▋▊▉█"
+
+
+def bar(p: float, width: int = BAR) -> str:
+    """A horizontal bar of `width` cells for a probability in [0, 1] (eighth-cell resolution)."""
+    eighths = int(round(max(0.0, min(1.0, p)) * width * 8))
+    full, part = divmod(eighths, 8)
+    s = "█" * full + (BLOCKS[part] if part and full < width else "")
+    return s.ljust(width)
+
+
+@dataclass
+class Counters:
+    """A turn's sampler counters (live from the traces so far, or the finished turn's stats)."""
+    tokens: int = 0
+    banned_tokens: int = 0
+    banned_steps: int = 0
+    banned_mass: float = 0.0
+    lifts: int = 0
+    penalised: int | None = None      # ids under the repetition penalty (known when the turn ends)
+
+    @classmethod
+    def from_traces(cls, traces: Iterable[Any]) -> "Counters":
+        c = cls()
+        for tr in traces:
+            c.tokens += 1
+            if tr.lifted:
+                c.lifts += 1
+            elif tr.banned:
+                c.banned_steps += 1
+                c.banned_tokens += len(tr.banned)
+                c.banned_mass += tr.banned_mass
+        return c
+
+    @classmethod
+    def from_stats(cls, stats: Any, tokens: int) -> "Counters":
+        return cls(tokens, stats.banned_tokens, stats.banned_steps, stats.banned_mass, stats.lifts, stats.penalised)
+
+    def line(self) -> Text:
+        t = Text()
+        t.append("this turn ", style="bold")
+        t.append(f"{self.tokens} tokens · ")
+        t.append(f"{self.banned_tokens} banned", style="red" if self.banned_tokens else "")
+        t.append(f" in {self.banned_steps} steps · mass removed {self.banned_mass:.2f} · ")
+        t.append(f"{self.lifts} lifts", style="magenta" if self.lifts else "")
+        if self.penalised is not None:
+            t.append(f" · {self.penalised} ids penalised")
+        return t
+
+
+class InspectorBody(Widget):
+    """What the inspector shows. Updated many times a second while decoding, so it repaints only itself and asks
+    for a layout pass only when its height changes (a `Static.update` would relayout the whole screen)."""
+
+    def __init__(self, text: Text, **kw):
+        super().__init__(**kw)
+        self.text = text
+        self._lines = 0
+
+    def render(self) -> Text:
+        return self.text
+
+    def set(self, text: Text) -> None:
+        self.text = text
+        width = max(1, self.content_region.width or 40)
+        lines = sum(max(1, -(-len(line) // width)) for line in text.plain.split("\n"))
+        self.refresh(layout=lines != self._lines)
+        self._lines = lines
+
+
+class Inspector(VerticalScroll):
+    """Side panel; `show_trace` / `show_text` replace what it shows."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.border_title = "sampler"
+        self.trace: Any = None
+        self.rendered: Text = Text()
+
+    def compose(self) -> ComposeResult:
+        yield InspectorBody(Text("Send a message: each token's candidates appear here as it is sampled.",
+                                 style="dim"), id="inspector-body")
+
+    def _set(self, text: Text) -> None:
+        self.rendered = text
+        self.query_one(InspectorBody).set(text)
+
+    def show_text(self, text: str) -> None:
+        self.trace = None
+        self._set(Text(text, style="dim"))
+
+    def show_trace(self, trace: Any, strings: Sequence[str], counters: Counters | None, heading: str = "") -> None:
+        self.trace = trace
+        self._set(render_trace(trace, strings, counters, heading))
+
+
+def _label(strings: Sequence[str], tok: int, width: int = 10) -> str:
+    return token_label(strings[tok] if 0 <= tok < len(strings) else f"<{tok}>", width)
+
+
+def render_trace(trace: Any, strings: Sequence[str], counters: Counters | None, heading: str = "") -> Text:
+    t = Text(no_wrap=False)
+    if heading:
+        t.append(heading + "\n", style="bold")
+    if trace is None:
+        t.append("no trace recorded for this token\n", style="dim")
+    else:
+        t.append("chosen ")
+        t.append(f"«{_label(strings, trace.token, 16)}»", style="bold reverse")
+        t.append(" ")
+        t.append(f" rank {trace.rank}  p {trace.p_final:.3f}\n", style="bold")
+        top = max((max(c.p_raw, c.p_final) for c in trace.candidates), default=1.0) or 1.0
+        if trace.lifted:
+            t.append("⚠ ban lifted: it would have left almost no probability mass\n", style="magenta")
+        elif trace.banned:
+            t.append(f"✗ {len(trace.banned)} banned · mass {trace.banned_mass:.3f}\n", style="red")
+        t.append("\n  token      " + "raw".ljust(BAR + 1) + "final".ljust(BAR + 1) + "  p\n", style="dim")
+        for c in trace.candidates:
+            chosen = c.token == trace.token
+            row_style = "" if c.in_nucleus or c.banned_by else "dim"
+            t.append("▸ " if chosen else "  ", style="bold green" if chosen else "")
+            lab = _label(strings, c.token).ljust(10)
+            if c.banned_by is not None:
+                t.append(lab, style="strike red")
+            elif c.penalised:
+                t.append(lab, style="yellow " + row_style)
+            else:
+                t.append(lab, style=("bold " if chosen else "") + row_style)
+            t.append(" ")
+            t.append(bar(c.p_raw / top), style="grey50")
+            t.append(" ")
+            t.append(bar(c.p_final / top), style="red" if c.banned_by is not None else
+                     ("green" if chosen else ("yellow" if c.penalised else "cyan")))
+            t.append(f" {c.p_final * 100:5.1f}%", style=row_style)
+            marks = ("✗" if c.banned_by is not None else "") + ("↓" if c.penalised else "") + \
+                    ("" if c.in_nucleus or c.banned_by is not None else "○")
+            t.append(f" {marks}\n", style="red" if c.banned_by is not None else "yellow")
+            if c.banned_by is not None:
+                gram = " ".join(_label(strings, x, 8) for x in (*c.banned_by, c.token))
+                t.append(f"    banned: «{gram}» said before\n", style="red dim")
+    if counters is not None:
+        t.append("\n")
+        t.append_text(counters.line())
+        t.append("\n")
+    t.append("\n✗ banned (3-gram said before)  ↓ penalised  ○ outside top-p  raw: before penalty and ban · bars relative to the top candidate",
+             style="dim italic")
+    return t

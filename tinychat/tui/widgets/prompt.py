@@ -1,0 +1,144 @@
+"""The message input: multi-line (Enter sends, Ctrl+J / Shift+Enter / Alt+Enter insert a newline), history
+recall with ↑/↓ at the first/last line, Tab completion of slash commands with a hint line, and big pastes
+collapsed into a placeholder so a 100 KB paste never lands in the editor (the full text is sent)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from textual import events
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import Static, TextArea
+
+from .. import commands
+
+PASTE_INLINE_CHARS = 2000       # pastes longer than this (or with more lines) become a placeholder
+PASTE_INLINE_LINES = 40
+NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter", "ctrl+enter")
+_PLACEHOLDER = re.compile(r"\[paste #(\d+): [\d,]+ chars, [\d,]+ lines\]")
+
+
+class PromptArea(TextArea):
+    """The editor itself."""
+
+    @dataclass
+    class Submitted(Message):
+        area: "PromptArea"
+        text: str
+
+    def __init__(self, **kw):
+        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kw)
+        self.sent: list[str] = []
+        self._hist_pos: int | None = None       # index into history while recalling
+        self._draft = ""
+        self.pastes: dict[int, str] = {}
+
+    # -- sending --------------------------------------------------------------------------------------------
+    def expanded(self, text: str | None = None) -> str:
+        """The text to send: placeholders replaced by the pasted text they stand for."""
+        text = self.text if text is None else text
+
+        def sub(m: re.Match) -> str:
+            return self.pastes.get(int(m.group(1)), m.group(0))
+        return _PLACEHOLDER.sub(sub, text)
+
+    def submit(self) -> None:
+        text = self.expanded()
+        if not text.strip():
+            return
+        raw = self.text
+        if not self.sent or self.sent[-1] != raw:
+            self.sent.append(raw)
+        self._hist_pos = None
+        self.post_message(self.Submitted(self, text))
+        self.clear_input()
+
+    def clear_input(self) -> None:
+        self.load_text("")
+        self.pastes.clear()
+
+    def set_input(self, text: str) -> None:
+        self.load_text(text)
+        self.move_cursor(self.document.end)
+
+    # -- keys -----------------------------------------------------------------------------------------------
+    async def _on_key(self, event: events.Key) -> None:
+        key = event.key
+        if key == "enter":
+            event.stop()
+            event.prevent_default()
+            self.submit()
+            return
+        if key in NEWLINE_KEYS:
+            event.stop()
+            event.prevent_default()
+            self._replace_via_keyboard("\n", *self.selection)
+            return
+        if key == "tab" and self.text.startswith("/"):
+            done = commands.complete(self.text)
+            event.stop()
+            event.prevent_default()
+            if done:
+                self.set_input(done)
+            return
+        if key == "up" and self.cursor_location[0] == 0 and self.sent and self.selection.is_empty:
+            event.stop()
+            event.prevent_default()
+            self._recall(-1)
+            return
+        if key == "down" and self._hist_pos is not None and self.cursor_location[0] == self.document.line_count - 1:
+            event.stop()
+            event.prevent_default()
+            self._recall(1)
+            return
+        await super()._on_key(event)
+
+    def _recall(self, step: int) -> None:
+        if self._hist_pos is None:
+            if step > 0:
+                return
+            self._draft = self.text
+            self._hist_pos = len(self.sent)
+        pos = self._hist_pos + step
+        if pos < 0:
+            return
+        if pos >= len(self.sent):
+            self._hist_pos = None
+            self.set_input(self._draft)
+            return
+        self._hist_pos = pos
+        self.set_input(self.sent[pos])
+
+    # -- big pastes -----------------------------------------------------------------------------------------
+    async def _on_paste(self, event: events.Paste) -> None:
+        text = event.text
+        lines = text.count("\n") + 1
+        if len(text) <= PASTE_INLINE_CHARS and lines <= PASTE_INLINE_LINES:
+            await super()._on_paste(event)
+            return
+        event.stop()
+        event.prevent_default()
+        n = max(self.pastes, default=0) + 1
+        self.pastes[n] = text
+        placeholder = f"[paste #{n}: {len(text):,} chars, {lines:,} lines]"
+        result = self._replace_via_keyboard(placeholder, *self.selection)
+        if result:
+            self.move_cursor(result.end_location)
+        self.focus()
+
+
+class PromptInput(Vertical):
+    """The editor and its hint line."""
+
+    def compose(self) -> ComposeResult:
+        yield PromptArea(id="prompt")
+        yield Static(commands.hint(""), id="hint")
+
+    @property
+    def area(self) -> PromptArea:
+        return self.query_one(PromptArea)
+
+    def on_text_area_changed(self, event: TextArea.Changed) -> None:
+        self.query_one("#hint", Static).update(commands.hint(event.text_area.text))

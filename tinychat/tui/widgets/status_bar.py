@@ -1,0 +1,46 @@
+"""The status bar: model, decode mode, device, tok/s, time to first token, cache fill, autosave state."""
+from __future__ import annotations
+
+from textual.reactive import reactive
+from textual.widgets import Static
+from rich.text import Text
+
+from .format import size
+
+
+class StatusBar(Static):
+    """One line; `update_status(...)` sets any of its fields (unknown ones keep their value)."""
+
+    state: reactive[dict] = reactive(dict, always_update=True)
+
+    FIELDS = ("model", "mode", "device", "quant", "tok_s", "ttft_ms", "cache_tokens", "max_len", "cache_bytes",
+              "autosave", "activity")
+
+    def __init__(self, **kw):
+        super().__init__("", **kw)
+        self.values: dict = {"model": "loading…", "activity": ""}
+
+    def update_status(self, **values) -> None:
+        self.values.update({k: v for k, v in values.items() if k in self.FIELDS})
+        self.state = dict(self.values)
+
+    def render(self) -> Text:
+        v = self.values
+        t = Text(no_wrap=True, overflow="ellipsis")
+        sep = (" │ ", "dim")
+        t.append(f" {v.get('model', '')}", style="bold")
+        if "mode" in v:
+            mode = v["mode"]
+            t.append_text(Text.assemble(sep, (mode, "cyan"), sep, (v.get("device", ""), "")))
+        if v.get("tok_s") is not None:
+            t.append_text(Text.assemble(sep, (f"{v['tok_s']:.0f} tok/s", "green")))
+        if v.get("ttft_ms") is not None:
+            t.append_text(Text.assemble(sep, f"TTFT {v['ttft_ms']:.0f} ms"))
+        if "cache_tokens" in v:
+            t.append_text(Text.assemble(sep, f"cache {v['cache_tokens']}/{v.get('max_len', '?')} · "
+                                             f"{size(v.get('cache_bytes', 0))}"))
+        if v.get("autosave"):
+            t.append_text(Text.assemble(sep, (v["autosave"], "dim")))
+        if v.get("activity"):
+            t.append_text(Text.assemble(sep, (v["activity"], "bold yellow")))
+        return t
