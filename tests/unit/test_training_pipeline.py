@@ -130,6 +130,7 @@ def test_split_is_deterministic_order_free_and_about_the_fraction(tmp_path):
     write_shards(tmp_path / "shards", convs, per_shard=700)
     tr3, va3 = D.load_split(tmp_path / "shards", 0.02)
     assert [key(c) for c in va3] == [key(c) for c in va1] and len(tr3) == len(tr1)
+    assert D.teacher_meta(tmp_path / "shards")["system"] == "teacher system"
 
 
 def test_bad_shards_fail_clearly(tmp_path):

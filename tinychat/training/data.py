@@ -78,6 +78,18 @@ def read_conversations(source) -> Iterator[list[dict]]:
             raise DataError(f"{path}: unreadable shard ({e})") from None
 
 
+def teacher_meta(source) -> dict:
+    """The generation settings recorded with the first conversation ({} when the shards record none)."""
+    for path in shard_files(source):
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    rec = json.loads(line)
+                    return dict(rec.get("teacher") or {}) if isinstance(rec, dict) else {}
+    return {}
+
+
 def _messages(rec, where: str) -> list[dict]:
     msgs = rec.get("messages") if isinstance(rec, dict) else None
     if not isinstance(msgs, list):

@@ -262,7 +262,9 @@ def run(args) -> int:
             print(f"student: {result['student_loss']['loss_per_token']:.4f} nats/token, "
                   f"{result['student_loss']['bits_per_byte']:.4f} bits/byte on {len(lc)} conversations", flush=True)
         if args.teacher:
-            result["teacher_loss"] = teacher_loss(lc, log=print)
+            from .data import teacher_meta
+            # the system prompt the teacher generated with, as the shards record it (else the teacher's default)
+            result["teacher_loss"] = teacher_loss(lc, system=teacher_meta(args.shards).get("system"), log=print)
             print(f"teacher: {result['teacher_loss']['loss_per_token']:.4f} nats/token, "
                   f"{result['teacher_loss']['bits_per_byte']:.4f} bits/byte", flush=True)
     if args.out:

