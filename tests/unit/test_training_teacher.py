@@ -110,18 +110,59 @@ def test_unpermute_inverts_llama_cpp_permute():
     assert torch.equal(_unpermute_rope(permuted, n_heads), w)
 
 
-@pytest.mark.skipif(not fastattn.available(), reason="no C compiler for the attention kernel")
-def test_fast_attention_kernel_matches_torch():
+needs_kernel = pytest.mark.skipif(not fastattn.available(),
+                                  reason="no C compiler for the attention kernel")
+SMOL_SHAPE = TeacherConfig(vocab_size=64, dim=192, n_layers=1, n_heads=3, n_kv_heads=1, ffn_dim=32,
+                           context_length=256)   # head_dim 64, 3 query heads per kv head: AVX path
+
+
+@needs_kernel
+@pytest.mark.parametrize("cfg", [TINY, SMOL_SHAPE], ids=["generic", "d64"])
+def test_fast_attention_kernel_matches_torch(cfg):
     torch.manual_seed(0)
-    Bc, Hkv, G, L, D = 3, 2, 3, 40, 16
-    ck = torch.randn(Bc, Hkv, L, D).bfloat16()
-    cv = torch.randn(Bc, Hkv, L, D).bfloat16()
-    segs = torch.tensor([[2, 10, 0, 1], [0, 0, 1, 7], [1, 30, 8, 3]])
-    q = torch.randn(11, Hkv, G, D)
-    model = Llama(TINY, random_weights(TINY), dtype=torch.float32, max_len=L)
-    want = model._attend_torch(q, ck.float(), cv.float(), segs)
-    got = fastattn.seg_attention(q, ck, cv, segs, 1 / D ** 0.5)
+    model = Llama(cfg, random_weights(cfg), dtype=torch.float32, max_len=64, kv="int8")
+    model.allocate(3)
+    Hkv, hd, G = cfg.n_kv_heads, cfg.head_dim, cfg.n_heads // cfg.n_kv_heads
+    rows, pos = torch.arange(3).repeat_interleave(40), torch.arange(40).repeat(3)
+    model._write_kv(0, torch.randn(120, Hkv, hd), torch.randn(120, Hkv, hd), rows, pos)
+    # decode runs (count 1) and prompt runs, across block boundaries
+    segs = torch.tensor([[2, 10, 0, 1], [0, 0, 1, 7], [1, 30, 8, 3], [0, 39, 11, 1], [1, 0, 12, 1]])
+    q = torch.randn(13, Hkv, G, hd)
+    want = model._attend_torch(0, q, segs)
+    got = fastattn.seg_attention(q, model.cache_k[0], model.cache_ks[0], model.cache_v[0],
+                                 model.cache_vs[0], segs, 1 / hd ** 0.5)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_int8_cache_is_close_to_plain():
+    w = random_weights(TINY, seed=3)
+    toks = torch.tensor([5, 9, 2, 33, 70, 11, 4])
+    out = {}
+    for kv in ("plain", "int8"):
+        m = Llama(TINY, w, dtype=torch.float32, max_len=64, kv=kv)
+        m.allocate(2)
+        h = m.step(toks, torch.arange(7), torch.ones(7, dtype=torch.long), torch.tensor([[1, 0, 0, 7]]))
+        out[kv] = m.logits(h)
+    ref = m.forward_full(toks[None])[0]
+    torch.testing.assert_close(out["plain"], ref, atol=1e-4, rtol=1e-4)
+    assert (out["int8"] - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+@needs_kernel
+def test_int8_generation_kernel_matches_torch_path(monkeypatch):
+    """The whole generator on an int8 cache (prefix blocks, refills, mixed runs) gives the same
+    greedy tokens through the C kernel as through the PyTorch path reading the same cache."""
+    w = random_weights(SMOL_SHAPE, seed=1)
+    results = []
+    for use_kernel in (True, False):
+        monkeypatch.setattr(fastattn, "available", lambda: use_kernel)
+        m = Llama(SMOL_SHAPE, w, dtype=torch.float32, max_len=128, kv="int8")
+        rng = random.Random(0)
+        ds = [Scripted([[rng.randrange(3, 64) for _ in range(rng.randint(1, 20))]
+                        for _ in range(rng.randint(1, 3))]) for _ in range(6)]
+        list(BatchedGenerator(m, 3, Sampling(temperature=0, max_new=7), 2, [1, 4, 6]).run(ds))
+        results.append([d.replies for d in ds])
+    assert results[0] == results[1]
 
 
 def test_degenerate_filter():

@@ -255,25 +255,69 @@ class TokenizedSet:
         return batches
 
 
-def encode_all(tok: Tokenizer, conversations: Sequence[list[dict]], system: str = DEFAULT_SYSTEM) -> TokenizedSet:
-    """Tokenize conversations (message contents in one batch encode) into a TokenizedSet."""
-    flat = [m["content"] for msgs in conversations for m in msgs]
+def encode_all(tok: Tokenizer, conversations: Sequence[list[dict]], system: str = DEFAULT_SYSTEM,
+               chunk: int = 2000) -> TokenizedSet:
+    """Tokenize conversations into a TokenizedSet. Message contents go through one batch encode per chunk of
+    conversations (fast, and the Rust side's per-token Encoding objects never pile up for the whole corpus)."""
     specials = tok._special_re                              # contents holding special-token text: slow path
-    fast = [c for c in flat if not specials.search(c)]
-    enc = iter(e.ids for e in tok.hf.encode_batch(fast, add_special_tokens=False)) if fast else iter(())
-    content_ids = [tok.encode(c) if specials.search(c) else next(enc) for c in flat]
-    ids: list[int] = []
-    mask: list[int] = []
-    offsets = [0]
-    k = 0
-    for msgs in conversations:
-        i, m = encode_conversation(tok, msgs, system, contents=content_ids[k:k + len(msgs)])
-        k += len(msgs)
-        ids += i
-        mask += m
-        offsets.append(len(ids))
-    return TokenizedSet(torch.tensor(ids, dtype=torch.int32), torch.tensor(mask, dtype=torch.bool),
-                        torch.tensor(offsets, dtype=torch.long))
+    ids_parts, mask_parts, lengths = [], [], []
+    for s in range(0, len(conversations), chunk):
+        part = conversations[s:s + chunk]
+        flat = [m["content"] for msgs in part for m in msgs]
+        fast = [c for c in flat if not specials.search(c)]
+        enc = iter([e.ids for e in tok.hf.encode_batch(fast, add_special_tokens=False)] if fast else [])
+        content_ids = [tok.encode(c) if specials.search(c) else next(enc) for c in flat]
+        ids: list[int] = []
+        mask: list[int] = []
+        k = 0
+        for msgs in part:
+            i, m = encode_conversation(tok, msgs, system, contents=content_ids[k:k + len(msgs)])
+            k += len(msgs)
+            ids += i
+            mask += m
+            lengths.append(len(i))
+        ids_parts.append(torch.tensor(ids, dtype=torch.int32))
+        mask_parts.append(torch.tensor(mask, dtype=torch.bool))
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.long)
+    if lengths:
+        offsets[1:] = torch.tensor(lengths, dtype=torch.long).cumsum(0)
+    cat = (lambda ps, dt: torch.cat(ps) if ps else torch.zeros(0, dtype=dt))
+    return TokenizedSet(cat(ids_parts, torch.int32), cat(mask_parts, torch.bool), offsets)
+
+
+def cache_key(tok: Tokenizer, source, val_fraction: float, system: str) -> str:
+    """What a tokenized-data cache depends on: tokenizer, split, system prompt and the shard files' stats."""
+    files = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in shard_files(source)]
+    blob = json.dumps([tok.sha256, val_fraction, system, files])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def load_tokenized(source, tok: Tokenizer, val_fraction: float = 0.02, system: str = DEFAULT_SYSTEM,
+                   cache: str | Path | None = None) -> tuple[TokenizedSet, TokenizedSet]:
+    """(train, val) TokenizedSets from the shards. cache: a .safetensors file reused while the tokenizer, split,
+    system prompt and shard files are unchanged (re-tokenizing a big corpus takes minutes); no pickle."""
+    from safetensors.torch import load_file, save_file
+    key = cache_key(tok, source, val_fraction, system) if cache else None
+    if cache and Path(cache).is_file():
+        from safetensors import safe_open
+        try:
+            with safe_open(str(cache), "pt") as f:
+                hit = (f.metadata() or {}).get("key") == key
+            if hit:
+                t = load_file(str(cache))
+                return tuple(TokenizedSet(t[f"{n}.ids"], t[f"{n}.mask"], t[f"{n}.offsets"])   # type: ignore
+                             for n in ("train", "val"))
+        except Exception:       # a damaged cache is only a lost shortcut
+            pass
+    train, val = load_split(source, val_fraction)
+    sets = encode_all(tok, train, system), encode_all(tok, val, system)
+    if cache:
+        tensors = {f"{n}.{f}": getattr(ts, f).contiguous() for n, ts in zip(("train", "val"), sets)
+                   for f in ("ids", "mask", "offsets")}
+        tmp = Path(cache).with_name(f".{Path(cache).name}.tmp")
+        save_file(tensors, str(tmp), metadata={"key": key})
+        tmp.replace(cache)
+    return sets
 
 
 def stats(ts: TokenizedSet) -> dict:

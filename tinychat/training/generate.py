@@ -206,7 +206,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop when the directory holds this many conversation tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--per-shard", type=int, default=500, help="conversations per shard")
-    p.add_argument("--batch", type=int, default=96, help="rows decoded together")
+    p.add_argument("--batch", type=int, default=128, help="rows decoded together")
     p.add_argument("--max-new", type=int, default=120, help="reply cap in tokens")
     p.add_argument("--max-len", type=int, default=1024, help="KV cache positions per row")
     p.add_argument("--temperature", type=float, default=0.7)
@@ -247,7 +247,8 @@ def run_worker(args, worker: int = 0, workers: int = 1, model=None, tok=None, lo
     prefix = tok.encode(chatml([{"role": "system", "content": system}], False)).ids if system else []
     sampling = Sampling(args.temperature, args.top_p, args.top_k, args.max_new)
     meta = {"model": TEACHER_NAME, "system": system, "temperature": args.temperature,
-            "top_p": args.top_p, "top_k": args.top_k, "max_new": args.max_new, "seed": args.seed}
+            "top_p": args.top_p, "top_k": args.top_k, "max_new": args.max_new, "seed": args.seed,
+            "kv_cache": model.kv}
     special = _special_ids(tok)
     out = Path(args.out)
     counter = TokenCounter(out)

@@ -263,9 +263,16 @@ class Llama:
     per-call overhead dominates at these sizes).
     """
 
-    def __init__(self, cfg: TeacherConfig, weights: dict, dtype=torch.bfloat16, max_len: int = 2048):
+    def __init__(self, cfg: TeacherConfig, weights: dict, dtype=torch.bfloat16, max_len: int = 2048,
+                 kv: str | None = None):
         self.cfg, self.dtype = cfg, dtype
-        self.max_len = min(max_len, cfg.context_length)
+        block = fastattn.BLOCK
+        self.max_len = min(max_len, cfg.context_length) // block * block   # whole key blocks
+        # KV cache format: "int8" (blocked int8 + scales, read by the C kernel: the fast path) or
+        # "plain" (model dtype, PyTorch attention: exact, for tests and references)
+        self.kv = kv or ("int8" if dtype == torch.bfloat16 and fastattn.available() else "plain")
+        if self.kv not in ("int8", "plain"):
+            raise ValueError(f"kv must be 'int8' or 'plain', not {self.kv!r}")
         c = lambda t: t.to(dtype).contiguous()  # noqa: E731
         self.embed = c(weights["embed"])                                     # [V, dim]
         self.lm_head = c(weights.get("lm_head", weights["embed"]))           # [V, dim] (tied)
@@ -283,9 +290,7 @@ class Llama:
                 wdown=c(weights[p + "w_down"]),
             ))
         self.cos, self.sin = _rope_tables(cfg, self.max_len)
-        self.cache_k = self.cache_v = None
-        # the ragged C attention kernel only reads bf16 caches; fp32 models (tests) use PyTorch
-        self.fast_attention = dtype == torch.bfloat16 and fastattn.available()
+        self.cache_k = self.cache_v = self.cache_ks = self.cache_vs = None
 
     # -- helpers -------------------------------------------------------------------------------
     def _norm(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -343,29 +348,75 @@ class Llama:
 
     # -- cached path --------------------------------------------------------------------------------
     def allocate(self, batch: int) -> None:
-        """Static KV cache: [n_layers, batch, Hkv, max_len, hd] for k and for v, GEMM dtype."""
-        shape = (self.cfg.n_layers, batch, self.cfg.n_kv_heads, self.max_len, self.cfg.head_dim)
-        self.cache_k = torch.zeros(shape, dtype=self.dtype)
-        self.cache_v = torch.zeros(shape, dtype=self.dtype)
+        """Static KV cache for ``batch`` rows of ``max_len`` positions, all layers.
 
-    def _attend_torch(self, q, ck, cv, segs):
-        """PyTorch version of fastattn.seg_attention (fp32 caches, tests, no C compiler).
+        plain: cache_k, cache_v [n_layers, batch, Hkv, L, hd] in the model dtype.
+        int8:  cache_k [n_layers, batch, Hkv, L/16, hd, 16] int8 (keys in transposed blocks of 16
+               positions), cache_v [n_layers, batch, Hkv, L, hd] int8, and fp32 scales cache_ks,
+               cache_vs [n_layers, batch, Hkv, L]. 23 KB per position at bf16, 12 KB at int8.
+        """
+        c, L, B = self.cfg, self.max_len, batch
+        if self.kv == "plain":
+            shape = (c.n_layers, B, c.n_kv_heads, L, c.head_dim)
+            self.cache_k = torch.zeros(shape, dtype=self.dtype)
+            self.cache_v = torch.zeros(shape, dtype=self.dtype)
+            return
+        bk = fastattn.BLOCK
+        self.cache_k = torch.zeros(c.n_layers, B, c.n_kv_heads, L // bk, c.head_dim, bk,
+                                   dtype=torch.int8)
+        self.cache_v = torch.zeros(c.n_layers, B, c.n_kv_heads, L, c.head_dim, dtype=torch.int8)
+        self.cache_ks = torch.zeros(c.n_layers, B, c.n_kv_heads, L)
+        self.cache_vs = torch.zeros(c.n_layers, B, c.n_kv_heads, L)
 
-        q [N, Hkv, G, hd]; ck, cv [Bc, Hkv, L, hd]; segs [S, 4] (row, start, offset, count).
+    def _keys_values(self, li: int, row: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values 0..n-1 of one row and layer as float [Hkv, n, hd] (PyTorch path)."""
+        if self.kv == "plain":
+            return self.cache_k[li, row, :, :n].float(), self.cache_v[li, row, :, :n].float()
+        ck = self.cache_k[li, row]                                      # [Hkv, L/16, hd, 16]
+        k = ck.permute(0, 1, 3, 2).reshape(ck.shape[0], -1, ck.shape[2])[:, :n]
+        k = k.float() * self.cache_ks[li, row, :, :n, None]
+        v = self.cache_v[li, row, :, :n].float() * self.cache_vs[li, row, :, :n, None]
+        return k, v
+
+    def _attend_torch(self, li, q, segs):
+        """PyTorch version of fastattn.seg_attention (any cache format; tests, no C compiler).
+
+        q [N, Hkv, G, hd]; segs [S, 4] (row, start, offset, count). Returns [N, Hkv, G, hd] fp32.
         A Python loop over segments: fine for tests, slow for real batches.
         """
         N, Hkv, G, hd = q.shape
         out = torch.empty(N, Hkv, G, hd)
         for row, start, off, cnt in segs.tolist():
             n = start + cnt
+            k, v = self._keys_values(li, row, n)                                    # [Hkv, n, hd]
             qs = q[off:off + cnt].permute(1, 0, 2, 3).reshape(Hkv, cnt * G, hd)   # rows (t, g)
-            s = torch.matmul(qs.float(), ck[row, :, :n].float().transpose(-1, -2))  # [Hkv, cnt*G, n]
-            s = s / math.sqrt(hd)
+            s = torch.matmul(qs.float(), k.transpose(-1, -2)) / math.sqrt(hd)      # [Hkv, cnt*G, n]
             qpos = start + torch.arange(cnt).repeat_interleave(G)                  # [cnt*G]
             s = s.masked_fill(torch.arange(n)[None, :] > qpos[:, None], float("-inf"))
-            o = torch.matmul(s.softmax(-1), cv[row, :, :n].float())              # [Hkv, cnt*G, hd]
+            o = torch.matmul(s.softmax(-1), v)                                     # [Hkv, cnt*G, hd]
             out[off:off + cnt] = o.view(Hkv, cnt, G, hd).permute(1, 0, 2, 3)
         return out
+
+    def _write_kv(self, li, k, v, rows, pos):
+        """Store new keys/values. k, v [N, Hkv, hd] (fp32 / model dtype); rows, pos [N]."""
+        N, Hkv, hd = k.shape
+        L = self.max_len
+        flat_rows = (rows * Hkv)[:, None] + torch.arange(Hkv)[None, :]        # [N, Hkv]
+        widx = (flat_rows * L + pos[:, None]).reshape(-1)                       # (row, head, pos)
+        if self.kv == "plain":
+            self.cache_k[li].view(-1, hd).index_copy_(0, widx, k.reshape(-1, hd).to(self.dtype))
+            self.cache_v[li].view(-1, hd).index_copy_(0, widx, v.reshape(-1, hd).to(self.dtype))
+            return
+        bk = fastattn.BLOCK
+        kq, ksc = fastattn.quantize(k.reshape(-1, hd))
+        vq, vsc = fastattn.quantize(v.reshape(-1, hd))
+        # element (row, head, pos, d) of the blocked keys: ((rh * L/16 + pos//16) * hd + d) * 16 + pos%16
+        base = (flat_rows * (L // bk) + (pos // bk)[:, None]) * (hd * bk) + (pos % bk)[:, None]
+        kidx = (base.reshape(-1, 1) + torch.arange(hd)[None, :] * bk).reshape(-1)
+        self.cache_k[li].view(-1).index_put_((kidx,), kq.reshape(-1))
+        self.cache_v[li].view(-1, hd).index_copy_(0, widx, vq)
+        self.cache_ks[li].view(-1).index_copy_(0, widx, ksc)
+        self.cache_vs[li].view(-1).index_copy_(0, widx, vsc)
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
@@ -381,26 +432,21 @@ class Llama:
         """
         cfg, hd, dt = self.cfg, self.cfg.head_dim, self.dtype
         H, Hkv = cfg.n_heads, cfg.n_kv_heads
-        G, N, L = H // Hkv, tokens.shape[0], self.max_len
-        fastattn.check_segments(segs, N, self.cache_k.shape[1], L)
+        G, N = H // Hkv, tokens.shape[0]
+        fastattn.check_segments(segs, N, self.cache_v.shape[1], self.max_len)
+        fast = self.kv == "int8" and fastattn.available()
         h = self.embed[tokens].float()                                        # [N, dim]
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]             # [N, 1, hd]
-        # flat row of each new (token, kv head) in a cache layer viewed as [Bc * Hkv * L, hd]
-        widx = ((rows * Hkv)[:, None] + torch.arange(Hkv)[None, :]) * L + pos[:, None]
-        widx = widx.reshape(-1)                                               # [N * Hkv]
-        fast = self.fast_attention and dt == torch.bfloat16
         for li, layer in enumerate(self.layers):
             qkv = F.linear(self._norm(h, layer["attn_norm"]), layer["wqkv"])  # [N, (H+2Hkv) hd]
             qk = _rope(qkv[:, :(H + Hkv) * hd].view(N, H + Hkv, hd), cos, sin)  # fp32
-            v = qkv[:, (H + Hkv) * hd:].reshape(N * Hkv, hd)
-            ck, cv = self.cache_k[li], self.cache_v[li]                        # [Bc, Hkv, L, hd]
-            ck.view(-1, hd).index_copy_(0, widx, qk[:, H:].reshape(N * Hkv, hd).to(dt))
-            cv.view(-1, hd).index_copy_(0, widx, v.to(dt))
+            self._write_kv(li, qk[:, H:], qkv[:, (H + Hkv) * hd:].view(N, Hkv, hd), rows, pos)
             q = qk[:, :H].reshape(N, Hkv, G, hd)           # head h = kv * G + g (HF convention)
             if fast:
-                a = fastattn.seg_attention(q, ck, cv, segs, 1.0 / math.sqrt(hd))
+                a = fastattn.seg_attention(q, self.cache_k[li], self.cache_ks[li], self.cache_v[li],
+                                           self.cache_vs[li], segs, 1.0 / math.sqrt(hd))
             else:
-                a = self._attend_torch(q, ck, cv, segs)                       # [N, Hkv, G, hd]
+                a = self._attend_torch(li, q, segs)                           # [N, Hkv, G, hd]
             h = h + F.linear(a.reshape(N, H * hd).to(dt), layer["wo"]).float()
             h = h + self._mlp(self._norm(h, layer["ffn_norm"]), layer)
         return h
@@ -415,13 +461,20 @@ class Llama:
                       torch.full((T,), row, dtype=torch.long), torch.tensor([[row, start, 0, T]]))
         return h[-1]
 
-    def copy_prefix(self, row: int, prefix: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """Write a saved prefix KV ([n_layers, Hkv, P, hd] each) into positions 0..P-1 of a row."""
-        pk, pv = prefix
-        P = pk.shape[2]
-        self.cache_k[:, row, :, :P] = pk
-        self.cache_v[:, row, :, :P] = pv
+    def _prefix_slices(self, length: int):
+        """(name, index) of every cache tensor's part holding positions 0..length-1 of a row.
+        Blocked int8 keys are copied in whole blocks; the tail of the last block is junk that the
+        row overwrites before it ever attends to it (attention is causal)."""
+        if self.kv == "plain":
+            return [("cache_k", length), ("cache_v", length)]
+        nb = -(-length // fastattn.BLOCK)
+        return [("cache_k", nb), ("cache_v", length), ("cache_ks", length), ("cache_vs", length)]
 
-    def save_prefix(self, row: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def save_prefix(self, row: int, length: int) -> list[torch.Tensor]:
         """Copy out positions 0..length-1 of a row (e.g. the shared system prompt)."""
-        return (self.cache_k[:, row, :, :length].clone(), self.cache_v[:, row, :, :length].clone())
+        return [getattr(self, name)[:, row, :, :n].clone() for name, n in self._prefix_slices(length)]
+
+    def copy_prefix(self, row: int, prefix: list[torch.Tensor]) -> None:
+        """Write a saved prefix (see ``save_prefix``) into the start of a row."""
+        for (name, _), t in zip(self._prefix_slices(1), prefix):
+            getattr(self, name)[:, row, :, :t.shape[2]] = t          # t [n_layers, Hkv, n, ...]

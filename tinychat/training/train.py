@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from tinychat.model import TinyAgentLM, config_for
 from tinychat.tokenizer import Tokenizer
 
-from .data import DEFAULT_SYSTEM, TokenizedSet, encode_all, load_split, stats
+from .data import DEFAULT_SYSTEM, TokenizedSet, load_tokenized, stats
 
 CKPT_FORMAT = 1
 
@@ -430,9 +430,8 @@ def _hms(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def load_data(shards, tok: Tokenizer, val_fraction: float, system: str = DEFAULT_SYSTEM):
-    train, val = load_split(shards, val_fraction)
-    return encode_all(tok, train, system), encode_all(tok, val, system)
+def load_data(shards, tok: Tokenizer, val_fraction: float, system: str = DEFAULT_SYSTEM, cache=None):
+    return load_tokenized(shards, tok, val_fraction, system, cache)
 
 
 # -- CLI --------------------------------------------------------------------------------------------------------
@@ -500,7 +499,7 @@ def run(args) -> int:
     else:
         cfg = TrainConfig(**{**TrainConfig().to_dict(), **given, **book})
     t0 = time.perf_counter()
-    train, val = load_data(args.shards, tok, cfg.val_fraction, cfg.system_prompt)
+    train, val = load_data(args.shards, tok, cfg.val_fraction, cfg.system_prompt, cache=run_dir / "data.safetensors")
     print(f"data: train {stats(train)} | val {stats(val)} | tokenized in {time.perf_counter() - t0:.1f}s",
           flush=True)
     if ck is not None:
