@@ -133,6 +133,21 @@ def test_split_is_deterministic_order_free_and_about_the_fraction(tmp_path):
     assert D.teacher_meta(tmp_path / "shards")["system"] == "teacher system"
 
 
+def test_tokenized_cache_is_reused_until_the_shards_change(tmp_path, monkeypatch):
+    shards = write_shards(tmp_path / "shards", fake_conversations(30, seed=6), per_shard=10)
+    cache = tmp_path / "data.safetensors"
+    tr, va = D.load_tokenized(shards, tok(), 0.1, cache=cache)
+    ref_tr, ref_va = (D.encode_all(tok(), c) for c in D.load_split(shards, 0.1))
+    assert tr.fingerprint() == ref_tr.fingerprint() and va.fingerprint() == ref_va.fingerprint()
+    with monkeypatch.context() as mp:
+        mp.setattr(D, "load_split", lambda *a: pytest.fail("cache not used"))
+        tr2, _ = D.load_tokenized(shards, tok(), 0.1, cache=cache)
+    assert tr2.fingerprint() == tr.fingerprint()
+    write_shards(tmp_path / "shards", fake_conversations(3, seed=7), per_shard=10)    # rewrites shard 0
+    tr3, _ = D.load_tokenized(shards, tok(), 0.1, cache=cache)
+    assert tr3.fingerprint() != tr.fingerprint()
+
+
 def test_bad_shards_fail_clearly(tmp_path):
     with pytest.raises(D.DataError, match="no such"):
         D.shard_files(tmp_path / "missing")
