@@ -1,4 +1,9 @@
 import pytest
+from hypothesis import HealthCheck, settings
+
+# No per-example deadline: these machines are shared and noisy, and a slow example is not a wrong one.
+settings.register_profile("tinychat", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("tinychat")
 
 from support import make_model
 
