@@ -2,7 +2,6 @@
 figures for snapshots), and Pilot waits."""
 from __future__ import annotations
 
-import asyncio
 import time
 
 from support import tokenizer

@@ -1,14 +1,11 @@
 """Pilot tests of the chat screen: send and stream, stop, regenerate, undo, settings, input behaviour."""
 import dataclasses
 
-import pytest
-
-import tinychat.tui.runtime as RT
-from app_support import ChatFactory, idle, notes, ready, say, wait_for
+from app_support import idle, notes, ready, say, wait_for
 from tinychat.tui.app import TinyChatApp, make_app
 from tinychat.tui.runtime import FactoryBackend
 from tinychat.tui.messages import TokensReady
-from tinychat.tui.widgets import AssistantMessage, UserMessage
+from tinychat.tui.widgets import UserMessage
 from tinychat.tui.widgets.format import visible
 
 SIZE = (130, 40)
@@ -18,8 +15,7 @@ def replies(app):
     return [r for r in app.view.replies()]
 
 
-async def test_send_streams_tokens_in_batches_and_matches_headless(factory, monkeypatch, chat_model):
-    monkeypatch.setattr(RT, "BATCH_S", 0.0)       # one update per token: the stream is observable
+async def test_send_streams_tokens_in_batches_and_matches_headless(factory, chat_model):
     f = factory(temperature=0.8, seed=7, max_new=24)
     batches, texts = [], []
 
@@ -30,6 +26,7 @@ async def test_send_streams_tokens_in_batches_and_matches_headless(factory, monk
             if self._current is not None:
                 texts.append(self._current.query_one("Markdown").source)     # as of the previous batch
     app = Spy(FactoryBackend(f), blink=False)
+    app.pace.fixed = 0.0                          # one update per token: the stream is observable
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await say(pilot, "hello, tell me about the cat")
@@ -247,3 +244,27 @@ async def test_paste_of_100kb_stays_responsive_and_sends_everything(factory):
         assert app.chat.session.n_turns == 0
         await say(pilot, "short one")
         assert app.chat.session.n_turns == 1
+
+
+def test_pace_adapts_the_batch_interval_to_the_ui_cost():
+    from tinychat.tui.runtime import Pace, TokenBatcher
+    p = Pace(duty=0.05, lo=0.03, hi=0.25)
+    for _ in range(20):
+        p.observe(0.002)                          # 2 ms of UI work per update: 40 ms apart
+    assert abs(p.interval - 0.04) < 1e-3
+    for _ in range(20):
+        p.observe(0.05)                           # an overloaded UI: capped at 250 ms
+    assert abs(p.interval - 0.25) < 1e-3
+    p.fixed = 0.0
+    posted = []
+    b = TokenBatcher(posted.append, p)
+    for i in range(3):
+        b(i, i, "x", None, 1.0)
+    assert [len(x) for x in posted] == [1, 1, 1]
+    p.fixed = 10.0
+    b = TokenBatcher(posted.append, p)
+    b(0, 0, "x", None, 1.0)
+    b(1, 1, "y", None, 1.0)
+    assert [len(x) for x in posted] == [1, 1, 1]
+    b.flush()
+    assert [it.text for it in posted[-1]] == ["x", "y"]

@@ -2,7 +2,7 @@
 banned candidates struck through with the 3-gram that banned them, penalised ones marked."""
 from rich.text import Text
 
-from app_support import idle, ready, say, wait_for
+from app_support import ready, say
 from tinychat.sampler import Candidate, TokenTrace
 from tinychat.tui.app import TinyChatApp
 from tinychat.tui.runtime import FactoryBackend

@@ -2,7 +2,6 @@
 session back with divergences highlighted, and a failing model load is shown in the app."""
 import dataclasses
 import time
-from pathlib import Path
 
 from app_support import idle, notes, ready, say, wait_for
 from support import make_chat, tokenizer
@@ -10,7 +9,7 @@ from support import make_chat, tokenizer
 from tinychat import session as S
 from tinychat.tui.app import TinyChatApp, make_app
 from tinychat.tui.runtime import Backend
-from tinychat.tui.widgets import AssistantMessage, NoticeMessage, UserMessage
+from tinychat.tui.widgets import NoticeMessage, UserMessage
 
 SIZE = (130, 40)
 

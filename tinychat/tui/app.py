@@ -18,17 +18,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from textual import on, work
-from textual.app import App, ComposeResult, SystemCommand
+from textual import work
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.worker import Worker, WorkerState
 from textual.widgets import Footer
 
-from . import commands
-from .messages import (ChatOpened, JobDone, ReplayFinished, ReplayTurnFinished, ReplayTurnStarted, RuntimeReady,
-                       TokensReady, TurnFinished)
-from .runtime import Backend, FactoryBackend, ReplayBackend, TokenBatcher
+from .commands import CommandsMixin
+from .messages import ChatOpened, JobDone, ReplayFinished, RuntimeReady, TokensReady, TurnFinished
+from .playback import PlaybackMixin
+from .runtime import Backend, FactoryBackend, Pace, ReplayBackend, TokenBatcher
 from .screens import HelpScreen, SessionsScreen, SettingsScreen
 from .widgets import (AssistantMessage, ChatView, Inspector, NoticeMessage, PromptArea, PromptInput, StatusBar,
                       TokenView, UserMessage)
@@ -38,11 +38,7 @@ from .widgets.inspector import Counters
 WIDE = 120                  # columns from which the inspector is shown by default
 
 
-class StopPlayback(Exception):
-    """Raised on the replay thread when the user stops the playback."""
-
-
-class TinyChatApp(App[int]):
+class TinyChatApp(CommandsMixin, PlaybackMixin, App[int]):
     CSS_PATH = Path(__file__).with_name("app.tcss")     # absolute: subclasses elsewhere find it too
     TITLE = "tinychat"
 
@@ -76,6 +72,9 @@ class TinyChatApp(App[int]):
         self._turn_id = 0
         self._current: AssistantMessage | None = None
         self._live = {"n": 0, "ms": 0.0, "ttft": None}
+        self.pace = Pace()                          # how often the decode thread posts token batches
+        self._ui_cpu: float | None = None           # UI thread CPU time at the last batch
+        self._status_at = 0.0                       # when the status bar last showed live figures
         self._pending_settings: dict[str, str] = {}
         self._stop_replay = threading.Event()
         self._job_text = ""                         # the text of the message being sent (restored on failure)
@@ -140,7 +139,7 @@ class TinyChatApp(App[int]):
         self.view.loading = False
         self._set_busy(None)
         await self._show_history(msg.note)
-        self._update_status(msg.status)
+        self._update_status(msg.status, activity="")
         if self.replay_sess is not None:
             self._set_busy("replay")
             self.status_bar.update_status(activity=f"replay ×{self.replay_speed:g}" if self.replay_speed
@@ -168,6 +167,9 @@ class TinyChatApp(App[int]):
                 w = AssistantMessage(m.content, meta=meta, classes="message assistant")
                 w.set_history(ids, [self._piece(t) for t in ids])
                 widgets.append(w)
+        if not note and not sess.n_turns and self.replay_sess is None:
+            note = (f"New chat with {self.chat.model_name or 'the model'}. Enter sends, Ctrl+J adds a line, "
+                    f"F1 lists keys and commands, Ctrl+S the saved chats (every chat is saved).")
         if note:
             widgets.append(NoticeMessage(note, classes="notice"))
         if widgets:
@@ -242,7 +244,7 @@ class TinyChatApp(App[int]):
     def _job(self, chat, kind: str, arg: Any = None, turn_id: int = 0) -> None:
         """Every chat operation, on the one chat thread."""
         if kind in ("send", "regen"):
-            batcher = TokenBatcher(lambda items: self.post_message(TokensReady(turn_id, items)))
+            batcher = TokenBatcher(lambda items: self.post_message(TokensReady(turn_id, items)), self.pace)
             if kind == "send":
                 r = chat.send(arg, on_token=batcher, trace=True)
             else:
@@ -274,6 +276,10 @@ class TinyChatApp(App[int]):
         m = self._current
         if m is None or msg.turn_id != self._turn_id:
             return
+        cpu = time.thread_time()
+        if self._ui_cpu is not None:
+            self.pace.observe(cpu - self._ui_cpu)
+        self._ui_cpu = cpu
         live = self._live
         text = []
         last = None
@@ -292,14 +298,18 @@ class TinyChatApp(App[int]):
         if last is not None and self.inspector.display:
             self.inspector.show_trace(last.trace, self.strings, Counters.from_traces(m.traces.values()),
                                       f"token #{last.index} · live")
-        tok_s = (live["n"] - 1) / (live["ms"] / 1000) if live["n"] > 1 and live["ms"] > 0 else None
-        self.status_bar.update_status(tok_s=tok_s, ttft_ms=live["ttft"])
+        now = time.monotonic()
+        if now - self._status_at >= 0.5:            # live figures twice a second: a full-width line to repaint
+            self._status_at = now
+            tok_s = (live["n"] - 1) / (live["ms"] / 1000) if live["n"] > 1 and live["ms"] > 0 else None
+            self.status_bar.update_status(tok_s=tok_s, ttft_ms=live["ttft"])
 
     async def on_turn_finished(self, msg: TurnFinished) -> None:
         if msg.turn_id != self._turn_id or self._current is None:
             return
         r, m = msg.result, self._current
         self._current = None
+        self._ui_cpu = None
         m.stats = Counters.from_stats(r.stats, r.n_tokens)
         await m.finish(turn_meta(r))
         self._set_busy(None)
@@ -549,176 +559,12 @@ class TinyChatApp(App[int]):
         self._update_status(msg.status, tok_s=None, ttft_ms=None, activity="")
         self.prompt.focus()
 
-    # -- slash commands -------------------------------------------------------------------------------------------
-    async def run_command(self, line: str) -> None:
-        cmd, args = commands.parse(line)
-        if cmd == "/quit":
-            await self.action_quit()
-        elif cmd == "/help":
-            self.action_help()
-        elif cmd == "/new":
-            self.action_new_chat()
-        elif cmd == "/sessions":
-            self.action_sessions()
-        elif cmd == "/load":
-            if len(args) != 1:
-                self.notify("usage: /load ID", severity="error")
-            else:
-                self.open_session(args[0])
-        elif cmd == "/save":
-            if self._can_run("save"):
-                self._set_busy("save")
-                self._job(self.chat, "save", " ".join(args) or None)
-        elif cmd in ("/set", "/settings"):
-            if not args or cmd == "/settings":
-                self.action_settings()
-            elif len(args) < 2:
-                self.notify("usage: /set KEY VALUE", severity="error")
-            elif self.chat is None:
-                self.notify("the model is still loading", severity="warning")
-            else:
-                await self.apply_settings({args[0]: " ".join(args[1:])})
-        elif cmd == "/regen":
-            await self.action_regenerate()
-        elif cmd == "/undo":
-            self.action_undo()
-        elif cmd == "/copy":
-            self.action_copy_reply()
-        elif cmd == "/inspector":
-            self.action_toggle_inspector()
-        elif cmd == "/trace":
-            if args not in (["on"], ["off"]):
-                self.notify("usage: /trace on|off", severity="error")
-            else:
-                self.inspector.display = args[0] == "on"
-                self.inspector_pref = self.inspector.display
-        elif cmd == "/info":
-            if self.chat is None:
-                self.notify(self.load_error or "the model is still loading")
-            elif self.busy:
-                self.notify("busy: /info after the reply")
-            else:
-                st = self.chat.status()
-                self.notify("\n".join(f"{k}: {v}" for k, v in st.items()), title="info", timeout=10)
-        else:
-            self.notify(f"unknown command {cmd} (/help lists them)", severity="error")
-
-    def get_system_commands(self, screen):
-        yield from super().get_system_commands(screen)
-        for name, help_, fn in [("New chat", "start a new chat", self.action_new_chat),
-                                ("Sessions", "open, rename, delete, export saved chats", self.action_sessions),
-                                ("Settings", "sampler and turn settings", self.action_settings),
-                                ("Toggle inspector", "show or hide the sampler inspector",
-                                 self.action_toggle_inspector),
-                                ("Copy last reply", "to the clipboard", self.action_copy_reply),
-                                ("Keys and commands", "the help screen", self.action_help)]:
-            yield SystemCommand(name, help_, fn)
-
     async def action_quit(self) -> None:
         if self.chat is not None and self.busy in ("send", "regen"):
             self.chat.cancel()
         self._stop_replay.set()
         rc = 2 if self.load_error else 0
         self.exit(rc, return_code=rc)
-
-    # -- replay playback ------------------------------------------------------------------------------------------
-    @work(thread=True, exclusive=True, group="chat", exit_on_error=False, name="replay")
-    def _replay(self, chat, sess, speed: float) -> None:
-        from ..replay import replay
-        msgs = sess.messages
-        first = 1 if msgs and msgs[0].role == "system" else 0
-        pairs = [(msgs[i], msgs[i + 1]) for i in range(first, len(msgs) - 1, 2)]
-        tok = chat.tok
-        gen, end = len(tok.generation_prompt_ids()), len(tok.end_ids())
-        state = {"turn": 0, "t0": 0.0, "rec": [], "batcher": None}
-        stop = self._stop_replay
-
-        def start(n: int) -> None:
-            user, rec = pairs[n - 1]
-            state.update(turn=n, t0=time.perf_counter(), rec=list(rec.timing_ms or []))
-            state["batcher"] = TokenBatcher(lambda items: self.post_message(TokensReady(-n, items)))
-            self.post_message(ReplayTurnStarted(n, user.content, rec.token_ids[gen:len(rec.token_ids) - end]))
-
-        def on_token(n, idx, token, text, trace, ms):
-            if stop.is_set():
-                raise StopPlayback
-            if n != state["turn"]:
-                start(n)
-            if speed > 0 and token >= 0 and idx < len(state["rec"]):
-                due = state["t0"] + sum(state["rec"][:idx + 1]) / 1000 / speed
-                while not stop.is_set():
-                    left = due - time.perf_counter()
-                    if left <= 0:
-                        break
-                    if state["batcher"].items:
-                        state["batcher"].flush()      # show what is due before waiting
-                    time.sleep(min(left, 0.05))
-            state["batcher"](idx, token, text, trace, ms)
-
-        def on_turn(tr):
-            if tr.turn != state["turn"]:
-                start(tr.turn)
-            state["batcher"].flush()
-            self.post_message(ReplayTurnFinished(tr.turn, tr))
-
-        try:
-            report = replay(chat, sess, on_turn=on_turn, on_token=on_token)
-        except StopPlayback:
-            if state["batcher"] is not None:
-                state["batcher"].items.clear()
-            self.post_message(ReplayFinished(state["turn"], [], stopped=True))
-            return
-        self.post_message(ReplayFinished(len(report.turns), [d.describe() for d in report.divergences]))
-
-    async def on_replay_turn_started(self, msg: ReplayTurnStarted) -> None:
-        await self.view.mount(UserMessage(msg.user_text, classes="message user"))
-        self._turn_id = -msg.turn
-        self._live = {"n": 0, "ms": 0.0, "ttft": None}
-        m = AssistantMessage(streaming=True, title=f"replay · turn {msg.turn}", classes="message assistant")
-        m.recorded = list(msg.recorded)
-        self._current = m
-        await self.view.mount(m)
-        self.view.anchor()
-
-    async def on_replay_turn_finished(self, msg: ReplayTurnFinished) -> None:
-        m = self._current
-        if m is None or self._turn_id != -msg.turn:
-            return
-        tr = msg.replay
-        self._current = None
-        m.divergence = tr.divergence
-        m.stats = Counters.from_traces(tr.traces)
-        if tr.divergence is None:
-            meta = f"✓ token-exact: {len(tr.tokens)} tokens as recorded"
-        else:
-            d = tr.divergence
-            m.first_divergence = d.position
-            m.add_class("diverged")
-
-            def tk(t, txt, p):
-                return "(end)" if t is None else f"«{token_label(txt, 16)}»" + (f" p={p:.3f}" if p is not None else "")
-            meta = (f"✗ diverges at token {d.position}: recorded {tk(d.recorded, d.recorded_text, d.p_recorded)}, "
-                    f"replayed {tk(d.replayed, d.replayed_text, d.p_replayed)}")
-        await m.finish(meta)
-        live = self._live
-        tok_s = (live["n"] - 1) / (live["ms"] / 1000) if live["n"] > 1 and live["ms"] > 0 else None
-        self.status_bar.update_status(tok_s=tok_s, ttft_ms=live["ttft"])
-
-    async def on_replay_finished(self, msg: ReplayFinished) -> None:
-        self.replay_summary = msg
-        self._set_busy(None)
-        if self._current is not None:
-            await self._current.finish("stopped")
-            self._current = None
-        if msg.stopped:
-            text = f"replay stopped at turn {msg.turns}"
-        elif msg.divergences:
-            text = f"replay: {msg.turns} turns, {len(msg.divergences)} diverge:\n" + "\n".join(msg.divergences)
-        else:
-            text = f"replay: {msg.turns} turns, token-exact"
-        await self.view.mount(NoticeMessage(text, error=bool(msg.divergences), classes="notice"))
-        self.status_bar.update_status(activity="replay stopped" if msg.stopped else "replay done")
-        self.view.scroll_end(animate=False)
 
 
 def turn_meta(r: Any) -> str:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import shlex
 
+from textual.app import SystemCommand
+
 # name, arguments, what it does (shown in the hint line and the help screen)
 COMMANDS: list[tuple[str, str, str]] = [
     ("/help", "", "keys and commands"),
@@ -74,3 +76,71 @@ def hint(text: str) -> str:
             return f"{name} {args}".rstrip() + f" — {what}"
         return "  ".join(f"{n} {a}".rstrip() for n, a, _ in found) + "   (Tab completes)"
     return "Enter send · Ctrl+J newline · ↑↓ history · / commands · F1 help"
+
+
+class CommandsMixin:
+    """The TinyChatApp part that runs slash commands and fills the command palette."""
+
+    async def run_command(self, line: str) -> None:
+        cmd, args = parse(line)
+        if cmd == "/quit":
+            await self.action_quit()
+        elif cmd == "/help":
+            self.action_help()
+        elif cmd == "/new":
+            self.action_new_chat()
+        elif cmd == "/sessions":
+            self.action_sessions()
+        elif cmd == "/load":
+            if len(args) != 1:
+                self.notify("usage: /load ID", severity="error")
+            else:
+                self.open_session(args[0])
+        elif cmd == "/save":
+            if self._can_run("save"):
+                self._set_busy("save")
+                self._job(self.chat, "save", " ".join(args) or None)
+        elif cmd in ("/set", "/settings"):
+            if not args or cmd == "/settings":
+                self.action_settings()
+            elif len(args) < 2:
+                self.notify("usage: /set KEY VALUE", severity="error")
+            elif self.chat is None:
+                self.notify("the model is still loading", severity="warning")
+            else:
+                await self.apply_settings({args[0]: " ".join(args[1:])})
+        elif cmd == "/regen":
+            await self.action_regenerate()
+        elif cmd == "/undo":
+            self.action_undo()
+        elif cmd == "/copy":
+            self.action_copy_reply()
+        elif cmd == "/inspector":
+            self.action_toggle_inspector()
+        elif cmd == "/trace":
+            if args not in (["on"], ["off"]):
+                self.notify("usage: /trace on|off", severity="error")
+            else:
+                self.inspector.display = args[0] == "on"
+                self.inspector_pref = self.inspector.display
+        elif cmd == "/info":
+            if self.chat is None:
+                self.notify(self.load_error or "the model is still loading")
+            elif self.busy:
+                self.notify("busy: /info after the reply")
+            else:
+                st = self.chat.status()
+                self.notify("\n".join(f"{k}: {v}" for k, v in st.items()), title="info", timeout=10)
+        else:
+            self.notify(f"unknown command {cmd} (/help lists them)", severity="error")
+
+    def get_system_commands(self, screen):
+        yield from super().get_system_commands(screen)
+        for name, help_, fn in [("New chat", "start a new chat", self.action_new_chat),
+                                ("Sessions", "open, rename, delete, export saved chats", self.action_sessions),
+                                ("Settings", "sampler and turn settings", self.action_settings),
+                                ("Toggle inspector", "show or hide the sampler inspector",
+                                 self.action_toggle_inspector),
+                                ("Copy last reply", "to the clipboard", self.action_copy_reply),
+                                ("Keys and commands", "the help screen", self.action_help)]:
+            yield SystemCommand(name, help_, fn)

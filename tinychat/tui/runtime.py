@@ -5,6 +5,7 @@ Everything here runs on worker threads; it imports the chat runtime (and so torc
 the window appears before torch and the model load."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,23 +13,45 @@ from typing import Any, Callable
 
 from .messages import TokenItem
 
-BATCH_S = 0.03          # post token updates at most this often (plus a final flush)
+_FIXED = os.environ.get("TINYCHAT_UI_BATCH_MS")       # a fixed batch interval (experiments), else adaptive
+
+
+class Pace:
+    """How often the decode thread posts token batches. The UI thread and the decode thread share the GIL: every
+    bit of UI work (markdown, inspector, a frame) stalls decoding, more so on a busy machine. So the interval adapts
+    to what one update costs the UI thread (its CPU time from one batch to the next, smoothed): the UI spends at
+    most `duty` of the time on the stream, within [lo, hi] seconds between updates (30-60 ms on a quiet laptop,
+    up to 250 ms on an overloaded machine). `fixed` (TINYCHAT_UI_BATCH_MS, or set by tests) pins it."""
+
+    def __init__(self, duty: float = 0.05, lo: float = 0.03, hi: float = 0.25):
+        self.duty, self.lo, self.hi = duty, lo, hi
+        self.fixed: float | None = float(_FIXED) / 1000 if _FIXED else None
+        self.estimate = lo
+
+    @property
+    def interval(self) -> float:
+        return self.fixed if self.fixed is not None else self.estimate
+
+    def observe(self, ui_cpu_s: float) -> None:
+        """The UI thread's CPU time over the last batch cycle."""
+        target = min(self.hi, max(self.lo, ui_cpu_s / self.duty))
+        self.estimate = 0.6 * self.estimate + 0.4 * target
 
 
 class TokenBatcher:
-    """Collects (index, token, text, trace, ms) from `on_token` and calls `post(items)` at most every BATCH_S
-    seconds; `flush()` posts the rest. Runs on the decode thread."""
+    """Collects (index, token, text, trace, ms) from `on_token` and calls `post(items)` once `pace.interval`
+    seconds have passed since the last post; `flush()` posts the rest. Runs on the decode thread."""
 
-    def __init__(self, post: Callable[[list[TokenItem]], None], interval: float | None = None):
+    def __init__(self, post: Callable[[list[TokenItem]], None], pace: Pace | None = None):
         self.post = post
-        self.interval = BATCH_S if interval is None else interval
+        self.pace = pace or Pace()
         self.items: list[TokenItem] = []
         self.last = time.perf_counter()
 
     def __call__(self, index, token, text, trace, ms) -> None:
         self.items.append(TokenItem(index, token, text, trace, ms))
         now = time.perf_counter()
-        if now - self.last >= self.interval:
+        if now - self.last >= self.pace.interval:
             self.last = now
             self.flush()
 

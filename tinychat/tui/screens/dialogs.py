@@ -23,6 +23,9 @@ class TextDialog(ModalScreen[str | None]):
             yield Input(self.value, id="dialog-input")
             yield Label("Enter to confirm · Esc to cancel", classes="dim")
 
+    def on_mount(self) -> None:
+        self.query_one(Input).cursor_blink = getattr(self.app, "blink", True)
+
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value)
 

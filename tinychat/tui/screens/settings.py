@@ -45,7 +45,7 @@ class SettingsScreen(ModalScreen[dict | None]):
                     if isinstance(v, bool):
                         yield Switch(v, id=f"set-{key}")
                     else:
-                        yield Input("" if v is None else str(v), id=f"set-{key}", placeholder=help_)
+                        yield Input("" if v is None else str(v), id=f"set-{key}", placeholder=help_, compact=True)
                     yield Label(help_, classes="dim")
             if self.note:
                 yield Static(self.note, classes="dim")
@@ -55,6 +55,8 @@ class SettingsScreen(ModalScreen[dict | None]):
                 yield Button("Cancel (Esc)", id="cancel")
 
     def on_mount(self) -> None:
+        for w in self.query(Input):
+            w.cursor_blink = getattr(self.app, "blink", True)
         self.query_one("#set-temperature").focus()
 
     def changes(self) -> dict[str, str]:
