@@ -228,7 +228,7 @@ def test_generate_worker_writes_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(generate, "degenerate_reason", lambda text, stopped, special=False: None)
     args = argparse.Namespace(out=tmp_path, tokens=10**9, seed=0, per_shard=3, batch=2, max_new=4,
                               max_len=128, temperature=0.8, top_p=0.95, top_k=8, system="",
-                              threads=1, no_chitchat=True, max_shards=2)
+                              threads=1, no_chitchat=True, max_shards=2, bench=0)
     tok = _CharTok()
     tok.token_to_id = lambda s: 2
     monkeypatch.setattr(generate, "_special_ids", lambda t: frozenset({0, 1}))

@@ -11,7 +11,7 @@ next user turn) for rows that just started or finished a reply (mixed batching: 
 GEMMs of the decode tokens instead of running as separate small forwards). The shared system prompt
 is prefilled once and its KV copied into a row on refill.
 
-Sampling: temperature + top-p, within the top-k (k = 64) candidates whose logits are recomputed in
+Sampling: temperature + top-p, within the top-k (k = 40) candidates whose logits are recomputed in
 fp32 (see :meth:`Llama.candidates`). ``temperature == 0`` means greedy.
 """
 
@@ -39,9 +39,9 @@ class Driver(Protocol):
 
 @dataclass
 class Sampling:
-    temperature: float = 0.8
-    top_p: float = 0.95
-    top_k: int = 64
+    temperature: float = 0.7
+    top_p: float = 0.9
+    top_k: int = 40
     max_new: int = 120
 
 

@@ -220,6 +220,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "when the cores are shared)")
     p.add_argument("--no-chitchat", action="store_true", help="templates only")
     p.add_argument("--max-shards", type=int, default=None, help="stop after writing this many")
+    p.add_argument("--bench", type=float, default=0, metavar="SECONDS",
+                   help="measure generation speed for SECONDS after a warm-up; write nothing")
 
 
 def _special_ids(tok) -> frozenset[int]:
@@ -260,6 +262,8 @@ def run_worker(args, worker: int = 0, workers: int = 1, model=None, tok=None, lo
 
     indices = todo()
     index = next(indices)
+    if args.bench:
+        return _bench(args, worker, model, tok, sampling, prefix, special, log)
     if counter.total() >= args.tokens:
         log(f"[w{worker}] {out} already holds {counter.total():,} tokens >= {args.tokens:,}")
         return {}
@@ -291,6 +295,29 @@ def run_worker(args, worker: int = 0, workers: int = 1, model=None, tok=None, lo
     return {"stats": gen.stats, "reasons": reasons, "written": written}
 
 
+def _bench(args, worker, model, tok, sampling, prefix, special, log) -> dict:
+    """Run the real generation loop without writing; measure after a warm-up (rows refilled,
+    contexts of typical length), for ``--bench`` seconds."""
+    from .batched import BatchedGenerator
+    from .prompts import plan_stream
+    from .teacher import IM_END
+
+    plans = plan_stream(args.seed * 7919 + worker, use_chitchat=not args.no_chitchat)
+    gen = BatchedGenerator(model, args.batch, sampling, tok.token_to_id(IM_END), prefix, args.seed)
+    st, base = gen.stats, None
+    for _ in gen.run(Conversation(p, tok, args.max_new, special) for p in plans):
+        if base is None and st.finished >= args.batch:          # every row has been refilled
+            base = (time.perf_counter(), time.process_time(), st.generated, st.fed)
+        elif base and time.perf_counter() - base[0] >= args.bench:
+            break
+    wall, cpu = time.perf_counter() - base[0], time.process_time() - base[1]
+    res = {"generated": st.generated - base[2], "fed": st.fed - base[3], "wall": wall, "cpu": cpu}
+    log(f"[w{worker}] bench: {res['generated']:,} generated ({res['fed']:,} fed) in {wall:.1f}s "
+        f"wall / {cpu:.1f}s cpu = {res['generated'] / wall:,.0f} tok/s "
+        f"({res['generated'] / cpu:,.0f} per cpu-second)")
+    return res
+
+
 def _progress(worker, st, reasons, conv_tokens) -> str:
     n = sum(reasons.values()) or 1
     drops = ", ".join(f"{k} {v / n:.1%}" for k, v in reasons.most_common() if k != "kept")
@@ -303,30 +330,35 @@ def _progress(worker, st, reasons, conv_tokens) -> str:
 def _worker_main(args, worker, workers):
     def log(msg):
         print(time.strftime("%H:%M:%S"), msg, flush=True)
-    run_worker(args, worker, workers, log=log)
+    res = run_worker(args, worker, workers, log=log)
+    return res if args.bench else None
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tinychat.training generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
-    args = p.parse_args(argv)
-    return run(args)
+    return run(p.parse_args(argv))
 
 
 def run(args) -> int:
     if args.workers <= 1:
-        _worker_main(args, 0, 1)
-        return 0
-    import multiprocessing as mp
+        results = [_worker_main(args, 0, 1)]
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
 
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker_main, args=(args, w, args.workers)) for w in range(args.workers)]
-    for pr in procs:
-        pr.start()
-    for pr in procs:
-        pr.join()
-    return max((pr.exitcode or 0) for pr in procs)
+        with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as ex:
+            futures = [ex.submit(_worker_main, args, w, args.workers) for w in range(args.workers)]
+            results = [f.result() for f in futures]
+    if args.bench:
+        gen = sum(r["generated"] for r in results)
+        wall = max(r["wall"] for r in results)
+        cpu = sum(r["cpu"] for r in results)
+        print(f"bench: {args.workers} worker(s) x {args.threads} thread(s), batch {args.batch}: "
+              f"{gen / wall:,.0f} generated tok/s aggregate ({gen / cpu:,.0f} per cpu-second)",
+              flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -275,8 +275,9 @@ class Llama:
             raise ValueError(f"kv must be 'int8' or 'plain', not {self.kv!r}")
         c = lambda t: t.to(dtype).contiguous()  # noqa: E731
         self.embed = c(weights["embed"])                                     # [V, dim]
-        self.lm_head = c(weights.get("lm_head", weights["embed"]))           # [V, dim] (tied)
-        self.lm_head_f32 = weights.get("lm_head", weights["embed"]).float()  # exact re-scoring
+        tied = "lm_head" not in weights                                      # SmolLM2: tied
+        self.lm_head = self.embed if tied else c(weights["lm_head"])         # [V, dim]
+        self.lm_head_f32 = weights["embed" if tied else "lm_head"].float()   # exact re-scoring
         self.norm = weights["norm"].float()
         self.layers = []
         for i in range(cfg.n_layers):
@@ -315,7 +316,7 @@ class Llama:
         which is enough to flip a greedy choice (SmolLM2's first token for "capital of France"
         has a 0.09 margin). So the bf16 head only *ranks* the vocabulary; the top k are then
         re-scored in fp32 from their embedding rows ([B, k, dim], cheap). Sampling uses top-k
-        (k ~ 64) then top-p within it, so nothing outside the k candidates is ever needed.
+        (k = 40) then top-p within it, so nothing outside the k candidates is ever needed.
         """
         x = F.rms_norm(h, (h.shape[-1],), self.norm, self.cfg.norm_eps)          # [B, dim] fp32
         approx = F.linear(x.to(self.dtype), self.lm_head)                          # [B, V]
