@@ -2,6 +2,7 @@
 figures for snapshots), and Pilot waits."""
 from __future__ import annotations
 
+import asyncio
 import time
 
 from support import tokenizer
@@ -53,12 +54,14 @@ class ChatFactory:
         return chat
 
 
-async def wait_for(pilot, cond, timeout: float = 20.0, step: float = 0.02, what: str = "condition"):
+async def wait_for(pilot, cond, timeout: float = 20.0, step: float = 0.01, what: str = "condition"):
+    """Poll `cond` while the app runs. (Not pilot.pause: it waits for every widget's queue to drain, which takes
+    seconds while a reply streams.)"""
     t = time.monotonic()
     while not cond():
         if time.monotonic() - t > timeout:
             raise AssertionError(f"timed out waiting for {what}")
-        await pilot.pause(step)
+        await asyncio.sleep(step)
 
 
 async def ready(pilot):
@@ -73,11 +76,17 @@ async def idle(pilot, timeout: float = 20.0):
     await pilot.pause(0.01)
 
 
-async def say(pilot, text: str):
-    """Type a message into the prompt and send it; waits for the reply."""
+async def start(pilot, text: str):
+    """Put a message in the prompt and send it (as Enter does), without waiting for the reply."""
     app = pilot.app
     app.prompt.load_text(text)
-    await pilot.press("enter")
+    app.prompt.submit()
+    await wait_for(pilot, lambda: app.busy is not None or not app.prompt.text, what="the message to go")
+
+
+async def say(pilot, text: str):
+    """Send a message and wait for the reply."""
+    await start(pilot, text)
     await idle(pilot)
 
 

@@ -1,7 +1,7 @@
 """Pilot tests of the chat screen: send and stream, stop, regenerate, undo, settings, input behaviour."""
 import dataclasses
 
-from app_support import idle, notes, ready, say, wait_for
+from app_support import idle, notes, ready, say, start, wait_for
 from tinychat.tui.app import TinyChatApp, make_app
 from tinychat.tui.runtime import FactoryBackend
 from tinychat.tui.messages import TokensReady
@@ -54,8 +54,7 @@ async def test_escape_stops_generation_mid_turn_and_chat_goes_on(factory):
     app = make_app(f, blink=False)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        app.prompt.load_text("hello")
-        await pilot.press("enter")
+        await start(pilot, "hello")
         await wait_for(pilot, lambda: app._current is not None and len(app._current.tokens) >= 3, what="tokens")
         await pilot.press("escape")
         await idle(pilot)
@@ -153,11 +152,9 @@ async def test_slash_set_while_decoding_applies_to_the_next_turn(factory):
     app = make_app(f, blink=False)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        app.prompt.load_text("hello")
-        await pilot.press("enter")
+        await start(pilot, "hello")
         await wait_for(pilot, lambda: app._current is not None and app._current.tokens, what="tokens")
-        app.prompt.load_text("/set max-new 3")
-        await pilot.press("enter")
+        await start(pilot, "/set max-new 3")
         assert app.busy == "send" and app.chat.settings.max_new == 200      # queued, not applied mid-turn
         await pilot.press("escape")
         await idle(pilot)

@@ -224,6 +224,7 @@ class TinyChatApp(CommandsMixin, PlaybackMixin, App[int]):
         await self.send(text)
 
     async def send(self, text: str) -> None:
+        self._set_busy("send")              # at once: the awaits below let other keys in
         view = self.view
         await view.mount(UserMessage(text, classes="message user"))
         await self._start_turn("send", text)
@@ -370,6 +371,7 @@ class TinyChatApp(CommandsMixin, PlaybackMixin, App[int]):
         if not self.chat.session.n_turns:
             self.notify("no reply to regenerate yet")
             return
+        self._set_busy("regen")
         replies = self.view.replies()
         if replies:
             await replies[-1].remove()

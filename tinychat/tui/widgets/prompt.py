@@ -52,8 +52,7 @@ class PromptArea(TextArea):
         if not self.sent or self.sent[-1] != raw:
             self.sent.append(raw)
         self._hist_pos = None
-        self.post_message(self.Submitted(self, text))
-        self.clear_input()
+        self.post_message(self.Submitted(self, text))     # the app clears the input once it takes the text
 
     def clear_input(self) -> None:
         self.load_text("")
