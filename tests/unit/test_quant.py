@@ -110,3 +110,13 @@ def test_native_kernels_off_or_unusable_fall_back_to_pytorch(monkeypatch):
         native.reset()
     h = quantize_cpu(make_model(), "int8", head=False)       # full-precision head: the PyTorch lean step
     assert h._cpu_fast.nat is None
+
+
+def test_a_deep_copy_of_a_native_model_runs_the_pytorch_step():
+    import copy
+    q = quantize_cpu(make_model(), "int8")
+    c = copy.deepcopy(q)
+    assert c._cpu_fast.nat is None          # never the original's raw weight pointers
+    tokens = torch.randint(0, 512, (1, 20), generator=torch.Generator().manual_seed(5))
+    assert _rel(_walk_dtype(c, True, tokens, torch.float32), _walk_dtype(q, True, tokens, torch.float32)) \
+        < FAST_VS_ONE["int8"]

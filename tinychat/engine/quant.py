@@ -217,9 +217,19 @@ NATIVE = True   # int8 models: run _decode_fast's GEMVs and everything after att
                 # (engine/native.py) when they build here; False: the PyTorch ops only (set before quantize_cpu)
 
 
+def _no_native():
+    return None
+
+
 class _NativeStep:
     """The native kernels' view of an int8 model: per layer the raw pointers of the int8 weights and their fp32
     scales (kept alive here), and the fp32 / int16 buffers the kernels read and write in place."""
+
+    def __deepcopy__(self, memo):   # raw pointers into the original model's weights: a copy runs the PyTorch step
+        return None
+
+    def __reduce__(self):
+        return (_no_native, ())
 
     @classmethod
     def build(cls, model, fs):
