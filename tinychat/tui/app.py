@@ -120,6 +120,9 @@ class TinyChatApp(CommandsMixin, PlaybackMixin, App[int]):
         self.status_bar.update_status(activity="loading model…")
         if self.replay_sess is not None:
             self.prompt.disabled = True
+            speed = f"×{self.replay_speed:g}" if self.replay_speed else "full speed"
+            self.query_one("#hint").update(f"replay of session {self.replay_sess.id} at {speed} · Esc stops · "
+                                           f"Ctrl+T inspects tokens · Ctrl+Q quits")
         self.prompt.focus()
         self._load()
 
@@ -202,6 +205,7 @@ class TinyChatApp(CommandsMixin, PlaybackMixin, App[int]):
 
     def _update_status(self, st: dict, **extra) -> None:
         if not st:
+            self.status_bar.update_status(**extra)
             return
         autosave = "autosave off"
         if getattr(self.chat, "autosave", False):
@@ -398,6 +402,7 @@ class TinyChatApp(CommandsMixin, PlaybackMixin, App[int]):
                     await w.remove()
             if not self.prompt.text and len(msg.value) <= 4000:
                 self.prompt.set_input(msg.value)
+            self.inspector.show_text("The last turn was taken back.")
             self.notify("took back the last turn (its text is back in the input)")
         elif msg.kind == "new":
             await self._show_history()

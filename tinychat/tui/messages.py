@@ -73,6 +73,7 @@ class ReplayFinished(Message):
     turns: int
     divergences: list[str]
     stopped: bool = False
+    status: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -65,9 +65,10 @@ class PlaybackMixin:
         except StopPlayback:
             if state["batcher"] is not None:
                 state["batcher"].items.clear()
-            self.post_message(ReplayFinished(state["turn"], [], stopped=True))
+            self.post_message(ReplayFinished(state["turn"], [], stopped=True))     # the chat is a throwaway now
             return
-        self.post_message(ReplayFinished(len(report.turns), [d.describe() for d in report.divergences]))
+        self.post_message(ReplayFinished(len(report.turns), [d.describe() for d in report.divergences],
+                                         status=chat.status()))
 
     async def on_replay_turn_started(self, msg: ReplayTurnStarted) -> None:
         await self.view.mount(UserMessage(msg.user_text, classes="message user"))
@@ -116,5 +117,5 @@ class PlaybackMixin:
         else:
             text = f"replay: {msg.turns} turns, token-exact"
         await self.view.mount(NoticeMessage(text, error=bool(msg.divergences), classes="notice"))
-        self.status_bar.update_status(activity="replay stopped" if msg.stopped else "replay done")
+        self._update_status(msg.status, activity="replay stopped" if msg.stopped else "replay done")
         self.view.scroll_end(animate=False)
