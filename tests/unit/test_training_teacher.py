@@ -134,6 +134,21 @@ def test_fast_attention_kernel_matches_torch(cfg):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+@needs_kernel
+def test_kv_write_kernel_matches_torch(monkeypatch):
+    caches = []
+    for use_kernel in (True, False):
+        monkeypatch.setattr(fastattn, "available", lambda: use_kernel)
+        m = Llama(SMOL_SHAPE, random_weights(SMOL_SHAPE), dtype=torch.float32, max_len=64, kv="int8")
+        m.allocate(3)
+        g = torch.Generator().manual_seed(0)
+        k, v = torch.randn(50, 1, 64, generator=g), torch.randn(50, 1, 64, generator=g)
+        m._write_kv(0, k, v, torch.randint(0, 3, (50,), generator=g), torch.randperm(64, generator=g)[:50])
+        caches.append([m.cache_k, m.cache_v, m.cache_ks, m.cache_vs])
+    for a, b in zip(*caches):
+        torch.testing.assert_close(a.float(), b.float(), atol=1e-7, rtol=1e-5)
+
+
 def test_int8_cache_is_close_to_plain():
     w = random_weights(TINY, seed=3)
     toks = torch.tensor([5, 9, 2, 33, 70, 11, 4])

@@ -192,6 +192,35 @@ void seg_attention_i8(const float *restrict q, const int8_t *restrict k, const f
         free(vf);
     }
 }
+
+/* Quantize and store new keys/values (one layer). k, v [N, Hkv, D] fp32; rows, pos [N];
+   blocked keys kc [Bc, Hkv, L/16, D, 16], vc [Bc, Hkv, L, D] int8; scales [Bc, Hkv, L] fp32.
+   Symmetric per-vector int8: scale = absmax / 127, q = round-half-even(x / scale). */
+void kv_write_i8(const float *restrict k, const float *restrict v, const int64_t *restrict rows,
+                 const int64_t *restrict pos, int N, int Hkv, int D, int L, int8_t *restrict kc,
+                 float *restrict ksc, int8_t *restrict vc, float *restrict vsc)
+{
+    for (int i = 0; i < N * Hkv; ++i) {
+        const int64_t p = pos[i / Hkv];
+        const size_t head = (size_t)rows[i / Hkv] * Hkv + i % Hkv;
+        for (int which = 0; which < 2; ++which) {
+            const float *x = (which ? v : k) + (size_t)i * D;
+            float amax = 0.f;
+            for (int d = 0; d < D; ++d) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
+            float scale = amax / 127.f;
+            if (scale < 1e-12f) scale = 1e-12f;
+            if (which) {
+                int8_t *dst = vc + (head * L + p) * D;
+                for (int d = 0; d < D; ++d) dst[d] = (int8_t)nearbyintf(x[d] / scale);
+                vsc[head * L + p] = scale;
+            } else {
+                int8_t *dst = kc + ((head * (L / BLK) + p / BLK) * D) * BLK + p % BLK;
+                for (int d = 0; d < D; ++d) dst[(size_t)d * BLK] = (int8_t)nearbyintf(x[d] / scale);
+                ksc[head * L + p] = scale;
+            }
+        }
+    }
+}
 """
 
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
@@ -237,6 +266,8 @@ def _load():
                                capture_output=True, timeout=120)
                 os.replace(so, out)
         lib = ctypes.CDLL(str(out))
+        lib.kv_write_i8.restype = None
+        lib.kv_write_i8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + [ctypes.c_void_p] * 4
         lib.seg_attention_i8.restype = None
         lib.seg_attention_i8.argtypes = ([ctypes.c_void_p] * 6 + [ctypes.c_int, ctypes.c_void_p]
                                          + [ctypes.c_int] * 4 + [ctypes.c_float])
@@ -281,6 +312,22 @@ def seg_attention(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torch.T
     lib.seg_attention_i8(q.data_ptr(), k.data_ptr(), ks.data_ptr(), v.data_ptr(), vs.data_ptr(),
                          segs.data_ptr(), segs.shape[0], out.data_ptr(), Hkv, G, D, L, float(scale))
     return out
+
+
+def kv_write(k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
+             kc: torch.Tensor, ks: torch.Tensor, vc: torch.Tensor, vs: torch.Tensor) -> None:
+    """Quantize and store k, v [N, Hkv, D] at (rows[n], pos[n]) of one cache layer (the layout of
+    ``seg_attention``). Same numbers as ``quantize`` + indexed copies, in one pass."""
+    lib = _load()
+    N, Hkv, D = k.shape
+    L = vc.shape[2]
+    k, v = k.float().contiguous(), v.float().contiguous()
+    rows, pos = rows.contiguous(), pos.contiguous()
+    assert rows.dtype == pos.dtype == torch.int64 and rows.shape == pos.shape == (N,)
+    assert all(t.is_contiguous() for t in (kc, ks, vc, vs))
+    assert int(rows.max()) < vc.shape[0] and int(pos.max()) < L and int(pos.min()) >= 0
+    lib.kv_write_i8(k.data_ptr(), v.data_ptr(), rows.data_ptr(), pos.data_ptr(), N, Hkv, D, L,
+                    kc.data_ptr(), ks.data_ptr(), vc.data_ptr(), vs.data_ptr())
 
 
 def check_segments(segs: torch.Tensor, n_queries: int, cache_rows: int, cache_len: int) -> None:
