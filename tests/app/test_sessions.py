@@ -115,6 +115,7 @@ async def test_replay_plays_back_token_exact(factory, chat_model):
         assert not any(r.has_class("diverged") for r in replies)
         await pilot.press("enter")                                   # the input is off in a replay
         assert app.chat.session.n_turns == 2
+        assert [i.id for i in S.list_sessions()] == [sess.id]           # a replay writes no session
 
 
 async def test_replay_highlights_a_divergence(factory, chat_model):

@@ -139,6 +139,8 @@ class TinyChatApp(CommandsMixin, PlaybackMixin, App[int]):
 
     async def on_runtime_ready(self, msg: RuntimeReady) -> None:
         self.chat, self.strings = msg.chat, msg.token_strings
+        if self.replay_sess is not None:
+            self.chat.autosave = False                  # a replay never writes sessions
         self.view.loading = False
         self._set_busy(None)
         await self._show_history(msg.note)

@@ -95,10 +95,11 @@ class PlaybackMixin:
             m.first_divergence = d.position
             m.add_class("diverged")
 
-            def tk(t, txt, p):
-                return "(end)" if t is None else f"«{token_label(txt, 16)}»" + (f" p={p:.3f}" if p is not None else "")
-            meta = (f"✗ diverges at token {d.position}: recorded {tk(d.recorded, d.recorded_text, d.p_recorded)}, "
-                    f"replayed {tk(d.replayed, d.replayed_text, d.p_replayed)}")
+            def tk(t, p):
+                return "(end)" if t is None else f"«{token_label(self._piece(t), 16)}»" + \
+                    (f" p={p:.3f}" if p is not None else "")
+            meta = (f"✗ diverges at token {d.position}: recorded {tk(d.recorded, d.p_recorded)}, "
+                    f"replayed {tk(d.replayed, d.p_replayed)}")
         await m.finish(meta)
         live = self._live
         tok_s = (live["n"] - 1) / (live["ms"] / 1000) if live["n"] > 1 and live["ms"] > 0 else None
