@@ -223,7 +223,10 @@ void kv_write_i8(const float *restrict k, const float *restrict v, const int64_t
 }
 """
 
-_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+# -ffast-math's parts, not the flag itself: with -ffast-math GCC links crtfastmath.o even into a shared object,
+# which turns on flush-to-zero / denormals-are-zero for the WHOLE process when the library loads.
+_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
+          "-freciprocal-math", "-ffinite-math-only", "-fopenmp", "-shared", "-fPIC"]
 _lib = None
 _tried = False
 
