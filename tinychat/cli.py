@@ -115,6 +115,7 @@ def chat(ctx: typer.Context,
          session: Optional[str] = typer.Option(None, "--session", "-s", help="Continue a saved session (id or path)."),
          plain: bool = typer.Option(False, "--plain", help="Line mode instead of the app (automatic when piped)."),
          json_out: bool = typer.Option(False, "--json", help="With --plain: one JSON object per reply on stdout."),
+         threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for decoding (default: torch's)."),
          ):
     """Chat with a small local TinyAgentLM model.
 
@@ -130,6 +131,11 @@ def chat(ctx: typer.Context,
                                        system_prompt=system, max_new=max_new).items() if v is not None}
     settings = ChatSettings(**overrides) if session is None else None
     dev = _device(device)
+    if threads is not None:
+        if threads < 1:
+            raise UsageError("--threads must be at least 1")
+        import torch
+        torch.set_num_threads(threads)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     if not plain and interactive:
         try:
@@ -320,6 +326,7 @@ def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", help="Mode
           prompt_len: int = typer.Option(100, "--prompt-len", help="Prompt tokens to prefill."),
           gen_len: int = typer.Option(64, "--gen-len", help="Tokens to decode."),
           repeats: int = typer.Option(3, "--repeats", help="Timed repeats (medians are reported)."),
+          threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: torch's choice)."),
           json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Measure prefill tok/s, time to first token, batch-1 decode tok/s, KV bytes per token and peak RSS."""
     import json
@@ -332,7 +339,7 @@ def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", help="Mode
     if model is not None and config is not None:
         raise UsageError("give --model or --config, not both")
     if json_out or not sys.stderr.isatty():
-        result = run_bench(model, config, quant, device, prompt_len, gen_len, repeats)
+        result = run_bench(model, config, quant, device, prompt_len, gen_len, repeats, threads=threads)
     else:
         from rich.progress import Progress
         with Progress(transient=True) as bar:
@@ -341,7 +348,8 @@ def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", help="Mode
             def progress(done, total, what):
                 bar.update(task, completed=done, total=total, description=what)
 
-            result = run_bench(model, config, quant, device, prompt_len, gen_len, repeats, progress=progress)
+            result = run_bench(model, config, quant, device, prompt_len, gen_len, repeats, progress=progress,
+                               threads=threads)
     if json_out:
         typer.echo(json.dumps(result))
     else:
