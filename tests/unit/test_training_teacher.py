@@ -257,6 +257,11 @@ def test_generate_worker_writes_and_resumes(tmp_path, monkeypatch):
     recs = read_shard(shard_path(tmp_path, 3))
     assert len(recs) == 3 and all(r["messages"][0]["role"] == "user" for r in recs)
     assert all(r["messages"][1]["role"] == "assistant" for r in recs)
+    # a stop signal flushes the finished conversations as a short shard
+    monkeypatch.setattr(generate._StopFlag, "__bool__", lambda self: True)
+    generate.run_worker(args, model=model, tok=tok, log=lambda m: None)
+    assert sorted(existing_shards(tmp_path)) == [0, 1, 2, 3, 4]
+    assert len(read_shard(shard_path(tmp_path, 4))) == 1
 
 
 def test_conversation_driver_stops_on_bad_reply():

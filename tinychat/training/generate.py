@@ -14,9 +14,10 @@ Output: ``OUT/shard-00012.jsonl.gz``, one JSON conversation per line::
      "dropped": {"reason": ..., "user": ..., "reply": ...}}     # only when a bad reply ended it
 
 Shards are written atomically (temp file + rename, gzip with mtime 0), only once complete; existing
-shards are never rewritten, so killing and restarting the command resumes where it stopped (the
-conversations in flight at the kill are lost; prompts for a restart come from a stream seeded by the
-first missing shard index, so they differ from those already written). ``--tokens`` is the target
+shards are never rewritten, so stopping and restarting the command resumes where it stopped.
+SIGTERM / SIGINT (to each worker) writes the finished conversations as a short shard first; after a
+SIGKILL the unwritten part of the current shard is lost. Prompts for a restart come from a stream
+seeded by the first missing shard index, so they differ from those already written. ``--tokens`` is the target
 for the whole directory, counted as ChatML tokens of the kept conversations (user + assistant,
 without the system prompt), i.e. what training will read.
 """
@@ -230,7 +231,8 @@ def _special_ids(tok) -> frozenset[int]:
 
 
 def run_worker(args, worker: int = 0, workers: int = 1, model=None, tok=None, log=print) -> dict:
-    """Generate shards ``i % workers == worker`` until ``--tokens`` is reached. Returns stats."""
+    """Generate shards ``i % workers == worker`` until ``--tokens`` is reached (or a signal).
+    ``model``/``tok`` default to the teacher. Returns the measurement with ``--bench``, else {}."""
     import itertools
 
     import torch
@@ -271,14 +273,24 @@ def run_worker(args, worker: int = 0, workers: int = 1, model=None, tok=None, lo
     plans = plan_stream(run_seed, use_chitchat=not args.no_chitchat)
     drivers = (Conversation(p, tok, args.max_new, special) for p in plans)
     gen = BatchedGenerator(model, args.batch, sampling, tok.token_to_id(IM_END), prefix, run_seed)
-    reasons, kept, buf, written, last_log = Counter(), 0, [], 0, time.time()
-    conv_tokens = 0
+    with _StopFlag() as stop:
+        _generate_loop(args, worker, gen, drivers, meta, out, counter, indices, index, stop, log)
+    return {}
+
+
+def _generate_loop(args, worker, gen, drivers, meta, out, counter, indices, index, stop, log):
+    reasons, buf, written, last_log, conv_tokens = Counter(), [], 0, time.time(), 0
     for d in gen.run(drivers):
         reasons.update(r or "kept" for r in d.reasons)
         rec = d.record(f"s{index:05d}-{len(buf):04d}", meta)
         if rec:
             buf.append(rec)
             conv_tokens += rec["tokens"]["total"]
+        if stop:   # SIGTERM / SIGINT: keep what is finished as a short shard, then exit
+            if buf:
+                write_shard(shard_path(out, index), buf)
+                log(f"[w{worker}] stopping: wrote {shard_path(out, index).name} ({len(buf)} convs)")
+            break
         if len(buf) >= args.per_shard:
             write_shard(shard_path(out, index), buf)
             written += 1
@@ -292,7 +304,37 @@ def run_worker(args, worker: int = 0, workers: int = 1, model=None, tok=None, lo
             last_log = time.time()
             log(_progress(worker, gen.stats, reasons, conv_tokens))
     log(_progress(worker, gen.stats, reasons, conv_tokens))
-    return {"stats": gen.stats, "reasons": reasons, "written": written}
+
+
+class _StopFlag:
+    """True once SIGTERM or SIGINT arrived (then the worker flushes its partial shard and exits,
+    so a restart loses only the conversations in flight). A context manager: the previous
+    handlers come back on exit."""
+
+    def __init__(self):
+        self.set, self._old = False, {}
+
+    def __enter__(self):
+        import signal
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.signal(sig, self._handler)
+            except ValueError:       # not the main thread: no graceful stop
+                pass
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    def _handler(self, signum, frame):
+        self.set = True
+
+    def __bool__(self):
+        return self.set
 
 
 def _bench(args, worker, model, tok, sampling, prefix, special, log) -> dict:
