@@ -207,7 +207,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop when the directory holds this many conversation tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--per-shard", type=int, default=500, help="conversations per shard")
-    p.add_argument("--batch", type=int, default=128, help="rows decoded together")
+    p.add_argument("--batch", type=int, default=192, help="rows decoded together")
     p.add_argument("--max-new", type=int, default=120, help="reply cap in tokens")
     p.add_argument("--max-len", type=int, default=1024, help="KV cache positions per row")
     p.add_argument("--temperature", type=float, default=0.7)
