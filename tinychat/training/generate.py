@@ -17,9 +17,11 @@ Shards are written atomically (temp file + rename, gzip with mtime 0), only once
 shards are never rewritten, so stopping and restarting the command resumes where it stopped.
 SIGTERM / SIGINT (to each worker) writes the finished conversations as a short shard first; after a
 SIGKILL the unwritten part of the current shard is lost. Prompts for a restart come from a stream
-seeded by the first missing shard index, so they differ from those already written. ``--tokens`` is the target
-for the whole directory, counted as ChatML tokens of the kept conversations (user + assistant,
-without the system prompt), i.e. what training will read.
+seeded by the first missing shard index, so they differ from those already written.
+
+``--tokens`` is the target for the whole directory, counted as ChatML tokens of the kept
+conversations (user + assistant, without the system prompt), i.e. what training will read.
+``--bench SECONDS`` measures generation speed instead (nothing written).
 """
 
 from __future__ import annotations
