@@ -119,9 +119,12 @@ def main() -> None:
     rt = load_runtime(model_dir)
     settings = ChatSettings(temperature=0.0, max_new=a.max_new)
 
+    counts: dict[str, list[int]] = {"headless": [], "app": []}
+
     def headless(trace: bool) -> float:
         chat = _open_chat(*rt, a.quant, "cpu", settings, {}, None)
         chat.send(PROMPT, trace=trace)
+        counts["headless"].append(len(chat.session.messages[-1].timing_ms))
         return rate(chat.session.messages[-1].timing_ms)
 
     tinychat = ROOT / ".venv" / "bin" / "tinychat"
@@ -149,11 +152,14 @@ def main() -> None:
             pane.keys("Enter")
             pane.wait(lambda s: "tok/s · TTFT" in s, what="the reply")
             time.sleep(0.3)                               # autosave
-            app.append(rate(newest_session(home).messages[-1].timing_ms))
+            timing = newest_session(home).messages[-1].timing_ms
+            counts["app"].append(len(timing))
+            app.append(rate(timing))
         med = statistics.median
         out.update(headless_tok_s=round(med(h_plain), 1), headless_trace_tok_s=round(med(h_trace), 1),
                    app_tok_s=round(med(app), 1), app_runs=[round(x, 1) for x in app],
                    headless_runs=[round(x, 1) for x in h_plain], headless_trace_runs=[round(x, 1) for x in h_trace])
+        out["tokens_per_turn"] = {k: sorted(set(v)) for k, v in counts.items()}
         out["ratio_vs_headless"] = round(out["app_tok_s"] / out["headless_tok_s"], 3)
         out["ratio_vs_headless_traced"] = round(out["app_tok_s"] / out["headless_trace_tok_s"], 3)
 

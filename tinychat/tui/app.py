@@ -36,6 +36,8 @@ from .widgets.format import token_label
 from .widgets.inspector import Counters
 
 WIDE = 120                  # columns from which the inspector is shown by default
+INSPECTOR_S = 0.25          # the live inspector shows the newest token at most this often (faster is unreadable,
+                            # and the panel is the costliest repaint)
 
 
 class TinyChatApp(CommandsMixin, PlaybackMixin, App[int]):
@@ -75,6 +77,7 @@ class TinyChatApp(CommandsMixin, PlaybackMixin, App[int]):
         self.pace = Pace()                          # how often the decode thread posts token batches
         self._ui_cpu: float | None = None           # UI thread CPU time at the last batch
         self._status_at = 0.0                       # when the status bar last showed live figures
+        self._inspector_at = 0.0                    # when the inspector last showed a live token
         self._pending_settings: dict[str, str] = {}
         self._stop_replay = threading.Event()
         self._job_text = ""                         # the text of the message being sent (restored on failure)
@@ -302,10 +305,11 @@ class TinyChatApp(CommandsMixin, PlaybackMixin, App[int]):
             if it.trace is not None:
                 last = it
         await m.add_text("".join(text))
-        if last is not None and self.inspector.display:
+        now = time.monotonic()
+        if last is not None and self.inspector.display and now - self._inspector_at >= INSPECTOR_S:
+            self._inspector_at = now
             self.inspector.show_trace(last.trace, self.strings, Counters.from_traces(m.traces.values()),
                                       f"token #{last.index} · live")
-        now = time.monotonic()
         if now - self._status_at >= 0.5:            # live figures twice a second: a full-width line to repaint
             self._status_at = now
             tok_s = (live["n"] - 1) / (live["ms"] / 1000) if live["n"] > 1 and live["ms"] > 0 else None

@@ -18,6 +18,10 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Markdown, Static
+try:                                         # not public API: without it, paragraphs re-lay out on every update
+    from textual.widgets._markdown import MarkdownParagraph
+except ImportError:                          # pragma: no cover
+    MarkdownParagraph = None
 
 from .format import visible
 
@@ -73,6 +77,9 @@ class TokenView(Widget, can_focus=True):
     class Leave(Message):
         view: "TokenView"
         direction: int = 0          # -1/1: go to the previous/next reply; 0: back to the prompt
+
+    def on_mount(self) -> None:
+        self.auto_links = False     # no @click links here; the link pass would unpickle every segment's style meta
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -140,6 +147,31 @@ class TokenView(Widget, can_focus=True):
         self.scroll_visible()
 
 
+class StreamParagraph(MarkdownParagraph or Static):
+    """A markdown paragraph that asks for a layout pass only when its height changes. A streaming reply grows its
+    last paragraph many times a second; a layout pass reflows the whole screen (tens of ms on a busy machine), so
+    most updates (text added on the same line) just repaint the paragraph."""
+
+    _lines = -1
+
+    def update(self, content="", *, layout: bool = True) -> None:
+        width = self.content_region.width
+        if isinstance(content, Content) and width > 0:
+            lines = len(content.wrap(width))
+            layout = layout and lines != self._lines
+            self._lines = lines
+        super().update(content, layout=layout)
+
+    def on_resize(self) -> None:
+        self._lines = -1
+
+
+class StreamMarkdown(Markdown):
+    """Markdown whose paragraphs re-lay out the screen only when they change height."""
+    if MarkdownParagraph is not None and "paragraph_open" in getattr(Markdown, "BLOCKS", {}):
+        BLOCKS = {**Markdown.BLOCKS, "paragraph_open": StreamParagraph}
+
+
 class AssistantMessage(Vertical):
     """One reply: streamed markdown while it is generated; afterwards its token view on demand."""
 
@@ -166,7 +198,7 @@ class AssistantMessage(Vertical):
         self.border_title = title
 
     def compose(self) -> ComposeResult:
-        yield Markdown(self.initial, classes="body")
+        yield StreamMarkdown(self.initial, classes="body")
         yield TokenView(classes="tokens")
         yield Static(Content(self.meta), classes="meta")
 

@@ -71,6 +71,9 @@ class InspectorBody(Widget):
     """What the inspector shows. Updated many times a second while decoding, so it repaints only itself and asks
     for a layout pass only when its height changes (a `Static.update` would relayout the whole screen)."""
 
+    def on_mount(self) -> None:
+        self.auto_links = False     # no @click links here; the link pass would unpickle every segment's style meta
+
     def __init__(self, text: Text, **kw):
         super().__init__(**kw)
         self.text = text

@@ -16,6 +16,9 @@ class StatusBar(Static):
     FIELDS = ("model", "mode", "device", "quant", "tok_s", "ttft_ms", "cache_tokens", "max_len", "cache_bytes",
               "autosave", "activity")
 
+    def on_mount(self) -> None:
+        self.auto_links = False     # no @click links here; the link pass would unpickle every segment's style meta
+
     def __init__(self, **kw):
         super().__init__("", **kw)
         self.values: dict = {"model": "loading…", "activity": ""}
