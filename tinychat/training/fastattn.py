@@ -125,7 +125,7 @@ void seg_attention_i8(const float *restrict q, const int8_t *restrict k, const f
             for (int64_t t = 0; t < cnt; ++t) {
                 const int64_t m_ = start + t + 1;          /* visible keys */
                 for (int g = 0; g < G; ++g) {
-                    float *sg = s + (size_t)(t * G + g) * np, mx = -INFINITY, sum = 0.f;
+                    float *sg = s + (size_t)(t * G + g) * np, mx = sg[0], sum = 0.f;
                     for (int64_t j = 0; j < m_; ++j) mx = sg[j] > mx ? sg[j] : mx;
                     for (int64_t j = 0; j < m_; ++j) { sg[j] = expf(sg[j] - mx); sum += sg[j]; }
                     const float inv = 1.f / sum;
