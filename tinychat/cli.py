@@ -257,8 +257,8 @@ def sessions_export(ref: str = typer.Argument(..., metavar="ID|PATH"),
     if out is None:
         typer.echo(text)
     else:
-        from .model import _atomic_write
-        _atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        from .fsutil import atomic_write
+        atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
         typer.echo(f"wrote {out}", err=True)
 
 

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fsutil import atomic_write
+
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
 
 
@@ -358,11 +360,11 @@ class TinyAgentLM(nn.Module):
             if dtype is not None and v.is_floating_point():
                 v = v.to(dtype)
             sd[k] = v.contiguous()
-        _atomic_write(path / WEIGHTS_FILE, lambda tmp: save_file(sd, str(tmp), metadata={"format": "pt"}))
-        _atomic_write(path / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(self.cfg.to_dict(), indent=2)))
+        atomic_write(path / WEIGHTS_FILE, lambda tmp: save_file(sd, str(tmp), metadata={"format": "pt"}))
+        atomic_write(path / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(self.cfg.to_dict(), indent=2)))
         if tokenizer_json is not None and Path(tokenizer_json).resolve() != (path / TOKENIZER_FILE).resolve():
             data = Path(tokenizer_json).read_bytes()
-            _atomic_write(path / TOKENIZER_FILE, lambda tmp: tmp.write_bytes(data))
+            atomic_write(path / TOKENIZER_FILE, lambda tmp: tmp.write_bytes(data))
 
     @classmethod
     def from_pretrained(cls, path, dtype: torch.dtype = torch.float32) -> "TinyAgentLM":
@@ -412,18 +414,3 @@ def load_config(path) -> ModelConfig:
         return ModelConfig.from_dict(raw)
     except CheckpointError as e:
         raise CheckpointError(f"{cpath}: {e}") from None
-
-
-def _atomic_write(dest: Path, write) -> None:
-    import os
-    import tempfile
-    fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
-    os.close(fd)
-    tmp = Path(tmp)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)

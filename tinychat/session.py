@@ -21,7 +21,6 @@ No torch at import: safetensors/torch are imported only inside the snapshot func
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -29,7 +28,6 @@ import math
 import os
 import re
 import secrets
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tinychat import paths
+from tinychat.fsutil import atomic_write
 
 SCHEMA = "tinychat.session"
 VERSION = 1
@@ -163,47 +162,6 @@ def snapshot_path(session_id: str, dir: str | Path | None = None) -> Path:
     return _dir(dir) / f"{_check_id(session_id)}{SNAPSHOT_SUFFIX}"
 
 
-# -- atomic writes --------------------------------------------------------------------------------------------
-
-
-def _atomic_write(target: Path, write: Callable[[Path], None]) -> None:
-    """Have `write(tmp)` fill a temp file beside `target`, fsync it, then rename it over `target`.
-
-    Same folder, so the rename is atomic (one file system). On any failure the temp file is removed and
-    `target` is untouched. The folder is fsynced after the rename so the new name itself survives a crash.
-    """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        write(tmp)
-        fd = os.open(tmp, os.O_RDWR)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    _fsync_dir(target.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # e.g. Windows cannot open folders; its rename is durable enough
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _dumps(obj: Any, depth: int = 0) -> str:
     """JSON, indented for people, but with number lists (token ids, timings) kept on one line."""
     flat = isinstance(obj, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in obj)
@@ -244,7 +202,7 @@ def save(session: Session, dir: str | Path | None = None, *, touch: bool = True)
         if default_title(first_user):
             overrides["title"] = default_title(first_user)
     payload = _serialize(session, str(target), **overrides).encode("utf-8")
-    _atomic_write(target, lambda tmp: tmp.write_bytes(payload))
+    atomic_write(target, lambda tmp: tmp.write_bytes(payload))
     for key, value in overrides.items():
         setattr(session, key, value)
     return target
@@ -543,7 +501,7 @@ def save_snapshot(
     if any(k.startswith("tinychat.") for k in meta):
         raise ValueError("snapshot metadata keys starting with 'tinychat.' are reserved")
     full_meta = {**meta, _META_FORMAT: SNAPSHOT_FORMAT, _META_SESSION: session_id}
-    _atomic_write(target, lambda tmp: save_file(dict(tensors), str(tmp), metadata=full_meta))
+    atomic_write(target, lambda tmp: save_file(dict(tensors), str(tmp), metadata=full_meta))
     return target
 
 

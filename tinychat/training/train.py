@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from tinychat.model import TinyAgentLM, config_for
+from tinychat.fsutil import atomic_write_bytes, fsync_dir
 from tinychat.tokenizer import Tokenizer
 
 from .data import DEFAULT_SYSTEM, TokenizedSet, load_tokenized, stats
@@ -122,28 +123,6 @@ def _param_groups(model: TinyAgentLM, weight_decay: float):
     for name, p in model.named_parameters():
         (no_decay if name.startswith("embed.") or name.endswith("table.weight") else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(dest: Path, data: bytes) -> None:
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, dest)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -299,8 +278,8 @@ class Trainer:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(ck_root)
-        _write_atomic(self.run_dir / "LATEST", name.encode())
+        fsync_dir(ck_root)
+        atomic_write_bytes(self.run_dir / "LATEST", name.encode())
         self._prune(ck_root, keep=name)
         return final
 
@@ -422,7 +401,7 @@ def _trim_metrics(path: Path, step: int) -> None:
     if not path.is_file():
         return
     keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
-    _write_atomic(path, ("\n".join(keep) + ("\n" if keep else "")).encode())
+    atomic_write_bytes(path, ("\n".join(keep) + ("\n" if keep else "")).encode())
 
 
 def _hms(s: float) -> str:
