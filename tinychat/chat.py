@@ -330,7 +330,7 @@ class Chat:
         msgs = self.session.messages
         if len(msgs) < 2 or msgs[-1].role != "assistant":
             raise ChatError("no turn to take back")
-        a = msgs.pop()
+        msgs.pop()                          # the reply
         user = msgs.pop()
         mark = self._marks.pop() if self._marks else None
         if mark is None:

