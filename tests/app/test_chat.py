@@ -223,6 +223,7 @@ async def test_paste_of_100kb_stays_responsive_and_sends_everything(factory):
     assert len(big) > 100_000
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
+        await say(pilot, "hi")
         from textual import events
         t = time.perf_counter()
         app.prompt.post_message(events.Paste(big))
@@ -238,9 +239,11 @@ async def test_paste_of_100kb_stays_responsive_and_sends_everything(factory):
         await idle(pilot)
         # the tiny model's 512-token context cannot take it: a notification, not a crash; nothing recorded
         assert any("too long" in n for n in notes(app, "error"))
-        assert app.chat.session.n_turns == 0
-        await say(pilot, "short one")
         assert app.chat.session.n_turns == 1
+        assert [u.text for u in app.view.query(UserMessage)] == ["hi"]       # the failed turn left nothing behind
+        assert len(replies(app)) == 1 and replies(app)[0].traces               # the earlier reply kept its traces
+        await say(pilot, "short one")
+        assert app.chat.session.n_turns == 2
 
 
 def test_pace_adapts_the_batch_interval_to_the_ui_cost():

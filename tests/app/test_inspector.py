@@ -94,14 +94,22 @@ async def test_inspector_live_then_selected_token_shows_ban_and_penalty(factory)
         assert tv.cursor == 0 and app.inspector.trace is reply.traces[0]
 
 
-async def test_inspector_toggle(factory):
+async def test_inspector_toggle_and_traces_only_while_shown(factory):
     app = TinyChatApp(FactoryBackend(factory(max_new=3)), blink=False)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         assert not app.inspector.display                           # narrow: off by default
+        await say(pilot, "hello")
+        assert app.view.replies()[-1].tokens and not app.view.replies()[-1].traces    # hidden: no tracing cost
         await pilot.press("f3")
         assert app.inspector.display
-        await pilot.press("f3")
+        await say(pilot, "hello")
+        assert len(app.view.replies()[-1].traces) == len(app.view.replies()[-1].tokens)
+        await pilot.press("ctrl+t", "home")                           # a reply without traces says why
+        assert app.view.replies()[-1].token_view.has_focus
+        await pilot.press("up")
+        assert "no trace recorded" in app.inspector.rendered.plain
+        await pilot.press("escape", "f3")
         assert not app.inspector.display
         app.prompt.load_text("/trace on")
         await pilot.press("enter")

@@ -6,8 +6,9 @@ speed next to the headless chat runtime's for the same model and settings.
 
 - The model: random weights of the named size with the test tokenizer (tests/support.py), saved to a temp folder.
 - Speed: each round runs one headless turn (cli.load_runtime + cli._open_chat, the app's own construction, a fresh
-  session, greedy, the same prompt) with trace off and with trace on (the app always traces, for the inspector),
-  then one turn in the app (Ctrl+N first: the same fresh context). Rounds interleave, so drift in machine load hits
+  session, greedy, the same prompt) with trace off and with trace on (the app traces while its inspector is shown:
+  compare with `headless_trace_tok_s`; with --no-inspector, with `headless_tok_s`), then one turn in the app
+  (Ctrl+N first: the same fresh context). Rounds interleave, so drift in machine load hits
   both sides alike. Rates come from each turn's recorded per-token times (session files), the same formula for
   both: (tokens - 1) / (time from the first to the last token).
 - Latency: during a long reply, type a character every ~0.2 s with `tmux send-keys` and poll `capture-pane` until
@@ -104,6 +105,8 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=15)
     ap.add_argument("--latency-new", type=int, default=400, help="max-new of the reply typed over")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder")
+    ap.add_argument("--no-inspector", action="store_true",
+                    help="hide the inspector (F3) first: the app then decodes without traces, like headless")
     a = ap.parse_args()
     if not shutil.which("tmux"):
         sys.exit("needs tmux")
@@ -134,9 +137,12 @@ def main() -> None:
     env.update({k: v for k, v in os.environ.items() if k.startswith("TINYCHAT_UI_")})    # UI knobs to compare
     pane = Pane(f"tinychat-perf-{os.getpid()}", cmd, env)
     out: dict = {"size": a.size, "quant": a.quant, "max_new": a.max_new, "threads": 1,
+                 "inspector": not a.no_inspector,
                  **{k: v for k, v in env.items() if k.startswith("TINYCHAT_UI_")}}
     try:
         pane.wait(lambda s: "autosave on" in s, what="the app to load")
+        if a.no_inspector:
+            pane.keys("F3")
         headless(False)                                   # warm-up, both sides
         pane.keys(PROMPT, literal=True)
         pane.keys("Enter")

@@ -4,7 +4,8 @@ and replay playback, over the chat runtime (tinychat.chat).
 How it runs: the window appears at once; the model loads on a thread worker behind a loading indicator. Every chat
 operation (a turn, regenerate, undo, new chat, a settings change, opening a session, a replay) runs on one
 exclusive thread worker (`group="chat"`), one at a time; the decode thread posts batched token updates
-(messages.TokensReady, ~30 ms apart) and never touches a widget. Stop is `chat.cancel()` (thread-safe). The UI reads
+(messages.TokensReady, paced by runtime.Pace: 30-250 ms apart, so UI work stays ~5 % of the time) and never
+touches a widget. Stop is `chat.cancel()` (thread-safe). The UI reads
 the chat (its settings, session, status) only between operations. A worker's failure arrives as
 `Worker.StateChanged` (ERROR) and becomes a notification; a failing model load is shown in the app.
 
@@ -248,17 +249,20 @@ class TinyChatApp(CommandsMixin, PlaybackMixin, App[int]):
         self.view.anchor()
         self._set_busy(kind)
         self.status_bar.update_status(activity="generating… (Esc stops)", tok_s=None, ttft_ms=None)
-        self._job(self.chat, kind, text, self._turn_id)
+        # start decoding once the new message is on screen: mounting and the first layout pass cost the UI thread
+        # tens of ms, which would otherwise stall the first tokens (the two threads share the GIL)
+        # traces only while the inspector is shown: tracing costs ~10-25 % of a fast decode step
+        self.call_after_refresh(self._job, self.chat, kind, text, self._turn_id, self.inspector.display)
 
     @work(thread=True, exclusive=True, group="chat", exit_on_error=False, name="chat")
-    def _job(self, chat, kind: str, arg: Any = None, turn_id: int = 0) -> None:
+    def _job(self, chat, kind: str, arg: Any = None, turn_id: int = 0, trace: bool = True) -> None:
         """Every chat operation, on the one chat thread."""
         if kind in ("send", "regen"):
             batcher = TokenBatcher(lambda items: self.post_message(TokensReady(turn_id, items)), self.pace)
             if kind == "send":
-                r = chat.send(arg, on_token=batcher, trace=True)
+                r = chat.send(arg, on_token=batcher, trace=trace)
             else:
-                r = chat.regenerate(on_token=batcher, trace=True)
+                r = chat.regenerate(on_token=batcher, trace=trace)
             batcher.flush()
             self.post_message(TurnFinished(turn_id, r, chat.status()))
         elif kind == "undo":
@@ -360,11 +364,23 @@ class TinyChatApp(CommandsMixin, PlaybackMixin, App[int]):
         self._set_busy(None)
         self.status_bar.update_status(activity="")
         if kind in ("send", "regen") and self.chat is not None:
-            # the chat is idle again: show what its session holds, give a failed message back to the input
-            await self._show_history()
+            # the chat is idle again: drop what its session does not hold, give a failed message back to the input
+            if self._current is not None:
+                await self._current.remove()
+                self._current = None
+            await self._trim_to_session()
             if kind == "send" and not self.prompt.text and len(self._job_text) <= 4000:
                 self.prompt.set_input(self._job_text)
         await self._apply_pending()
+
+    async def _trim_to_session(self) -> None:
+        """Remove the conversation's last user messages (and what follows them) that the session no longer holds
+        (after an undo, or a turn that failed). Call only while the chat is idle."""
+        users = list(self.view.query(UserMessage))
+        while users and len(users) > self.chat.session.n_turns:
+            children = list(self.view.children)
+            for w in children[children.index(users.pop()):]:
+                await w.remove()
 
     # -- actions --------------------------------------------------------------------------------------------------
     def action_stop(self) -> None:
@@ -400,12 +416,7 @@ class TinyChatApp(CommandsMixin, PlaybackMixin, App[int]):
         self._set_busy(None)
         self._update_status(msg.status, tok_s=None, ttft_ms=None, activity="")
         if msg.kind == "undo":
-            users = list(self.view.query(UserMessage))
-            if users:
-                last = users[-1]
-                after = list(self.view.children)[list(self.view.children).index(last):]
-                for w in after:
-                    await w.remove()
+            await self._trim_to_session()
             if not self.prompt.text and len(msg.value) <= 4000:
                 self.prompt.set_input(msg.value)
             self.inspector.show_text("The last turn was taken back.")

@@ -125,7 +125,8 @@ def render_trace(trace: Any, strings: Sequence[str], counters: Counters | None, 
     if heading:
         t.append(heading + "\n", style="bold")
     if trace is None:
-        t.append("no trace recorded for this token\n", style="dim")
+        t.append("no trace recorded for this token: the reply was restored from a session, or generated while "
+                 "the inspector was hidden (F3 shows it; replies then record their traces)\n", style="dim")
     else:
         t.append("chosen ")
         t.append(f"«{_label(strings, trace.token, 16)}»", style="bold reverse")
