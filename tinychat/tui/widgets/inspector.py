@@ -68,8 +68,11 @@ class Counters:
 
 
 class InspectorBody(Widget):
-    """What the inspector shows. Updated many times a second while decoding, so it repaints only itself and asks
-    for a layout pass only when its height changes (a `Static.update` would relayout the whole screen)."""
+    """What the inspector shows. Updated several times a second while decoding, so it repaints only itself; its
+    height only grows (to the tallest trace shown so far), so a layout pass of the whole screen, tens of ms on a
+    busy machine, happens a few times per session instead of on every update (a `Static.update` would relayout)."""
+
+    DEFAULT_CSS = "InspectorBody { height: auto; }"
 
     def on_mount(self) -> None:
         self.auto_links = False     # no @click links here; the link pass would unpickle every segment's style meta
@@ -77,17 +80,27 @@ class InspectorBody(Widget):
     def __init__(self, text: Text, **kw):
         super().__init__(**kw)
         self.text = text
-        self._lines = 0
+        self.lines = 1              # the height it keeps (rendered text is padded to it)
 
     def render(self) -> Text:
         return self.text
 
+    def get_content_height(self, container, viewport, width: int) -> int:
+        return max(self.lines, self._wrapped(width))
+
+    def _wrapped(self, width: int) -> int:
+        width = max(1, width)
+        return sum(max(1, -(-len(line) // width)) for line in self.text.plain.split("\n"))
+
     def set(self, text: Text) -> None:
         self.text = text
-        width = max(1, self.content_region.width or 40)
-        lines = sum(max(1, -(-len(line) // width)) for line in text.plain.split("\n"))
-        self.refresh(layout=lines != self._lines)
-        self._lines = lines
+        need = self._wrapped(self.content_region.width or 40)
+        grow = need > self.lines
+        self.lines = max(self.lines, need)
+        self.refresh(layout=grow)
+
+    def on_resize(self) -> None:
+        self.lines = self._wrapped(self.content_region.width or 40)
 
 
 class Inspector(VerticalScroll):
