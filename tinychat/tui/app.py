@@ -240,6 +240,9 @@ class TinyChatApp(CommandsMixin, PlaybackMixin, App[int]):
         await self._start_turn("send", text)
 
     async def _start_turn(self, kind: str, text: str = "") -> None:
+        for r in self.view.replies():                # earlier replies back to markdown
+            if r.token_view.display:
+                r.show_tokens(False)
         self._turn_id += 1
         self._job_text = text
         self._live = {"n": 0, "ms": 0.0, "ttft": None}

@@ -291,10 +291,6 @@ class ChatView(VerticalScroll):
     def on_mount(self) -> None:
         self.anchor()
 
-    async def add(self, widget: Widget) -> Widget:
-        await self.mount(widget)
-        return widget
-
     def replies(self) -> list[AssistantMessage]:
         return list(self.query(AssistantMessage))
 
