@@ -37,17 +37,24 @@ def sh(*args, check=True) -> str:
     return subprocess.run(args, check=check, capture_output=True, text=True).stdout
 
 
+SOCKET = "tinychat-perf"       # a private tmux server: never touches the user's own sessions
+
+
+def tmux(*args, check=True) -> str:
+    return sh("tmux", "-L", SOCKET, *args, check=check)
+
+
 class Pane:
     def __init__(self, name: str, cmd: str, env: dict, width=160, height=45):
         self.name = name
         envs = " ".join(f"{k}={v}" for k, v in env.items())
-        sh("tmux", "new-session", "-d", "-s", name, "-x", str(width), "-y", str(height), f"env {envs} {cmd}")
+        tmux("new-session", "-d", "-s", name, "-x", str(width), "-y", str(height), f"env {envs} {cmd}")
 
     def text(self) -> str:
-        return sh("tmux", "capture-pane", "-t", self.name, "-p")
+        return tmux("capture-pane", "-t", self.name, "-p")
 
     def keys(self, *keys: str, literal=False) -> None:
-        sh("tmux", "send-keys", "-t", self.name, *(["-l"] if literal else []), *keys)
+        tmux("send-keys", "-t", self.name, *(["-l"] if literal else []), *keys)
 
     def wait(self, cond, timeout=120.0, poll=0.02, what="screen") -> str:
         t = time.monotonic()
@@ -60,7 +67,7 @@ class Pane:
             time.sleep(poll)
 
     def close(self) -> None:
-        sh("tmux", "kill-session", "-t", self.name, check=False)
+        tmux("kill-session", "-t", self.name, check=False)
 
 
 def input_line(screen: str) -> str:
