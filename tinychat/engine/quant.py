@@ -11,6 +11,7 @@ import warnings
 
 import torch
 
+from .append import _engram_addrs
 from .cache import KVCache
 
 QUANT_GEMV_ROWS = 8    # BF16Linear: up to this many rows use the bf16 kernel (on AVX2 bf16 GEMM is ~3x slower than fp32)
@@ -285,13 +286,7 @@ def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _Nativ
     lib, P = nat.lib, nat.p
     nt = torch.get_num_threads()
     inv = fs.inv_sqrt_d
-    addrs = {}
-    if model.engram_modules():
-        n1 = max(c.engram_orders) - 1
-        prev = cache.tokens[:1, max(0, L - n1):L]
-        if prev.size(1) < n1:
-            prev = torch.cat([prev.new_zeros(1, n1 - prev.size(1)), prev], dim=1)
-        addrs = model.engram_addresses(idx, prev)
+    addrs = _engram_addrs(model, cache.tokens[:1], torch.tensor([L], device=idx.device), idx)
     cache.tokens[0, L] = idx[0, 0]
     slot = L % W
     cache.lpos[0, slot] = L
@@ -389,13 +384,7 @@ def _decode_fast(model, cache: KVCache, idx, L: int, fs: _CpuFast):
     rep = H // Hk
     bf = fs.act
     vnorm = torch.linalg.vector_norm
-    addrs = {}
-    if model.engram_modules():
-        n1 = max(c.engram_orders) - 1
-        prev = cache.tokens[:1, max(0, L - n1):L]
-        if prev.size(1) < n1:
-            prev = torch.cat([prev.new_zeros(1, n1 - prev.size(1)), prev], dim=1)
-        addrs = model.engram_addresses(idx, prev)
+    addrs = _engram_addrs(model, cache.tokens[:1], torch.tensor([L], device=idx.device), idx)
     cache.tokens[0, L] = idx[0, 0]
     slot = L % W
     cache.lpos[0, slot] = L
