@@ -246,15 +246,25 @@ async def test_paste_of_100kb_stays_responsive_and_sends_everything(factory):
         assert app.chat.session.n_turns == 2
 
 
-def test_pace_adapts_the_batch_interval_to_the_ui_cost():
+def test_pace_adapts_the_batch_interval_to_ui_cost_and_decode_stalls():
     from tinychat.tui.runtime import Pace, TokenBatcher
-    p = Pace(duty=0.05, lo=0.03, hi=0.25)
+    p = Pace(stall=0.05, ui_duty=0.05, lo=0.03, hi=0.5, ui_hi=0.25)
     for _ in range(20):
-        p.observe(0.002)                          # 2 ms of UI work per update: 40 ms apart
-    assert abs(p.interval - 0.04) < 1e-3
+        p.observe(0.004)                          # 4 ms of UI work per update: 80 ms apart
+    assert abs(p.interval - 0.08) < 1e-3
     for _ in range(20):
-        p.observe(0.05)                           # an overloaded UI: capped at 250 ms
+        p.observe(0.5)                            # an overloaded UI: capped
     assert abs(p.interval - 0.25) < 1e-3
+    p = Pace(stall=0.05, lo=0.03, hi=0.5)
+    for _ in range(2000):
+        p.step(2.0)                               # an even decode: no reason to slow the updates
+    assert p.interval == 0.03
+    for i in range(2000):
+        p.step(30.0 if i % 10 == 0 else 2.0)      # every 10th step stalls for an update: back off
+    assert p.interval == 0.5
+    for _ in range(4000):
+        p.step(2.0)                               # stalls gone: back to smooth updates
+    assert p.interval == 0.03
     p.fixed = 0.0
     posted = []
     b = TokenBatcher(posted.append, p)

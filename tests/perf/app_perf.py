@@ -10,7 +10,8 @@ speed next to the headless chat runtime's for the same model and settings.
   compare with `headless_trace_tok_s`; with --no-inspector, with `headless_tok_s`), then one turn in the app
   (Ctrl+N first: the same fresh context). Rounds interleave, so drift in machine load hits
   both sides alike. Rates come from each turn's recorded per-token times (session files), the same formula for
-  both: (tokens - 1) / (time from the first to the last token).
+  both: (tokens - 1) / (time from the first to the last token). `spread` (decode time / (median step x tokens))
+  separates stalls (a UI update holding the GIL) from the shared machine's run-to-run speed noise.
 - Latency: during a long reply, type a character every ~0.2 s with `tmux send-keys` and poll `capture-pane` until
   the input line shows it (the poll itself costs a few ms, included). The same while idle, for reference.
 Torch runs one thread on both sides (OMP_NUM_THREADS=1 / torch.set_num_threads(1)).
@@ -97,6 +98,13 @@ def rate(timing_ms: list[float]) -> float:
     return (len(timing_ms) - 1) / (sum(timing_ms[1:]) / 1000) if len(timing_ms) > 1 else 0.0
 
 
+def spread(timing_ms: list[float]) -> float:
+    """Total decode time over (median token time x tokens): 1.0 is a perfectly even decode; stalls (a UI update
+    holding the GIL, the machine's other load) push it up. Robust to the run-to-run speed noise of a shared box."""
+    t = timing_ms[1:]
+    return sum(t) / (statistics.median(t) * len(t)) if len(t) > 1 else 1.0
+
+
 def newest_session(home: Path):
     from tinychat import session as S
     infos = S.list_sessions(home / "sessions")
@@ -130,11 +138,13 @@ def main() -> None:
     settings = ChatSettings(temperature=0.0, max_new=a.max_new)
 
     counts: dict[str, list[int]] = {"headless": [], "app": []}
+    spreads: dict[str, list[float]] = {"headless": [], "headless_trace": [], "app": []}
 
     def headless(trace: bool) -> float:
         chat = _open_chat(*rt, a.quant, "cpu", settings, {}, None)
         chat.send(PROMPT, trace=trace)
         counts["headless"].append(len(chat.session.messages[-1].timing_ms))
+        spreads["headless_trace" if trace else "headless"].append(spread(chat.session.messages[-1].timing_ms))
         return rate(chat.session.messages[-1].timing_ms)
 
     tinychat = ROOT / ".venv" / "bin" / "tinychat"
@@ -167,12 +177,14 @@ def main() -> None:
             time.sleep(0.3)                               # autosave
             timing = newest_session(home).messages[-1].timing_ms
             counts["app"].append(len(timing))
+            spreads["app"].append(spread(timing))
             app.append(rate(timing))
         med = statistics.median
         out.update(headless_tok_s=round(med(h_plain), 1), headless_trace_tok_s=round(med(h_trace), 1),
                    app_tok_s=round(med(app), 1), app_runs=[round(x, 1) for x in app],
                    headless_runs=[round(x, 1) for x in h_plain], headless_trace_runs=[round(x, 1) for x in h_trace])
         out["tokens_per_turn"] = {k: sorted(set(v)) for k, v in counts.items()}
+        out["spread"] = {k: round(med(v), 3) for k, v in spreads.items()}     # decode time / (median step x n)
         out["ratio_vs_headless"] = round(out["app_tok_s"] / out["headless_tok_s"], 3)
         out["ratio_vs_headless_traced"] = round(out["app_tok_s"] / out["headless_trace_tok_s"], 3)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -17,25 +18,59 @@ _FIXED = os.environ.get("TINYCHAT_UI_BATCH_MS")       # a fixed batch interval (
 
 
 class Pace:
-    """How often the decode thread posts token batches. The UI thread and the decode thread share the GIL: every
-    bit of UI work (markdown, inspector, a frame) stalls decoding, more so on a busy machine. So the interval adapts
-    to what one update costs the UI thread (its CPU time from one batch to the next, smoothed): the UI spends at
-    most `duty` of the time on the stream, within [lo, hi] seconds between updates (30-60 ms on a quiet laptop,
-    up to 250 ms on an overloaded machine). `fixed` (TINYCHAT_UI_BATCH_MS, or set by tests) pins it."""
+    """How often the decode thread posts token batches.
 
-    def __init__(self, duty: float = 0.05, lo: float = 0.03, hi: float = 0.25):
-        self.duty, self.lo, self.hi = duty, lo, hi
+    The UI thread and the decode thread share the GIL: while the UI renders an update (markdown, inspector, a
+    frame: 10-40 ms of Python on a busy machine) the decode thread mostly waits. How much that costs depends on the
+    decode: a step that spends its time in large matmuls (GIL released) hardly notices; a fast int8 step made of many
+    small ops (each taking the GIL back) stalls for the whole update. So the interval follows two measurements and
+    takes the larger, within [lo, hi] seconds:
+    - stalls, seen by the decode thread itself: the time its steps take beyond twice the recent median step. Above
+      `stall` of the decode time the interval grows by half; well below it, it shrinks back (to `lo` when the UI
+      costs the decode nothing);
+    - the UI thread's own CPU time per batch, so the UI stays under `ui_duty` of one core (within [lo, ui_hi]): on a
+      machine with no idle core, UI time is taken from the decode whatever the GIL does.
+    `fixed` (TINYCHAT_UI_BATCH_MS, or set by tests) pins the interval."""
+
+    WINDOW_MS = 500.0           # stalls are judged over this much decode time
+
+    def __init__(self, stall: float = 0.05, ui_duty: float = 0.05, lo: float = 0.03, hi: float = 0.5,
+                 ui_hi: float = 0.25):
+        self.stall, self.ui_duty, self.lo, self.hi, self.ui_hi = stall, ui_duty, lo, hi, ui_hi
         self.fixed: float | None = float(_FIXED) / 1000 if _FIXED else None
-        self.estimate = lo
+        self.ui_interval = lo
+        self.stall_interval = lo
+        self._steps: deque[float] = deque(maxlen=31)
+        self._excess = 0.0
+        self._total = 0.0
 
     @property
     def interval(self) -> float:
-        return self.fixed if self.fixed is not None else self.estimate
+        if self.fixed is not None:
+            return self.fixed
+        return max(self.ui_interval, self.stall_interval)
 
     def observe(self, ui_cpu_s: float) -> None:
-        """The UI thread's CPU time over the last batch cycle."""
-        target = min(self.hi, max(self.lo, ui_cpu_s / self.duty))
-        self.estimate = 0.6 * self.estimate + 0.4 * target
+        """The UI thread's CPU time over the last batch cycle (called on the UI thread)."""
+        target = min(self.ui_hi, max(self.lo, ui_cpu_s / self.ui_duty))
+        self.ui_interval = 0.6 * self.ui_interval + 0.4 * target
+
+    def step(self, ms: float) -> None:
+        """One decode step's time (called on the decode thread, for every token but a turn's first)."""
+        steps = self._steps
+        steps.append(ms)
+        if len(steps) < 8:
+            return
+        base = sorted(steps)[len(steps) // 2]
+        self._excess += max(0.0, ms - 2 * base)
+        self._total += ms
+        if self._total >= self.WINDOW_MS:
+            share = self._excess / self._total
+            if share > self.stall:
+                self.stall_interval = min(self.hi, self.stall_interval * 1.5)
+            elif share < self.stall / 3:
+                self.stall_interval = max(self.lo, self.stall_interval / 1.25)
+            self._excess = self._total = 0.0
 
 
 class TokenBatcher:
@@ -50,6 +85,8 @@ class TokenBatcher:
 
     def __call__(self, index, token, text, trace, ms) -> None:
         self.items.append(TokenItem(index, token, text, trace, ms))
+        if index > 0 and token >= 0:
+            self.pace.step(ms)
         now = time.perf_counter()
         if now - self.last >= self.pace.interval:
             self.last = now
