@@ -13,6 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Static
 
 from ... import session as S
+from ...fsutil import atomic_write_bytes
 from .dialogs import ConfirmDialog, TextDialog
 
 
@@ -134,7 +135,7 @@ class SessionsScreen(ModalScreen[tuple | None]):
         try:
             sess = S.load(info.id, self.sessions_dir)
             out = (self.export_dir or Path.cwd()) / f"tinychat-{info.id}.md"
-            out.write_text(S.export_markdown(sess), encoding="utf-8")
+            atomic_write_bytes(out, S.export_markdown(sess).encode("utf-8"))
         except (S.SessionError, OSError) as e:
             self.notify(str(e), severity="error")
             return
