@@ -17,6 +17,7 @@ from .engine import apply_ban_and_penalty
 BAN_N = 3                 # the phrase ban's n-gram order: a token is banned after the (n-1) tokens that preceded it
 DEAD_END_MIN_MASS = 0.05  # lift the ban for a step when it would leave less than this probability mass
 TRACE_TOP = 8             # candidates recorded per token
+NUCLEUS_PROBE = 32        # top final probabilities ranked to tell the candidates' nucleus membership
 
 
 def ngram_table(sequences, n: int = BAN_N, table: dict | None = None) -> dict[tuple[int, ...], list[int]]:
@@ -134,12 +135,12 @@ class TurnHook:
             return logits
         V = logits.size(-1)
         pen_mask = self._penalty_mask(V, logits.device)
-        raw = apply_ban_and_penalty(logits, self.pen, pen_mask)         # penalty only
+        raw = apply_ban_and_penalty(logits, self.pen, pen_mask if self.pen != 1.0 else None)   # penalty only
         T = self.temperature if self.temperature > 0 else 1.0
-        p_pen = torch.softmax(raw / T, dim=-1)[0]
         lifted = False
         mass = 0.0
         if banned:
+            p_pen = torch.softmax(raw / T, dim=-1)[0]
             ban_ix = torch.tensor(banned, dtype=torch.long)
             mass = float(p_pen[ban_ix].sum())
             if self.guard and 1.0 - mass < DEAD_END_MIN_MASS:
@@ -154,7 +155,11 @@ class TurnHook:
             result = logits.clone()
             result[0, banned] = float("-inf")
         if self.trace:
-            self._pending = self._make_trace(logits, result, pen_mask, banned if not lifted else [], ctx, mass, lifted)
+            final = raw
+            if banned and not lifted:
+                final = raw.clone()
+                final[0, banned] = float("-inf")
+            self._pending = self._make_trace(logits, final, pen_mask, banned if not lifted else [], ctx, mass, lifted)
         return result
 
     def _banned(self, out):
@@ -171,24 +176,46 @@ class TurnHook:
             self._pen_mask = m
         return self._pen_mask
 
-    def _make_trace(self, logits, banned_logits, pen_mask, banned, ctx, mass, lifted) -> TokenTrace:
+    def _make_trace(self, logits, final, pen_mask, banned, ctx, mass, lifted) -> TokenTrace:
+        """final: fp32 logits after the penalty and the (unlifted) ban. Costs O(V) a few times, never a sort of V."""
         T = self.temperature if self.temperature > 0 else 1.0
         p_raw = torch.softmax(logits.float() / T, dim=-1)[0]
-        final = apply_ban_and_penalty(banned_logits, self.pen, pen_mask if self.pen != 1.0 else None)
         p_fin = torch.softmax(final / T, dim=-1)[0]
         # candidates: the top of the raw and of the final distribution (a banned favourite stays visible)
-        top = list(dict.fromkeys(p_raw.topk(TRACE_TOP).indices.tolist() + p_fin.topk(TRACE_TOP).indices.tolist()))
-        sp, si = p_fin.sort(descending=True)
-        keep = (sp.cumsum(0) - sp) < self.top_p
-        nucleus = set(si[keep].tolist()) if self.temperature > 0 else {int(si[0])}
+        sp, si = p_fin.topk(min(NUCLEUS_PROBE, p_fin.numel()))   # sorted descending
+        si_l = si.tolist()
+        top = list(dict.fromkeys(p_raw.topk(TRACE_TOP).indices.tolist() + si_l[:TRACE_TOP]))
+        ix = torch.tensor(top, dtype=torch.long)
+        pf = p_fin[ix]
+        if self.temperature > 0:
+            nucleus = self._nucleus_members(top, pf, p_fin, sp, si_l)
+        else:
+            nucleus = [t == si_l[0] for t in top]
+        pens = (pen_mask[ix] & (self.pen != 1.0)).tolist()
         bset = set(banned)
-        cands = [Candidate(t, float(p_raw[t]), float(p_fin[t]), ctx if t in bset else None,
-                           bool(pen_mask[t]) and self.pen != 1.0, t in nucleus) for t in top]
+        cands = [Candidate(t, pr, pfi, ctx if t in bset else None, pe, nu)
+                 for t, pr, pfi, pe, nu in zip(top, p_raw[ix].tolist(), pf.tolist(), pens, nucleus)]
         cands.sort(key=lambda c: -c.p_raw)
         tr = TokenTrace(index=len(self.out), token=-1, rank=-1, p_raw=0.0, p_final=0.0, candidates=cands,
                         banned=banned, banned_mass=mass if not lifted else 0.0, lifted=lifted)
         tr._p_raw, tr._p_fin = p_raw, p_fin     # kept until the token is known
         return tr
+
+    def _nucleus_members(self, top, pf, p_fin, sp, si_l) -> list[bool]:
+        """A token is in the nucleus when the mass ranked before it is under top_p (as the sampler's sort +
+        cumsum): read off the top NUCLEUS_PROBE for candidates there; one O(V) pass for any other candidate, and
+        only when the probe's mass has not already reached top_p (then every lower token is out)."""
+        before = dict(zip(si_l, (sp.cumsum(0) - sp).tolist()))
+        probe_full = float(sp.sum()) >= self.top_p
+        res = []
+        for t, p in zip(top, pf.tolist()):
+            if t in before:
+                res.append(before[t] < self.top_p)
+            elif probe_full:
+                res.append(False)
+            else:
+                res.append(float(p_fin[p_fin > p].sum()) < self.top_p)
+        return res
 
     def _finish_trace(self, token: int) -> TokenTrace | None:
         tr = self._pending
