@@ -21,69 +21,8 @@ from . import session as S
 from .engine import Decoder, KVCache, append, quantize_cpu
 from .model import TinyAgentLM
 from .sampler import Cancelled, TokenTrace, TurnHook, TurnStats, ngram_table, penalty_ids
+from .settings import ChatError, ChatSettings
 from .tokenizer import StreamDecoder, Tokenizer
-
-
-class ChatError(ValueError):
-    """A turn or setting the chat cannot take; one line, fit for the user."""
-
-
-@dataclass(frozen=True)
-class ChatSettings:
-    """Sampler and turn settings. Changes apply from the next turn and are recorded with it."""
-    system_prompt: str = "You are a helpful assistant."
-    temperature: float = 0.7
-    top_p: float = 0.9
-    penalty: float = 1.1            # repetition penalty (1.0: off)
-    penalty_window: int = 64        # over the last this-many content tokens of the conversation
-    ban: bool = True                # phrase ban: 3-grams the assistant already said in earlier turns
-    no_parrot: bool = True          # ... and the 3-grams of the user's current message
-    max_new: int = 256
-    seed: int | None = None         # None: a fresh random seed per turn (recorded)
-
-    LIMITS = {"temperature": (0.0, 5.0), "top_p": (0.01, 1.0), "penalty": (1.0, 5.0), "penalty_window": (0, 100000),
-              "max_new": (1, 100000)}
-
-    def __post_init__(self):
-        for k, (lo, hi) in self.LIMITS.items():
-            v = getattr(self, k)
-            if not lo <= v <= hi:
-                raise ChatError(f"{k.replace('_', '-')} must be between {lo:g} and {hi:g} (got {v})")
-        if self.seed is not None and not 0 <= self.seed < 2 ** 63:
-            raise ChatError("seed must be a non-negative integer below 2^63")
-
-    def sampler(self) -> dict:
-        """The per-turn record of what shaped this turn's sampling."""
-        d = dataclasses.asdict(self)
-        d.pop("system_prompt")
-        return d
-
-    def with_value(self, key: str, value: str) -> "ChatSettings":
-        """A copy with one setting parsed from text (`/set KEY VALUE`)."""
-        key = key.replace("-", "_").lower()
-        fields = {f.name: f for f in dataclasses.fields(self)}
-        if key == "system":
-            key = "system_prompt"
-        if key not in fields:
-            raise ChatError(f"unknown setting {key!r} (settings: {', '.join(n.replace('_', '-') for n in fields)})")
-        cur = getattr(self, key)
-        try:
-            if key == "seed":
-                v = None if value.strip().lower() in ("", "none", "random", "off") else int(value)
-            elif isinstance(cur, bool):
-                low = value.strip().lower()
-                if low not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
-                    raise ValueError
-                v = low in ("on", "true", "1", "yes")
-            elif isinstance(cur, int):
-                v = int(value)
-            elif isinstance(cur, float):
-                v = float(value)
-            else:
-                v = value
-        except ValueError:
-            raise ChatError(f"{key.replace('_', '-')}: cannot read {value!r} as {type(cur).__name__}") from None
-        return dataclasses.replace(self, **{key: v})
 
 
 @dataclass

@@ -71,10 +71,12 @@ def _check_choice(name: str, value: str, choices) -> str:
     return value
 
 
-def _device(device: str) -> str:
+def _device(device: str, resolve: bool = True) -> str:
+    """cpu or cuda; "auto" stays "auto" without `resolve` (the app resolves it on its loading worker, so the window
+    does not wait for torch)."""
     _check_choice("--device", device, ("auto", "cpu", "cuda"))
-    if device == "cpu":
-        return "cpu"
+    if device == "cpu" or (device == "auto" and not resolve):
+        return device
     import torch
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA GPU is available here")
@@ -126,25 +128,26 @@ def chat(ctx: typer.Context,
     _check_choice("--quant", quant, QUANTS)
     if json_out and not plain and sys.stdin.isatty() and sys.stdout.isatty():
         raise UsageError("--json goes with --plain")
-    from .chat import ChatSettings
+    from .settings import ChatSettings
     overrides = {k: v for k, v in dict(seed=seed, temperature=temperature, top_p=top_p, penalty=penalty, ban=ban,
                                        system_prompt=system, max_new=max_new).items() if v is not None}
     settings = ChatSettings(**overrides) if session is None else None
-    dev = _device(device)
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    dev = _device(device, resolve=plain or not interactive)
     if threads is not None:
         if threads < 1:
             raise UsageError("--threads must be at least 1")
         import torch
         torch.set_num_threads(threads)
-    interactive = sys.stdin.isatty() and sys.stdout.isatty()
     if not plain and interactive:
         try:
             from .tui.app import run_app
         except ImportError:
             run_app = None
-        if run_app is not None:
+        if run_app is not None:     # torch and the model load on the app's worker, behind the window
             raise typer.Exit(run_app(model=model, quant=quant, device=dev, settings=settings, overrides=overrides,
                                      session=session))
+        dev = _device(dev)
     m, tok, name, ident = load_runtime(model)
     chat_ = _open_chat(m, tok, name, ident, quant, dev, settings, overrides, session)
     from .plain import PlainREPL

@@ -33,3 +33,31 @@ def test_help_does_not_import_torch():
            "print('torch' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.stdout.strip().endswith("False"), p.stdout + p.stderr
+
+
+def test_app_window_opens_before_torch_is_imported():
+    """The interactive path hands over to the app without importing torch: the model (and torch) load on the app's
+    worker behind the window, and --device auto is resolved there."""
+    code = """
+import sys
+class Tty:
+    def __init__(self, f): self.f = f
+    def isatty(self): return True
+    def __getattr__(self, k): return getattr(self.f, k)
+sys.stdin, sys.stdout = Tty(sys.stdin), Tty(sys.stdout)
+sys.argv = ['tinychat', '--temperature', '0.5']
+import tinychat.tui.app as A
+seen = {}
+def fake_run_app(**kw):
+    seen.update(torch='torch' in sys.modules, device=kw['device'], temperature=kw['settings'].temperature)
+    return 0
+A.run_app = fake_run_app
+from tinychat import cli
+try:
+    cli.main()
+except SystemExit as e:
+    seen['rc'] = e.code
+sys.stdout.f.write(repr(seen))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.stdout.strip() == "{'torch': False, 'device': 'auto', 'temperature': 0.5, 'rc': 0}", p.stdout + p.stderr

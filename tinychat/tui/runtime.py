@@ -119,7 +119,8 @@ class Backend:
         self.rt: Runtime | None = None
 
     def load_runtime(self) -> Runtime:
-        from ..cli import load_runtime
+        from ..cli import _device, load_runtime
+        self.device = _device(self.device)      # "auto" -> cpu or cuda (imports torch: on the worker)
         return Runtime(*load_runtime(self.model_path))
 
     def load(self):
