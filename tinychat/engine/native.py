@@ -44,7 +44,7 @@ SOURCE = r"""/* tinychat native CPU kernels for the batch-1 int8 decode step (bu
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX512BW__) || defined(__AVX2__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 #ifdef _OPENMP
@@ -229,6 +229,89 @@ void tc_tail(float *x, float *h, int16_t *xq, float inv, const float *y_attn, in
 }
 
 
+#if defined(__AVX512F__)
+/* exp(x) for x <= 0 (scores minus their max), 16 lanes: Cody-Waite reduction by ln 2 and the Cephes expf
+   polynomial (~1 ulp), 2^n applied with scalef; below -87 (and -inf: masked slots) it is 0, NaN stays NaN. */
+static inline __m512 exp16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.0f);
+    __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ);
+    x = _mm512_max_ps(lo, x);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
+}
+
+/* One q head (D a multiple of 16, at most 256) against keys 0..L of K/V and the W ring slots of Kl/Vl that hold
+   one of the last W positions: scores into s (L + 1 + W), softmax, o = p @ [V | Vl]. q stays in registers; the
+   exponentials and their sum run 16 at a time; the 1/sum is applied once to o. */
+static void attend_head16(const float *q, const float *K, const float *V, const float *Kl, const float *Vl,
+                          const int64_t *lpos, int64_t L, int64_t W, int64_t D, float *s, float *o) {
+    int64_t nv = D / 16, n = L + 1 + W;
+    __m512 qv[16], acc[16];
+    for (int64_t v = 0; v < nv; v++) qv[v] = _mm512_loadu_ps(q + 16 * v);
+    float m = -INFINITY;
+    for (int64_t j = 0; j <= L; j++) {
+        const float *k = K + j * D;
+        __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
+        for (int64_t v = 1; v < nv; v++) a = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(k + 16 * v), a);
+        float x = _mm512_reduce_add_ps(a);
+        s[j] = x;
+        m = x > m ? x : m;
+    }
+    for (int64_t j = 0; j < W; j++) {
+        int64_t p = lpos[j];
+        float x = -INFINITY;
+        if (p >= 0 && L - p < W) {
+            const float *k = Kl + j * D;
+            __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
+            for (int64_t v = 1; v < nv; v++) a = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(k + 16 * v), a);
+            x = _mm512_reduce_add_ps(a);
+        }
+        s[L + 1 + j] = x;
+        m = x > m ? x : m;
+    }
+    __m512 mv = _mm512_set1_ps(m), zv = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
+        _mm512_storeu_ps(s + j, e);
+        zv = _mm512_add_ps(zv, e);
+    }
+    if (j < n) {
+        __mmask16 t = (__mmask16)((1u << (n - j)) - 1u);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), mv));
+        e = _mm512_maskz_mov_ps(t, e);
+        _mm512_mask_storeu_ps(s + j, t, e);
+        zv = _mm512_add_ps(zv, e);
+    }
+    float rz = 1.0f / _mm512_reduce_add_ps(zv);
+    for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_setzero_ps();
+    for (int64_t i = 0; i <= L; i++) {
+        __m512 pv = _mm512_set1_ps(s[i]);
+        const float *vv = V + i * D;
+        for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_fmadd_ps(pv, _mm512_loadu_ps(vv + 16 * v), acc[v]);
+    }
+    for (int64_t i = 0; i < W; i++) {
+        float p = s[L + 1 + i];
+        if (p == 0.f) continue;
+        __m512 pv = _mm512_set1_ps(p);
+        const float *vv = Vl + i * D;
+        for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_fmadd_ps(pv, _mm512_loadu_ps(vv + 16 * v), acc[v]);
+    }
+    __m512 rv = _mm512_set1_ps(rz);
+    for (int64_t v = 0; v < nv; v++) _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(acc[v], rv));
+}
+#endif
+
 /* The attention of one layer for one token at position L, straight against an fp32 KVCache (row 0):
    heads: the fused QKV output [q (H*D) | k_local (Hk*D) | k_global (Hk*D, full layers) | v_local | v_global];
    q heads are scaled to unit length, k heads rms-normed (the 1/sqrt(D) of the scores folded in), both rotated
@@ -273,6 +356,12 @@ void tc_attn(float *heads, int64_t H, int64_t Hk, int64_t D, int full, const flo
 #endif
         const float *q = heads + hq * D, *K = gk + g * gstride * D, *V = gv + g * gstride * D;
         const float *Kl = lk + g * (W + 1) * D, *Vl = lv + g * (W + 1) * D;
+#if defined(__AVX512F__)
+        if ((D & 15) == 0 && D <= 256) {
+            attend_head16(q, K, V, Kl, Vl, lpos, L, W, D, s, y + hq * D);
+            continue;
+        }
+#endif
         float m = -INFINITY;
         for (int64_t j = 0; j <= L; j++) {
             float a = 0.f;
