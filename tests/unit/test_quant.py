@@ -120,3 +120,29 @@ def test_a_deep_copy_of_a_native_model_runs_the_pytorch_step():
     tokens = torch.randint(0, 512, (1, 20), generator=torch.Generator().manual_seed(5))
     assert _rel(_walk_dtype(c, True, tokens, torch.float32), _walk_dtype(q, True, tokens, torch.float32)) \
         < FAST_VS_ONE["int8"]
+
+
+def test_native_engram_addresses_equal_the_tensor_ones():
+    """The native step's Python-int Engram hashing gives _engram_addrs' addresses, at the sequence start (fewer
+    previous tokens than the order) and later, and follows a cid_map changed after quantizing."""
+    from tinychat.engine.append import _engram_addrs
+    from tinychat.engine import native
+    if native.load() is None:
+        pytest.skip(f"no native kernels here: {native.why_not}")
+    q = quantize_cpu(make_model(), "int8")
+    nat = q._cpu_fast.nat
+    assert nat.engrams
+    g = torch.Generator().manual_seed(5)
+    for remap in (False, True):
+        if remap:
+            q.cid_map.copy_(torch.randperm(q.cfg.vocab_size, generator=g))
+        tokens = torch.zeros(1, 40, dtype=torch.long)
+        tokens[0, :30] = torch.randint(0, q.cfg.vocab_size, (30,), generator=g)
+        for L in (0, 1, 2, 7, 29):
+            tok = int(tokens[0, L])
+            want = _engram_addrs(q, tokens, torch.tensor([L]), torch.tensor([[tok]]))
+            prev = tokens[0, max(0, L - nat.n1):L].tolist()
+            got = nat.engram_addrs([0] * (nat.n1 - len(prev)) + prev + [tok])
+            assert want.keys() == got.keys()
+            for k in want:
+                assert torch.equal(want[k], got[k]), (L, k)

@@ -271,6 +271,33 @@ class _NativeStep:
         self.logits = torch.empty(1, c.vocab_size)
         self.sc = torch.empty(0)               # attention scores scratch (grown to threads * (max_len + 1 + W))
         self.p = {k: getattr(self, k).data_ptr() for k in ("x", "h", "xq", "u", "y", "qkvbuf", "logits")}
+        self.engrams = [(i, b.engram.orders, b.engram.heads, b.engram.size, b.engram.mult.tolist(),
+                         b.engram.offset.tolist()) for i, b in enumerate(model.blocks) if b.engram is not None]
+        self.n1 = max(c.engram_orders) - 1 if self.engrams else 0
+        self._cid_map = model.cid_map
+        self._cid: list[int] = []
+        self._cid_version = -1
+
+    def engram_addrs(self, tokens: list[int]) -> dict[int, torch.Tensor]:
+        """_engram_addrs for one new token in Python ints (a few dozen multiplies and XORs instead of ~30 tensor
+        ops): tokens = the n_max - 1 previous ids (0 before position 0) then the new one. Same values: products of
+        ids below 2^31 stay exact, addresses are non-negative, so % equals torch.remainder."""
+        cm = self._cid_map
+        if cm._version != self._cid_version:             # set_token_strings after quantizing: re-read
+            self._cid, self._cid_version = cm.tolist(), cm._version
+        c = [self._cid[t] for t in tokens]
+        out = {}
+        for li, orders, heads, size, mult, offset in self.engrams:
+            a, t = [], 0
+            for n in orders:
+                for _ in range(heads):
+                    acc, m = 0, mult[t]
+                    for j in range(n):
+                        acc ^= c[-1 - j] * m[j]
+                    a.append(acc % size + offset[t])
+                    t += 1
+            out[li] = torch.tensor(a).view(1, 1, -1)
+        return out
 
 
 def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _NativeStep):
@@ -286,8 +313,13 @@ def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _Nativ
     lib, P = nat.lib, nat.p
     nt = torch.get_num_threads()
     inv = fs.inv_sqrt_d
-    addrs = _engram_addrs(model, cache.tokens[:1], torch.tensor([L], device=idx.device), idx)
-    cache.tokens[0, L] = idx[0, 0]
+    tok = int(idx[0, 0])
+    addrs = {}
+    if nat.engrams:
+        n1 = nat.n1
+        prev = cache.tokens[0, max(0, L - n1):L].tolist()
+        addrs = nat.engram_addrs([0] * (n1 - len(prev)) + prev + [tok])
+    cache.tokens[0, L] = tok
     slot = L % W
     cache.lpos[0, slot] = L
     lp = cache.lpos[0, :W]
@@ -304,7 +336,7 @@ def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _Nativ
         Vl, Vg_all = lv[:, :, :W], gv[:, :, :L + 1]
         KlT, KgT_all = lk[:, :, :W].transpose(-1, -2), gk[:, :, :L + 1].transpose(-1, -2)
     x = nat.x
-    x.copy_(model.embed.weight[idx[0, 0]])
+    x.copy_(model.embed.weight[tok])
     y3 = nat.y.view(Hk, rep, D)
     if native_attn:
         need = nt * (cache.max_len + 1 + W)
