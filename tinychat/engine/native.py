@@ -402,7 +402,29 @@ void tc_attn(float *heads, int64_t H, int64_t Hk, int64_t D, int full, const flo
     }
 }
 
-int tc_abi_version(void) { return 3; }
+/* Layers [l0, l1) of one token against fp32 caches, in one call: per layer tc_attn then tc_tail, the tail computing
+   the next layer's norm + fused QKV while li + 1 < l1 (the caller runs an Engram block and its QKV between
+   segments). qkv holds layer l0's fused QKV on entry. tab: per layer TAB_COLS int64s: QKV weights, scales and rows,
+   full (1: writes the group's global K/V), group, then w_o, up, down weights and scales. lk/lv: the (L, 1, Hk, W + 1,
+   D) rings, gk/gv: the (G, 1, Hk, gstride, D) global caches. */
+#define TAB_COLS 11
+void tc_layers(const int64_t *tab, int64_t l0, int64_t l1, float *x, float *h, int16_t *xq, float inv, float *qkv,
+               float *y, float *u, int64_t hidden, int64_t d, int64_t H, int64_t Hk, int64_t D, const float *cos_,
+               const float *sin_, float *lk, float *lv, int64_t W, float *gk, float *gv, int64_t gstride,
+               const int64_t *lpos, int64_t L, float *sc, int nt) {
+    int64_t lstep = Hk * (W + 1) * D, gstep = Hk * gstride * D;
+    for (int64_t li = l0; li < l1; li++) {
+        const int64_t *t = tab + li * TAB_COLS;
+        const int64_t *n = li + 1 < l1 ? tab + (li + 1) * TAB_COLS : NULL;
+        tc_attn(qkv, H, Hk, D, (int)t[3], cos_, sin_, lk + li * lstep, lv + li * lstep, W, gk + t[4] * gstep,
+                gv + t[4] * gstep, gstride, lpos, L, y, sc, nt);
+        tc_tail(x, h, xq, inv, y, H * D, (const int8_t *)t[5], (const float *)t[6], (const int8_t *)t[7],
+                (const float *)t[8], (const int8_t *)t[9], (const float *)t[10], u, hidden, d,
+                n ? (const int8_t *)n[0] : NULL, n ? (const float *)n[1] : NULL, qkv, n ? n[2] : 0, nt);
+    }
+}
+
+int tc_abi_version(void) { return 4; }
 """
 
 
@@ -470,7 +492,9 @@ def _bind(lib):
     lib.tc_tail.argtypes = [_F, _F, _F, ctypes.c_float, _F, _I64, _I8, _F, _I8, _F, _I8, _F, _F, _I64, _I64,
                             _I8, _F, _F, _I64, _INT]
     lib.tc_attn.argtypes = [_F, _I64, _I64, _I64, _INT, _F, _F, _F, _F, _I64, _F, _F, _I64, _F, _I64, _F, _F, _INT]
-    for f in (lib.tc_gemv, lib.tc_norm_gemv, lib.tc_tail, lib.tc_attn):
+    lib.tc_layers.argtypes = [_F, _I64, _I64, _F, _F, _F, ctypes.c_float, _F, _F, _F, _I64, _I64, _I64, _I64, _I64,
+                              _F, _F, _F, _F, _I64, _F, _F, _I64, _F, _I64, _F, _INT]
+    for f in (lib.tc_gemv, lib.tc_norm_gemv, lib.tc_tail, lib.tc_attn, lib.tc_layers):
         f.restype = None
     lib.tc_abi_version.restype = ctypes.c_int
     return lib
@@ -532,7 +556,7 @@ def load():
             return None
         try:
             lib = _bind(ctypes.CDLL(str(_build(cc))))
-            if lib.tc_abi_version() != 3 or not _self_test(lib):
+            if lib.tc_abi_version() != 4 or not _self_test(lib):
                 why_not = "the native kernels failed their self-test"
                 warnings.warn(f"tinychat: {why_not}; using the PyTorch kernels")
                 return None

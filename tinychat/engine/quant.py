@@ -271,6 +271,14 @@ class _NativeStep:
         self.logits = torch.empty(1, c.vocab_size)
         self.sc = torch.empty(0)               # attention scores scratch (grown to threads * (max_len + 1 + W))
         self.p = {k: getattr(self, k).data_ptr() for k in ("x", "h", "xq", "u", "y", "qkvbuf", "logits")}
+        rows, group = [], -1
+        for li, b in enumerate(model.blocks):               # tc_layers' table (native.py: TAB_COLS per layer)
+            full = b.attn.mode == "full"
+            group += full
+            rows.append([*self.qkv[li], int(full), group, *self.wo[li][:2], *self.up[li][:2], *self.down[li][:2]])
+        self.tab = torch.tensor(rows, dtype=torch.int64)
+        starts = [0] + [i for i, e in enumerate(self.has_engram) if e and i > 0]
+        self.segments = list(zip(starts, starts[1:] + [len(model.blocks)]))   # [start, end): Engram only at a start
         self.engrams = [(i, b.engram.orders, b.engram.heads, b.engram.size, b.engram.mult.tolist(),
                          b.engram.offset.tolist()) for i, b in enumerate(model.blocks) if b.engram is not None]
         self.n1 = max(c.engram_orders) - 1 if self.engrams else 0
@@ -301,10 +309,11 @@ class _NativeStep:
 
 
 def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _NativeStep):
-    """_decode_fast in native kernels (engine/native.py), two calls per layer: tc_attn (q/k norms, RoPE, the cache
-    writes, one softmax over [global | local] keys; fp32 caches, else the PyTorch attention ops below) and tc_tail
-    (w_o + residual, norm, MLP + residual, next norm, next fused QKV). Engram blocks stay PyTorch ops. Same math as
-    _decode_fast; the activations enter the int8 products as int16 (per-vector scale) instead of bf16."""
+    """_decode_fast in native kernels (engine/native.py). With an fp32 cache, one tc_layers call per run of layers
+    between Engram blocks (per layer: tc_attn = q/k norms, RoPE, the cache writes, one softmax over [global | local]
+    keys; tc_tail = w_o + residual, norm, MLP + residual, next norm, next fused QKV); Engram blocks stay PyTorch ops.
+    Other caches (bf16): PyTorch attention ops between tc_tail calls. Same math as _decode_fast; the activations enter
+    the int8 products as int16 (per-vector scale) instead of bf16."""
     c = model.cfg
     H, Hk, D, W = c.n_heads, c.n_kv_heads, c.head_dim, c.swa_window
     rep = H // Hk
@@ -345,14 +354,20 @@ def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _Nativ
         half = D // 2
         cosp = model.rope.cos.data_ptr() + L * half * 4
         sinp = model.rope.sin.data_ptr() + L * half * 4
-        lstep = Hk * (W + 1) * D * 4
-        gstep = Hk * (cache.max_len + 1) * D * 4
         lkp, lvp, gkp, gvp = (t.data_ptr() for t in (cache.lk, cache.lv, cache.gk, cache.gv))
         lposp, scp = cache.lpos.data_ptr(), nat.sc.data_ptr()
+        for a, b in nat.segments:                            # one tc_layers call per run of layers
+            blk = model.blocks[a]
+            if blk.engram is not None:
+                x.add_(blk.engram(x[None, None], addrs[a])[0, 0])
+            qp, sp, nq = nat.qkv[a]
+            lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, qp, sp, P["qkvbuf"], nq, d, nt)
+            lib.tc_layers(nat.tab.data_ptr(), a, b, P["x"], P["h"], P["xq"], inv, P["qkvbuf"], P["y"], P["u"], hid, d,
+                          H, Hk, D, cosp, sinp, lkp, lvp, W, gkp, gvp, cache.max_len + 1, lposp, L, scp, nt)
     group = -1
     n_layers = len(model.blocks)
     have_qkv = False
-    for li, blk in enumerate(model.blocks):
+    for li, blk in enumerate(() if native_attn else model.blocks):     # other caches: PyTorch attention
         if not have_qkv:                                     # the first layer, or one after an Engram block
             if blk.engram is not None:
                 x.add_(blk.engram(x[None, None], addrs[li])[0, 0])
@@ -361,32 +376,28 @@ def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _Nativ
         full = blk.attn.mode == "full"
         if full:
             group += 1
-        if native_attn:                                      # norms, RoPE, cache writes and attention: one call
-            lib.tc_attn(P["qkvbuf"], H, Hk, D, int(full), cosp, sinp, lkp + li * lstep, lvp + li * lstep, W,
-                        gkp + group * gstep, gvp + group * gstep, cache.max_len + 1, lposp, L, P["y"], scp, nt)
+        heads = nat.qkvbuf[:nat.qkv[li][2]].view(-1, D)
+        nqk = fs.nqk[li]
+        qk = heads[:nqk]
+        qk = (qk / vnorm(qk, dim=-1, keepdim=True).mul_(fs.ndiv[li])) @ R
+        q = qk[:H].view(Hk, rep, D)
+        lk_new[li].copy_(qk[H:H + Hk])
+        lv_new[li].copy_(heads[nqk:nqk + Hk])
+        if full:
+            gk_new[group].copy_(qk[H + Hk:nqk])
+            gv_new[group].copy_(heads[nqk + Hk:])
+            KgT, Vg = KgT_all[group], Vg_all[group]
+        if q.dtype != kdt:
+            q = q.to(kdt)
+        sl = torch.bmm(q, KlT[li])
+        if lbias is not None:
+            sl.add_(lbias)
+        p = torch.softmax(torch.cat([torch.bmm(q, KgT), sl], dim=-1), dim=-1, dtype=torch.float32)
+        if kdt == torch.float32:
+            torch.bmm(p[..., :L + 1], Vg, out=y3).baddbmm_(p[..., L + 1:], Vl[li])
         else:
-            heads = nat.qkvbuf[:nat.qkv[li][2]].view(-1, D)
-            nqk = fs.nqk[li]
-            qk = heads[:nqk]
-            qk = (qk / vnorm(qk, dim=-1, keepdim=True).mul_(fs.ndiv[li])) @ R
-            q = qk[:H].view(Hk, rep, D)
-            lk_new[li].copy_(qk[H:H + Hk])
-            lv_new[li].copy_(heads[nqk:nqk + Hk])
-            if full:
-                gk_new[group].copy_(qk[H + Hk:nqk])
-                gv_new[group].copy_(heads[nqk + Hk:])
-                KgT, Vg = KgT_all[group], Vg_all[group]
-            if q.dtype != kdt:
-                q = q.to(kdt)
-            sl = torch.bmm(q, KlT[li])
-            if lbias is not None:
-                sl.add_(lbias)
-            p = torch.softmax(torch.cat([torch.bmm(q, KgT), sl], dim=-1), dim=-1, dtype=torch.float32)
-            if kdt == torch.float32:
-                torch.bmm(p[..., :L + 1], Vg, out=y3).baddbmm_(p[..., L + 1:], Vl[li])
-            else:
-                p = p.to(kdt)
-                y3.copy_(torch.bmm(p[..., :L + 1], Vg).baddbmm_(p[..., L + 1:], Vl[li]))
+            p = p.to(kdt)
+            y3.copy_(torch.bmm(p[..., :L + 1], Vg).baddbmm_(p[..., L + 1:], Vl[li]))
         nxt = li + 1
         have_qkv = nxt < n_layers and not nat.has_engram[nxt]
         wq, sq, nq = nat.qkv[nxt] if have_qkv else (None, None, 0)
