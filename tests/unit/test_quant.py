@@ -146,3 +146,27 @@ def test_native_engram_addresses_equal_the_tensor_ones():
             assert want.keys() == got.keys()
             for k in want:
                 assert torch.equal(want[k], got[k]), (L, k)
+
+
+def test_native_engram_block_matches_its_pytorch_forward():
+    """tc_engram (gather, int8 w_v / w_k with int16 activations, the rms-normed gate) against Engram.forward on
+    the same int8 model: the only difference is the activations' rounding."""
+    from tinychat.engine import native
+    if native.load() is None:
+        pytest.skip(f"no native kernels here: {native.why_not}")
+    q = quantize_cpu(make_model(), "int8")
+    nat = q._cpu_fast.nat
+    (li,) = [i for i, e in nat.engram_native.items() if e is not None]
+    en = q.blocks[li].engram
+    table, vq, vs, kq, ks = nat.engram_native[li]
+    g = torch.Generator().manual_seed(11)
+    for trial in range(5):
+        toks = torch.randint(0, q.cfg.vocab_size, (nat.n1 + 1,), generator=g).tolist()
+        ad = nat.engram_addrs(toks)[li]
+        x0 = torch.randn(q.cfg.d_model, generator=g) * (0.1 + trial)
+        want = x0 + en(x0[None, None], ad)[0, 0]
+        x = x0.clone()
+        nat.lib.tc_engram(x.data_ptr(), table.data_ptr(), ad.data_ptr(), ad.size(-1), table.size(1), vq, vs, kq, ks,
+                          q.cfg.d_model, nat.e.data_ptr(), nat.exq.data_ptr(), nat.ek.data_ptr(), nat.ev.data_ptr(), 1)
+        delta, ref = x - x0, want - x0
+        assert ((delta - ref).abs().max() / ref.abs().max()).item() < 1e-2, trial

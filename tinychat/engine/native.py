@@ -424,7 +424,33 @@ void tc_layers(const int64_t *tab, int64_t l0, int64_t l1, float *x, float *h, i
     }
 }
 
-int tc_abi_version(void) { return 4; }
+/* One token's Engram block: e = the n_tab table rows at addrs (edim floats each) side by side, v = w_v(e),
+   k = w_k(e), x += sigmoid(<rms_norm(x), rms_norm(k)> / sqrt(d)) * v (rms_norm with fp32 epsilon, as F.rms_norm).
+   e: scratch of n_tab * edim floats, k and v of d, xq of int16 for n_tab * edim. */
+void tc_engram(float *x, const float *table, const int64_t *addrs, int64_t n_tab, int64_t edim,
+               const int8_t *wv_q, const float *wv_s, const int8_t *wk_q, const float *wk_s, int64_t d,
+               float *e, int16_t *xq, float *k, float *v, int nt) {
+    int64_t ne = n_tab * edim;
+    for (int64_t t = 0; t < n_tab; t++) memcpy(e + t * edim, table + addrs[t] * edim, edim * sizeof(float));
+    float sx = quant16(e, xq, ne);
+#pragma omp parallel num_threads(threads_for(2 * d * ne, nt))
+    {
+        gemv_rows(xq, sx, wv_q, wv_s, v, d, ne, 0);
+        gemv_rows(xq, sx, wk_q, wk_s, k, d, ne, 0);
+    }
+    double xx = 0.0, kk = 0.0, xk = 0.0;
+    for (int64_t i = 0; i < d; i++) {
+        xx += (double)x[i] * x[i];
+        kk += (double)k[i] * k[i];
+        xk += (double)x[i] * k[i];
+    }
+    const double eps = 1.1920928955078125e-07;
+    double g = xk / (sqrt(xx / d + eps) * sqrt(kk / d + eps)) / sqrt((double)d);
+    float gate = (float)(1.0 / (1.0 + exp(-g)));
+    for (int64_t i = 0; i < d; i++) x[i] += gate * v[i];
+}
+
+int tc_abi_version(void) { return 5; }
 """
 
 
@@ -494,7 +520,8 @@ def _bind(lib):
     lib.tc_attn.argtypes = [_F, _I64, _I64, _I64, _INT, _F, _F, _F, _F, _I64, _F, _F, _I64, _F, _I64, _F, _F, _INT]
     lib.tc_layers.argtypes = [_F, _I64, _I64, _F, _F, _F, ctypes.c_float, _F, _F, _F, _I64, _I64, _I64, _I64, _I64,
                               _F, _F, _F, _F, _I64, _F, _F, _I64, _F, _I64, _F, _INT]
-    for f in (lib.tc_gemv, lib.tc_norm_gemv, lib.tc_tail, lib.tc_attn, lib.tc_layers):
+    lib.tc_engram.argtypes = [_F, _F, _F, _I64, _I64, _I8, _F, _I8, _F, _I64, _F, _F, _F, _F, _INT]
+    for f in (lib.tc_gemv, lib.tc_norm_gemv, lib.tc_tail, lib.tc_attn, lib.tc_layers, lib.tc_engram):
         f.restype = None
     lib.tc_abi_version.restype = ctypes.c_int
     return lib
@@ -556,7 +583,7 @@ def load():
             return None
         try:
             lib = _bind(ctypes.CDLL(str(_build(cc))))
-            if lib.tc_abi_version() != 4 or not _self_test(lib):
+            if lib.tc_abi_version() != 5 or not _self_test(lib):
                 why_not = "the native kernels failed their self-test"
                 warnings.warn(f"tinychat: {why_not}; using the PyTorch kernels")
                 return None

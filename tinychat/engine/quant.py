@@ -282,6 +282,20 @@ class _NativeStep:
         self.engrams = [(i, b.engram.orders, b.engram.heads, b.engram.size, b.engram.mult.tolist(),
                          b.engram.offset.tolist()) for i, b in enumerate(model.blocks) if b.engram is not None]
         self.n1 = max(c.engram_orders) - 1 if self.engrams else 0
+        # tc_engram per Engram block (fp32 table, int8 w_v / w_k), else None: the block's PyTorch forward
+        self.engram_native = {}
+        for i, b in enumerate(model.blocks):
+            en = b.engram
+            if en is None:
+                continue
+            ok = (en.table.weight.dtype == torch.float32 and en.table.weight.is_contiguous()
+                  and type(en.w_v) is Int8Linear and type(en.w_k) is Int8Linear
+                  and en.w_v.bias is None and en.w_k.bias is None)
+            self.engram_native[i] = (en.table.weight, *w(en.w_v)[:2], *w(en.w_k)[:2]) if ok else None
+        ne = max([b.engram.table.weight.size(1) * len(b.engram.orders) * b.engram.heads
+                  for b in model.blocks if b.engram is not None] + [1])
+        self.e, self.ek, self.ev = torch.empty(ne), torch.empty(d), torch.empty(d)
+        self.exq = torch.empty(ne, dtype=torch.int16)
         self._cid_map = model.cid_map
         self._cid: list[int] = []
         self._cid_version = -1
@@ -359,7 +373,15 @@ def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _Nativ
         for a, b in nat.segments:                            # one tc_layers call per run of layers
             blk = model.blocks[a]
             if blk.engram is not None:
-                x.add_(blk.engram(x[None, None], addrs[a])[0, 0])
+                en = nat.engram_native[a]
+                if en is None:
+                    x.add_(blk.engram(x[None, None], addrs[a])[0, 0])
+                else:
+                    table, vq, vs, kq, ks = en
+                    ad = addrs[a]
+                    lib.tc_engram(P["x"], table.data_ptr(), ad.data_ptr(), ad.size(-1), table.size(1), vq, vs, kq,
+                                  ks, d, nat.e.data_ptr(), nat.exq.data_ptr(), nat.ek.data_ptr(),
+                                  nat.ev.data_ptr(), nt)
             qp, sp, nq = nat.qkv[a]
             lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, qp, sp, P["qkvbuf"], nq, d, nt)
             lib.tc_layers(nat.tab.data_ptr(), a, b, P["x"], P["h"], P["xq"], inv, P["qkvbuf"], P["y"], P["u"], hid, d,
