@@ -40,12 +40,16 @@ class ChatSettings:
         d.pop("system_prompt")
         return d
 
+    @staticmethod
+    def field_name(key: str) -> str:
+        """The field a `/set` key names (max-new -> max_new, system -> system_prompt)."""
+        key = key.replace("-", "_").lower()
+        return "system_prompt" if key == "system" else key
+
     def with_value(self, key: str, value: str) -> "ChatSettings":
         """A copy with one setting parsed from text (`/set KEY VALUE`)."""
-        key = key.replace("-", "_").lower()
+        key = self.field_name(key)
         fields = {f.name: f for f in dataclasses.fields(self)}
-        if key == "system":
-            key = "system_prompt"
         if key not in fields:
             raise ChatError(f"unknown setting {key!r} (settings: {', '.join(n.replace('_', '-') for n in fields)})")
         cur = getattr(self, key)

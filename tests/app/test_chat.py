@@ -160,6 +160,7 @@ async def test_slash_set_while_decoding_applies_to_the_next_turn(factory):
         await idle(pilot)
         assert app.chat.session.messages[-1].settings["max_new"] == 200
         assert app.chat.settings.max_new == 3
+        assert ("information", "max-new = 3 (from the next turn)") in app.notices     # the parsed value
         f.chats[0].delay = 0
         await say(pilot, "again")
         assert app.chat.session.messages[-1].settings["max_new"] == 3

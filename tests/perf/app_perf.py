@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -189,28 +190,34 @@ def main() -> None:
         out["ratio_vs_headless_traced"] = round(out["app_tok_s"] / out["headless_trace_tok_s"], 3)
 
         def latencies(decoding: bool) -> list[float]:
-            lat = []
-            pane.keys("C-n")
-            pane.wait(lambda s: "tok/s · TTFT" not in s, what="a new chat")
-            if decoding:
-                pane.keys(f"/set max-new {a.latency_new}", literal=True)
-                pane.keys("Enter")
-                time.sleep(0.5)
-                pane.keys(PROMPT, literal=True)
-                pane.keys("Enter")
-                pane.wait(lambda s: "generating" in s, what="decoding to start")
-                time.sleep(0.3)
-            for k in range(1, a.keys + 1):
-                before = input_line(pane.text()).count("x")
-                t = time.perf_counter()
-                pane.keys("x", literal=True)
-                pane.wait(lambda s: input_line(s).count("x") > before, timeout=10, poll=0.002, what="the key")
-                lat.append((time.perf_counter() - t) * 1000)
-                if decoding and "generating" not in pane.text():
-                    break                                 # the reply ended: only count keys during decoding
-                time.sleep(0.2)
-            pane.keys("Escape")
-            pane.keys("C-u")
+            """Keys typed into the input: while idle, or while replies decode (as many replies as it takes: the
+            random-weight model sometimes ends a reply early)."""
+            lat: list[float] = []
+            for _ in range(8 if decoding else 1):
+                pane.keys("C-n")
+                pane.wait(lambda s: "tok/s · TTFT" not in s, what="a new chat")
+                if decoding:
+                    pane.keys(f"/set max-new {a.latency_new}", literal=True)
+                    pane.keys("Enter")
+                    time.sleep(0.5)
+                    pane.keys(PROMPT, literal=True)
+                    pane.keys("Enter")
+                    pane.wait(lambda s: "generating" in s, what="decoding to start")
+                    time.sleep(0.3)
+                while len(lat) < a.keys:
+                    before = input_line(pane.text()).count("x")
+                    t = time.perf_counter()
+                    pane.keys("x", literal=True)
+                    pane.wait(lambda s: input_line(s).count("x") > before, timeout=10, poll=0.002, what="the key")
+                    ms = (time.perf_counter() - t) * 1000
+                    if decoding and re.search(r"\d+ tokens · \d+ tok/s · TTFT", pane.text()):
+                        break                             # the reply's footer: it ended; count keys while decoding
+                    lat.append(ms)
+                    time.sleep(0.2)
+                pane.keys("Escape")
+                pane.keys("C-u")
+                if len(lat) >= a.keys:
+                    break
             return lat
 
         for name, decoding in (("idle", False), ("decoding", True)):

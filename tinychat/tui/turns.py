@@ -78,7 +78,8 @@ class TurnsMixin:
         elif kind == "set":
             for k, v in arg.items():
                 chat.set(k, v)
-            self.post_message(JobDone("set", dict(arg), chat.status()))
+            applied = {f: getattr(chat.settings, f) for f in map(chat.settings.field_name, arg)}
+            self.post_message(JobDone("set", applied, chat.status()))
         elif kind == "open":
             new = self.backend.open(arg)
             note = f"session {new.session.id}: {new.session.title or 'untitled'} ({new.session.n_turns} turns)" \
@@ -191,8 +192,7 @@ class TurnsMixin:
             await self._show_history()
             self.notify(f"new chat · session {self.chat.session.id}")
         elif msg.kind == "set":
-            names = ", ".join(f"{k.replace('_', '-')} = {getattr(self.chat.settings, k, v)!r}"
-                              for k, v in msg.value.items())
+            names = ", ".join(f"{k.replace('_', '-')} = {v!r}" for k, v in msg.value.items())
             self.notify(f"{names} (from the next turn)")
         elif msg.kind == "save":
             self.notify(f"saved {msg.value}" if msg.value else "nothing to save yet")
