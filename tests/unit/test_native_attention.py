@@ -65,3 +65,19 @@ def test_native_attention_matches_float64_reference(D, full, L):
                     k2.data_ptr(), v2.data_ptr(), M + 1, lpos.data_ptr(), L, y.data_ptr(), sc.data_ptr(), nt)
         for got, ref in zip((y, k1, v1, k2, v2), want):
             torch.testing.assert_close(got.double(), ref, rtol=2e-5, atol=2e-5)
+
+
+def test_native_softcap_matches_torch_tanh():
+    lib = native.load()
+    if lib is None:
+        pytest.skip(f"no native kernels here: {native.why_not}")
+    x = torch.cat([torch.randn(5000) * s for s in (0.001, 0.5, 5.0, 40.0, 300.0)]
+                  + [torch.tensor([0.0, -0.0, 1e-30, -1e-30, 1e4, -1e4, float("inf"), float("-inf")])])
+    for cap in (30.0, 15.0):
+        want = cap * torch.tanh(x.double() / cap)
+        y = x.clone()
+        lib.tc_softcap(y.data_ptr(), y.numel(), cap)
+        torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=2e-6 * cap)
+    y = torch.tensor([float("nan")] * 17)
+    lib.tc_softcap(y.data_ptr(), 17, 30.0)
+    assert torch.isnan(y).all()

@@ -450,7 +450,35 @@ void tc_engram(float *x, const float *table, const int64_t *addrs, int64_t n_tab
     for (int64_t i = 0; i < d; i++) x[i] += gate * v[i];
 }
 
-int tc_abi_version(void) { return 5; }
+/* y = cap * tanh(y / cap) in place (the logit softcap), on one thread: torch.tanh of a vocabulary row runs a
+   parallel region, which stalls the step whenever another process holds a core. tanh(t) = sign(t) (1 - 2 / (e^2|t| + 1)),
+   below |t| = 2^-4 its odd Taylor series (the subtraction would lose precision there). */
+void tc_softcap(float *y, int64_t n, float cap) {
+    float r = 1.0f / cap;
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 rv = _mm512_set1_ps(r), cv = _mm512_set1_ps(cap), one = _mm512_set1_ps(1.0f),
+                 two = _mm512_set1_ps(2.0f), small = _mm512_set1_ps(0.0625f),
+                 c3 = _mm512_set1_ps(-1.0f / 3), c5 = _mm512_set1_ps(2.0f / 15), c7 = _mm512_set1_ps(-17.0f / 315);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000);
+    for (; i + 16 <= n; i += 16) {
+        __m512 t = _mm512_mul_ps(_mm512_loadu_ps(y + i), rv);
+        __m512 a = _mm512_abs_ps(t);
+        /* e^(2|t|) for |t| <= 44 (tanh is 1 in float beyond 9); exp16 also takes x > 0 */
+        __m512 e = exp16(_mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_add_ps(a, a)));   /* NaN stays NaN */
+        __m512 big = _mm512_sub_ps(one, _mm512_div_ps(two, _mm512_add_ps(e, one)));
+        __m512 a2 = _mm512_mul_ps(a, a);
+        __m512 p = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_fmadd_ps(c7, a2, c5), a2, c3), a2, one);
+        __m512 th = _mm512_mask_mov_ps(big, _mm512_cmp_ps_mask(a, small, _CMP_LT_OQ), _mm512_mul_ps(a, p));
+        th = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(th),
+                                                 _mm512_and_si512(_mm512_castps_si512(t), sign)));
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(th, cv));
+    }
+#endif
+    for (; i < n; i++) y[i] = cap * tanhf(y[i] * r);
+}
+
+int tc_abi_version(void) { return 6; }
 """
 
 
@@ -521,7 +549,8 @@ def _bind(lib):
     lib.tc_layers.argtypes = [_F, _I64, _I64, _F, _F, _F, ctypes.c_float, _F, _F, _F, _I64, _I64, _I64, _I64, _I64,
                               _F, _F, _F, _F, _I64, _F, _F, _I64, _F, _I64, _F, _INT]
     lib.tc_engram.argtypes = [_F, _F, _F, _I64, _I64, _I8, _F, _I8, _F, _I64, _F, _F, _F, _F, _INT]
-    for f in (lib.tc_gemv, lib.tc_norm_gemv, lib.tc_tail, lib.tc_attn, lib.tc_layers, lib.tc_engram):
+    lib.tc_softcap.argtypes = [_F, _I64, ctypes.c_float]
+    for f in (lib.tc_gemv, lib.tc_norm_gemv, lib.tc_tail, lib.tc_attn, lib.tc_layers, lib.tc_engram, lib.tc_softcap):
         f.restype = None
     lib.tc_abi_version.restype = ctypes.c_int
     return lib
@@ -583,7 +612,7 @@ def load():
             return None
         try:
             lib = _bind(ctypes.CDLL(str(_build(cc))))
-            if lib.tc_abi_version() != 5 or not _self_test(lib):
+            if lib.tc_abi_version() != 6 or not _self_test(lib):
                 why_not = "the native kernels failed their self-test"
                 warnings.warn(f"tinychat: {why_not}; using the PyTorch kernels")
                 return None

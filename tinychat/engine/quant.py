@@ -7,12 +7,14 @@ norms, attention, softmax and the KV cache stay fp32. Every quant Linear has mm(
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 
 import torch
 
 from .append import _engram_addrs
 from .cache import KVCache
+from .threads import ThreadTuner
 
 QUANT_GEMV_ROWS = 8    # BF16Linear: up to this many rows use the bf16 kernel (on AVX2 bf16 GEMM is ~3x slower than fp32)
 INT8_GEMV_ROWS = 128   # Int8Linear: up to this many rows use the int8 kernel; beyond, dequantize + fp32 GEMM (the
@@ -270,6 +272,7 @@ class _NativeStep:
         self.qkvbuf = torch.empty(max(n for _, _, n in self.qkv))
         self.logits = torch.empty(1, c.vocab_size)
         self.sc = torch.empty(0)               # attention scores scratch (grown to threads * (max_len + 1 + W))
+        self.tuner = ThreadTuner()             # threads per step, by measurement (threads.py)
         self.p = {k: getattr(self, k).data_ptr() for k in ("x", "h", "xq", "u", "y", "qkvbuf", "logits")}
         rows, group = [], -1
         for li, b in enumerate(model.blocks):               # tc_layers' table (native.py: TAB_COLS per layer)
@@ -334,7 +337,9 @@ def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _Nativ
     d, hid = c.d_model, c.mlp_hidden
     vnorm = torch.linalg.vector_norm
     lib, P = nat.lib, nat.p
-    nt = torch.get_num_threads()
+    ceiling = torch.get_num_threads()
+    nt = nat.tuner.threads(ceiling)
+    t0 = time.perf_counter()
     inv = fs.inv_sqrt_d
     tok = int(idx[0, 0])
     addrs = {}
@@ -362,7 +367,7 @@ def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _Nativ
     x.copy_(model.embed.weight[tok])
     y3 = nat.y.view(Hk, rep, D)
     if native_attn:
-        need = nt * (cache.max_len + 1 + W)
+        need = max(nt, ceiling) * (cache.max_len + 1 + W)
         if nat.sc.numel() < need:
             nat.sc = torch.empty(need)
         half = D // 2
@@ -430,8 +435,9 @@ def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _Nativ
     cache.lens_cpu[0] += 1
     hp, hs, V = nat.head
     lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, hp, hs, P["logits"], V, d, nt)
-    sc = c.logit_softcap
-    return sc * torch.tanh(nat.logits / sc)
+    lib.tc_softcap(P["logits"], V, c.logit_softcap)     # one thread: torch.tanh would start a parallel region
+    nat.tuner.record(time.perf_counter() - t0, ceiling)
+    return nat.logits.clone()                           # callers keep logits across steps; the buffer is reused
 
 
 def _decode_fast(model, cache: KVCache, idx, L: int, fs: _CpuFast):
