@@ -44,7 +44,6 @@ def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = N
     every op's barrier."""
     import torch
 
-    from .engine import Decoder, KVCache, append, quantize_cpu, sample_top_p
     from .engine.quant import QUANT_MODES
 
     if quant not in QUANT_MODES:
@@ -59,8 +58,24 @@ def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = N
     if prompt_len < 1 or gen_len < 1 or repeats < 1:
         raise ValueError("prompt-len, gen-len and repeats must be positive")
 
+    from .engine import threads as TT
+    auto = TT.AUTO
     if threads:
         torch.set_num_threads(int(threads))
+        TT.AUTO = False             # pinned: the int8 step's thread tuner stays off for this run
+    try:
+        return _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup, progress, graph,
+                    compile, seed, prefill_lens)
+    finally:
+        TT.AUTO = auto
+
+
+def _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup, progress, graph, compile, seed,
+         prefill_lens) -> dict:
+    import torch
+
+    from .engine import Decoder, KVCache, append, quantize_cpu, sample_top_p
+    from .engine import threads as TT
     total = 2 + warmup + repeats + len(prefill_lens)
     done = 0
 
@@ -148,14 +163,19 @@ def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = N
             tick(f"prefill {n}")
 
     kv_bytes = torch.empty(0, dtype=kv_dtype).element_size()
+    nat = getattr(getattr(model, "_cpu_fast", None), "nat", None)
     return {
         "model": desc,
         "config": cfg.name or None,
         "quant": quant_eff,
         "device": device,
         "mode": dec.mode,
-        "native": getattr(getattr(model, "_cpu_fast", None), "nat", None) is not None,
+        "native": nat is not None,
         "threads": torch.get_num_threads() if device == "cpu" else None,
+        # the int8 native step picks 1..threads by measurement unless pinned (--threads); its choice at the end
+        "threads_auto": bool(nat is not None and TT.AUTO),
+        "threads_used": (nat.tuner.choice or torch.get_num_threads()) if nat is not None and TT.AUTO else
+        (torch.get_num_threads() if device == "cpu" else None),
         "linear_params": linear_params,
         "params": sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers()),
         "prompt_len": prompt_len,
@@ -206,6 +226,7 @@ def render_table(result: dict):
               f"(standard GQA cache: {gqa:,}, {gqa / r['kv_bytes_per_token']:.1f}x)")
     t.add_row("peak RSS", f"{r['peak_rss_mb']:,.0f} MB")
     if r.get("threads"):
-        t.add_row("threads", str(r["threads"]))
+        t.add_row("threads", f"{r['threads']}" + (f" (auto: the int8 step ran on {r['threads_used']})"
+                                                   if r.get("threads_auto") else ""))
     t.add_row("medians over", f"{r['repeats']} repeats")
     return t

@@ -117,7 +117,7 @@ def chat(ctx: typer.Context,
          session: Optional[str] = typer.Option(None, "--session", "-s", help="Continue a saved session (id or path)."),
          plain: bool = typer.Option(False, "--plain", help="Line mode instead of the app (automatic when piped)."),
          json_out: bool = typer.Option(False, "--json", help="With --plain: one JSON object per reply on stdout."),
-         threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for decoding (default: torch's)."),
+         threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: torch's, one per core; the int8 step then uses fewer while that measures faster, e.g. when other programs keep a core busy). A number given here is used as is."),
          ):
     """Chat with a small local TinyAgentLM model.
 
@@ -138,7 +138,10 @@ def chat(ctx: typer.Context,
         if threads < 1:
             raise UsageError("--threads must be at least 1")
         import torch
+
+        from .engine import threads as TT
         torch.set_num_threads(threads)
+        TT.AUTO = False             # an explicit count is used as given (no thread tuning)
     if not plain and interactive:
         try:
             from .tui.app import run_app
@@ -329,7 +332,7 @@ def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", help="Mode
           prompt_len: int = typer.Option(100, "--prompt-len", help="Prompt tokens to prefill."),
           gen_len: int = typer.Option(64, "--gen-len", help="Tokens to decode."),
           repeats: int = typer.Option(3, "--repeats", help="Timed repeats (medians are reported)."),
-          threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: torch's choice)."),
+          threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads, pinned (default: torch's, with the int8 step's thread tuning on)."),
           json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Measure prefill tok/s, time to first token, batch-1 decode tok/s, KV bytes per token and peak RSS."""
     import json

@@ -79,3 +79,21 @@ def test_extra_prefill_lengths():
     r = run_bench(config="tiny", quant="bf16", prompt_len=8, gen_len=4, repeats=1, warmup=0, prefill_lens=(16, 40))
     assert set(r["prefill_by_len"]) == {"16", "40"} and all(v > 0 for v in r["prefill_by_len"].values())
     json.loads(json.dumps(r))
+
+
+def test_threads_auto_unless_pinned():
+    """The int8 native step's thread count is tuned (reported as threads_used) unless --threads pins it; a pinned
+    run leaves the tuner on for later runs."""
+    from tinychat.engine import native
+    from tinychat.engine import threads as TT
+    if native.load() is None:
+        pytest.skip(f"no native kernels here: {native.why_not}")
+    was = torch.get_num_threads()
+    try:
+        r = run_bench(config="tiny", quant="int8", prompt_len=8, gen_len=4, repeats=1, threads=1)
+        assert (r["threads"], r["threads_auto"], r["threads_used"]) == (1, False, 1) and TT.AUTO
+        torch.set_num_threads(2)
+        r = run_bench(config="tiny", quant="int8", prompt_len=8, gen_len=4, repeats=1)
+        assert r["threads"] == 2 and r["threads_auto"] and r["threads_used"] in (1, 2)
+    finally:
+        torch.set_num_threads(was)
