@@ -156,6 +156,22 @@ def test_bad_shards_fail_clearly(tmp_path):
         list(D.read_conversations(tmp_path))
 
 
+def test_several_shard_folders_read_in_order_and_the_tokenizer_command_takes_them(tmp_path):
+    from tinychat.training.__main__ import main
+    a = write_shards(tmp_path / "a", fake_conversations(60, seed=1))
+    b = write_shards(tmp_path / "b", fake_conversations(40, seed=2))
+    files = D.shard_files([a, b])
+    assert files == D.shard_files(a) + D.shard_files(b)
+    assert len(list(D.read_conversations([a, b]))) == 100
+    assert D.shards_arg(["x"]) == "x" and D.shards_arg(["x", "y"]) == ["x", "y"]
+    out = tmp_path / "tok.json"
+    assert main(["tokenizer", "--shards", str(a), str(b), "--out", str(out), "--vocab-size", "300"]) == 0
+    train, val = D.load_split([a, b])
+    assert len(train) + len(val) == 100 and out.is_file()
+    with pytest.raises(D.DataError, match="no such"):
+        D.shard_files([a, tmp_path / "missing"])
+
+
 def test_batch_plan_covers_every_conversation_once_within_budget():
     ts = D.encode_all(tok(), fake_conversations(120, seed=3))
     p0 = ts.plan(batch_tokens=300, seq_len=64, seed=0, epoch=0, max_rows=6)

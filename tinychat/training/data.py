@@ -41,23 +41,25 @@ class DataError(ValueError):
 # -- shards -------------------------------------------------------------------------------------------------------
 
 def shard_files(source: str | Path | Sequence[str | Path]) -> list[Path]:
-    """A shard directory (its ``*.jsonl.gz`` and ``*.jsonl`` files, sorted by name) or explicit files."""
-    if isinstance(source, (str, Path)):
-        p = Path(source)
-        if p.is_dir():
-            files = sorted(q for q in p.iterdir()
-                           if q.is_file() and q.name.endswith((".jsonl.gz", ".jsonl")) and not q.name.startswith("."))
-            if not files:
-                raise DataError(f"{p}: no *.jsonl.gz shards")
-            return files
-        if not p.is_file():
-            raise DataError(f"{p}: no such shard file or directory")
-        return [p]
-    files = [Path(s) for s in source]
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        raise DataError(f"no such shard file: {', '.join(missing[:3])}")
-    return files
+    """A shard directory (its ``*.jsonl.gz`` and ``*.jsonl`` files, sorted by name), a shard file, or a sequence of
+    them (in that order)."""
+    if not isinstance(source, (str, Path)):
+        return [f for s in source for f in shard_files(s)]
+    p = Path(source)
+    if p.is_dir():
+        files = sorted(q for q in p.iterdir()
+                       if q.is_file() and q.name.endswith((".jsonl.gz", ".jsonl")) and not q.name.startswith("."))
+        if not files:
+            raise DataError(f"{p}: no *.jsonl.gz shards")
+        return files
+    if not p.is_file():
+        raise DataError(f"{p}: no such shard file or directory")
+    return [p]
+
+
+def shards_arg(values: Sequence[str]) -> str | list[str]:
+    """The value of a ``--shards DIR|FILE [...]`` option: one path as it is, several as a list."""
+    return values[0] if len(values) == 1 else list(values)
 
 
 def read_conversations(source) -> Iterator[list[dict]]:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from .data import DEFAULT_SYSTEM, load_split
+from .data import DEFAULT_SYSTEM, load_split, shards_arg
 
 DEFAULT_WORDS = "/usr/share/dict/words"
 BAR = {"stop": 0.90, "distinct2": 0.60, "dictionary": 0.95}
@@ -206,7 +206,7 @@ def teacher_loss(conversations, system: str | None = None, model=None, htok=None
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, default=Path("assets"), help="model folder (config, weights, tokenizer)")
-    p.add_argument("--shards", default="data/shards")
+    p.add_argument("--shards", nargs="+", default=["data/shards"], help="shard directories or files")
     p.add_argument("--val-fraction", type=float, default=0.02, help="must match the training run's")
     p.add_argument("--n", type=int, default=60, help="held-out conversations to chat through")
     p.add_argument("--turns", type=int, default=4, help="user turns per conversation, at most")
@@ -234,11 +234,12 @@ def run(args) -> int:
         return 2
     model = TinyAgentLM.from_pretrained(args.model)
     tok = Tokenizer.from_file(args.model / "tokenizer.json")
-    _, val = load_split(args.shards, args.val_fraction)
+    shards = shards_arg(args.shards)
+    _, val = load_split(shards, args.val_fraction)
     if not val:
-        print(f"error: {args.shards} has no held-out conversations", file=sys.stderr)
+        print(f"error: {' '.join(args.shards)} has no held-out conversations", file=sys.stderr)
         return 2
-    result: dict = {"model": str(args.model), "shards": str(args.shards), "held_out_conversations": len(val),
+    result: dict = {"model": str(args.model), "shards": " ".join(args.shards), "held_out_conversations": len(val),
                     "settings": {"max_new": args.max_new, "seed": args.seed, "turns": args.turns,
                                  "defaults": "tinychat.chat.ChatSettings()"}}
     if args.n:
@@ -264,7 +265,7 @@ def run(args) -> int:
         if args.teacher:
             from .data import teacher_meta
             # the system prompt the teacher generated with, as the shards record it (else the teacher's default)
-            result["teacher_loss"] = teacher_loss(lc, system=teacher_meta(args.shards).get("system"), log=print)
+            result["teacher_loss"] = teacher_loss(lc, system=teacher_meta(shards).get("system"), log=print)
             print(f"teacher: {result['teacher_loss']['loss_per_token']:.4f} nats/token, "
                   f"{result['teacher_loss']['bits_per_byte']:.4f} bits/byte", flush=True)
     if args.out:

@@ -272,7 +272,7 @@ def model_card(f: dict) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run", type=Path, default=Path("runs/demo"), help="training run folder")
     p.add_argument("--out", type=Path, default=Path("assets"))
-    p.add_argument("--shards", default="data/shards", help="for the card's data figures ('' to skip)")
+    p.add_argument("--shards", nargs="+", default=["data/shards"], help="for the card's data figures ('' to skip)")
     p.add_argument("--eval", type=Path, default=None, help="JSON from `eval --out` (quality, losses, samples)")
     p.add_argument("--samples", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
@@ -284,7 +284,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     import torch
     torch.set_num_threads(args.threads)
-    export(args.run, args.out, args.eval, args.shards or None, args.samples, args.seed,
+    from .data import shards_arg
+    shards = [s for s in args.shards if s]
+    export(args.run, args.out, args.eval, shards_arg(shards) if shards else None, args.samples, args.seed,
            generate_cmd=args.generate_command)
     return 0
 

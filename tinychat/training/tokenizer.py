@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tinychat.tokenizer import Tokenizer, train_bpe
 
-from .data import DEFAULT_SYSTEM, corpus_texts, load_split
+from .data import DEFAULT_SYSTEM, corpus_texts, load_split, shards_arg
 
 
 def build_tokenizer(shards, out: str | Path | None, vocab_size: int = 8192, val_fraction: float = 0.02,
@@ -32,7 +32,7 @@ def build_tokenizer(shards, out: str | Path | None, vocab_size: int = 8192, val_
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--shards", default="data/shards", help="shard directory (or one shard file)")
+    p.add_argument("--shards", nargs="+", default=["data/shards"], help="shard directories or files")
     p.add_argument("--out", type=Path, default=Path("runs/demo/tokenizer.json"))
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--val-fraction", type=float, default=0.02, help="held out, never seen by the tokenizer")
@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tok, info = build_tokenizer(args.shards, args.out, args.vocab_size, args.val_fraction,
+    tok, info = build_tokenizer(shards_arg(args.shards), args.out, args.vocab_size, args.val_fraction,
                                 min_frequency=args.min_frequency)
     print(f"wrote {args.out}: {json.dumps(info)}")
     return 0

@@ -37,7 +37,7 @@ from tinychat.model import TinyAgentLM, config_for
 from tinychat.fsutil import atomic_write_bytes, fsync_dir
 from tinychat.tokenizer import Tokenizer
 
-from .data import DEFAULT_SYSTEM, TokenizedSet, load_tokenized, stats
+from .data import DEFAULT_SYSTEM, TokenizedSet, load_tokenized, shards_arg, stats
 
 CKPT_FORMAT = 1
 
@@ -427,7 +427,7 @@ def _kv(text: str):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = TrainConfig()
-    p.add_argument("--shards", default="data/shards")
+    p.add_argument("--shards", nargs="+", default=["data/shards"], help="shard directories or files")
     p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer.json (default: RUN/tokenizer.json)")
     p.add_argument("--run", type=Path, default=Path("runs/demo"), help="run folder (checkpoints, metrics)")
     p.add_argument("--threads", type=int, default=2)
@@ -478,7 +478,8 @@ def run(args) -> int:
     else:
         cfg = TrainConfig(**{**TrainConfig().to_dict(), **given, **book})
     t0 = time.perf_counter()
-    train, val = load_data(args.shards, tok, cfg.val_fraction, cfg.system_prompt, cache=run_dir / "data.safetensors")
+    train, val = load_data(shards_arg(args.shards), tok, cfg.val_fraction, cfg.system_prompt,
+                           cache=run_dir / "data.safetensors")
     print(f"data: train {stats(train)} | val {stats(val)} | tokenized in {time.perf_counter() - t0:.1f}s",
           flush=True)
     if ck is not None:
