@@ -328,8 +328,8 @@ class _NativeStep:
 def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _NativeStep):
     """_decode_fast in native kernels (engine/native.py). With an fp32 cache, one tc_layers call per run of layers
     between Engram blocks (per layer: tc_attn = q/k norms, RoPE, the cache writes, one softmax over [global | local]
-    keys; tc_tail = w_o + residual, norm, MLP + residual, next norm, next fused QKV); Engram blocks stay PyTorch ops.
-    Other caches (bf16): PyTorch attention ops between tc_tail calls. Same math as _decode_fast; the activations enter
+    keys; tc_tail = w_o + residual, norm, MLP + residual, next norm, next fused QKV), tc_engram for an Engram block,
+    the softcap in C. Other caches (bf16): PyTorch attention ops between tc_tail calls. Same math as _decode_fast; the activations enter
     the int8 products as int16 (per-vector scale) instead of bf16."""
     c = model.cfg
     H, Hk, D, W = c.n_heads, c.n_kv_heads, c.head_dim, c.swa_window

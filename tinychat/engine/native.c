@@ -1,0 +1,453 @@
+/* tinychat native CPU kernels for the batch-1 int8 decode step (built and loaded by tinychat/engine/native.py).
+
+   gemv:      y[n] (+)= s[n] * dot(x, q[n, :])      int8 weights, one scale per row
+   norm_gemv: h = x / rms(x); y = w(h)              (the first layer's QKV, the head)
+   tail:      the part of a layer after attention, in one call:
+              x += w_o(y); h = x / rms(x); u = relu(up(h))^2; x += down(u); [h = x / rms(x); qkv = w_qkv(h)]
+   attn:      one layer's attention for one token against an fp32 KVCache (norms, RoPE, cache writes, softmax)
+   layers:    attn + tail for a run of layers, in one call
+   engram:    one token's Engram block (table gather, int8 w_v / w_k, the gate)
+   softcap:   the logit softcap, cap * tanh(y / cap)
+
+   Activations enter as fp32 and are rounded to int16 with one scale per vector (max |x| -> 32767: finer than the
+   bf16 activations of aten._weight_int8pack_mm, 2^-16 of the largest element vs 2^-9 of each element), so the dot
+   products run on integer multiply-adds (VNNI vpdpwssd / vpmaddwd): 32 weights per instruction, int32 sums flushed
+   to fp32 every 8192 columns (no overflow). Threads: OpenMP from the runtime torch already loaded, nt per call. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define MIN_PAR_WORK (1 << 16)   /* weights per call below which one thread does it all */
+#define KCHUNK 8192              /* columns per int32 partial sum: 8192/32 * 2 * 32767 * 127 < 2^31 */
+
+/* xq = round(x / sx) with sx = max|x| / 32767; returns sx (0 for an all-zero vector). */
+static float quant16(const float *x, int16_t *xq, int64_t K) {
+    float m = 0.f;
+    for (int64_t k = 0; k < K; k++) {
+        float a = fabsf(x[k]);
+        m = a > m ? a : m;
+    }
+    if (!(m > 0.f) || !isfinite(m)) {
+        memset(xq, 0, K * sizeof(int16_t));
+        return isfinite(m) ? 0.f : NAN;
+    }
+    float r = 32767.f / m;
+    for (int64_t k = 0; k < K; k++) xq[k] = (int16_t)lrintf(x[k] * r);
+    return m / 32767.f;
+}
+
+static inline int64_t dot_row(const int16_t *x, const int8_t *q, int64_t K) {
+    int64_t k = 0, acc = 0;
+#if defined(__AVX512BW__)
+    __m512i a = _mm512_setzero_si512();
+    for (; k + 32 <= K; k += 32) {
+        __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q + k)));
+        a = _mm512_add_epi32(a, _mm512_madd_epi16(_mm512_loadu_si512((const void *)(x + k)), w));
+        if (((k + 32) & (KCHUNK - 1)) == 0) {
+            acc += _mm512_reduce_add_epi32(a);
+            a = _mm512_setzero_si512();
+        }
+    }
+    acc += _mm512_reduce_add_epi32(a);
+#elif defined(__AVX2__)
+    __m256i a = _mm256_setzero_si256();
+    for (; k + 16 <= K; k += 16) {
+        __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + k)));
+        a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(x + k)), w));
+        if (((k + 16) & (KCHUNK - 1)) == 0) {
+            __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+            acc += _mm_cvtsi128_si32(h);
+            a = _mm256_setzero_si256();
+        }
+    }
+    {
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+        acc += _mm_cvtsi128_si32(h);
+    }
+#endif
+    for (; k < K; k++) acc += (int32_t)x[k] * (int32_t)q[k];
+    return acc;
+}
+
+#if defined(__AVX512VNNI__)
+#define MADD(a, x, w) _mm512_dpwssd_epi32(a, x, w)
+#elif defined(__AVX512BW__)
+#define MADD(a, x, w) _mm512_add_epi32(a, _mm512_madd_epi16(x, w))
+#endif
+
+/* Four rows at once: four weight streams, each activation chunk loaded once for all of them. */
+static inline void dot4(const int16_t *x, const int8_t *q, int64_t K, int64_t *out) {
+#if defined(__AVX512BW__)
+    if ((K & 31) == 0) {
+        const int8_t *q0 = q, *q1 = q + K, *q2 = q + 2 * K, *q3 = q + 3 * K;
+        int64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int64_t c = 0; c < K; c += KCHUNK) {
+            int64_t e = c + KCHUNK < K ? c + KCHUNK : K;
+            __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512(), a2 = _mm512_setzero_si512(),
+                    a3 = _mm512_setzero_si512();
+            for (int64_t k = c; k < e; k += 32) {
+                __m512i xv = _mm512_loadu_si512((const void *)(x + k));
+                a0 = MADD(a0, xv, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q0 + k))));
+                a1 = MADD(a1, xv, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q1 + k))));
+                a2 = MADD(a2, xv, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q2 + k))));
+                a3 = MADD(a3, xv, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q3 + k))));
+            }
+            s0 += _mm512_reduce_add_epi32(a0);
+            s1 += _mm512_reduce_add_epi32(a1);
+            s2 += _mm512_reduce_add_epi32(a2);
+            s3 += _mm512_reduce_add_epi32(a3);
+        }
+        out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
+        return;
+    }
+#endif
+    for (int r = 0; r < 4; r++) out[r] = dot_row(x, q + r * K, K);
+}
+
+/* Rows [0, N) of y (+)= s * sx * (q @ xq), split over the threads of the enclosing parallel region (no barrier). */
+static void gemv_rows(const int16_t *x, float sx, const int8_t *q, const float *s, float *y, int64_t N, int64_t K,
+                      int acc) {
+    int64_t nb = N / 4;
+#pragma omp for schedule(static) nowait
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t d[4];
+        int64_t n = 4 * b;
+        dot4(x, q + n * K, K, d);
+        for (int r = 0; r < 4; r++) {
+            float v = s[n + r] * sx * (float)d[r];
+            y[n + r] = acc ? y[n + r] + v : v;
+        }
+    }
+#pragma omp single nowait
+    for (int64_t n = 4 * nb; n < N; n++) {
+        float v = s[n] * sx * (float)dot_row(x, q + n * K, K);
+        y[n] = acc ? y[n] + v : v;
+    }
+}
+
+static inline int threads_for(int64_t work, int nt) { return work < MIN_PAR_WORK || nt < 1 ? 1 : nt; }
+
+/* xq: int16 scratch of K entries. */
+void tc_gemv(const float *x, int16_t *xq, const int8_t *q, const float *s, float *y, int64_t N, int64_t K, int acc,
+             int nt) {
+    float sx = quant16(x, xq, K);
+#pragma omp parallel num_threads(threads_for(N * K, nt))
+    gemv_rows(xq, sx, q, s, y, N, K, acc);
+}
+
+/* h = x / (|x| * inv) = x * sqrt(d) / |x| (rms_norm without epsilon, as _decode_fast computes it) */
+static void rms(const float *x, float *h, int64_t d, float inv) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < d; i++) ss += (double)x[i] * x[i];
+    float r = 1.0f / ((float)sqrt(ss) * inv);
+    for (int64_t i = 0; i < d; i++) h[i] = x[i] * r;
+}
+
+void tc_norm_gemv(const float *x, float *h, int16_t *xq, float inv, const int8_t *q, const float *s, float *y,
+                  int64_t N, int64_t d, int nt) {
+    rms(x, h, d, inv);
+    float sx = quant16(h, xq, d);
+#pragma omp parallel num_threads(threads_for(N * d, nt))
+    gemv_rows(xq, sx, q, s, y, N, d, 0);
+}
+
+/* x += wo(y_attn); h = rms(x); u = relu(up(h))^2; x += down(u); then, if nq > 0: h = rms(x); qkv = wq(h).
+   x, h: (d,); y_attn: (dv,); u: (hidden,); xq: int16 scratch of max(dv, d, hidden); qkv: (nq,). */
+void tc_tail(float *x, float *h, int16_t *xq, float inv, const float *y_attn, int64_t dv,
+             const int8_t *wo_q, const float *wo_s, const int8_t *up_q, const float *up_s,
+             const int8_t *dn_q, const float *dn_s, float *u, int64_t hidden, int64_t d,
+             const int8_t *wq_q, const float *wq_s, float *qkv, int64_t nq, int nt) {
+    float sx = quant16(y_attn, xq, dv);
+#pragma omp parallel num_threads(threads_for(hidden * d, nt))
+    {
+        gemv_rows(xq, sx, wo_q, wo_s, x, d, dv, 1);
+#pragma omp barrier
+#pragma omp single
+        {
+            rms(x, h, d, inv);
+            sx = quant16(h, xq, d);
+        }
+        gemv_rows(xq, sx, up_q, up_s, u, hidden, d, 0);
+#pragma omp barrier
+#pragma omp single
+        {
+            for (int64_t i = 0; i < hidden; i++) {
+                float v = u[i] > 0.f ? u[i] : 0.f;
+                u[i] = v * v;
+            }
+            sx = quant16(u, xq, hidden);
+        }
+        gemv_rows(xq, sx, dn_q, dn_s, x, d, hidden, 1);
+        if (nq > 0) {
+#pragma omp barrier
+#pragma omp single
+            {
+                rms(x, h, d, inv);
+                sx = quant16(h, xq, d);
+            }
+            gemv_rows(xq, sx, wq_q, wq_s, qkv, nq, d, 0);
+        }
+    }
+}
+
+
+#if defined(__AVX512F__)
+/* exp(x) for x <= 0 (scores minus their max), 16 lanes: Cody-Waite reduction by ln 2 and the Cephes expf
+   polynomial (~1 ulp), 2^n applied with scalef; below -87 (and -inf: masked slots) it is 0, NaN stays NaN. */
+static inline __m512 exp16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.0f);
+    __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ);
+    x = _mm512_max_ps(lo, x);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
+}
+
+/* One q head (D a multiple of 16, at most 256) against keys 0..L of K/V and the W ring slots of Kl/Vl that hold
+   one of the last W positions: scores into s (L + 1 + W), softmax, o = p @ [V | Vl]. q stays in registers; the
+   exponentials and their sum run 16 at a time; the 1/sum is applied once to o. */
+static void attend_head16(const float *q, const float *K, const float *V, const float *Kl, const float *Vl,
+                          const int64_t *lpos, int64_t L, int64_t W, int64_t D, float *s, float *o) {
+    int64_t nv = D / 16, n = L + 1 + W;
+    __m512 qv[16], acc[16];
+    for (int64_t v = 0; v < nv; v++) qv[v] = _mm512_loadu_ps(q + 16 * v);
+    float m = -INFINITY;
+    for (int64_t j = 0; j <= L; j++) {
+        const float *k = K + j * D;
+        __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
+        for (int64_t v = 1; v < nv; v++) a = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(k + 16 * v), a);
+        float x = _mm512_reduce_add_ps(a);
+        s[j] = x;
+        m = x > m ? x : m;
+    }
+    for (int64_t j = 0; j < W; j++) {
+        int64_t p = lpos[j];
+        float x = -INFINITY;
+        if (p >= 0 && L - p < W) {
+            const float *k = Kl + j * D;
+            __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
+            for (int64_t v = 1; v < nv; v++) a = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(k + 16 * v), a);
+            x = _mm512_reduce_add_ps(a);
+        }
+        s[L + 1 + j] = x;
+        m = x > m ? x : m;
+    }
+    __m512 mv = _mm512_set1_ps(m), zv = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
+        _mm512_storeu_ps(s + j, e);
+        zv = _mm512_add_ps(zv, e);
+    }
+    if (j < n) {
+        __mmask16 t = (__mmask16)((1u << (n - j)) - 1u);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), mv));
+        e = _mm512_maskz_mov_ps(t, e);
+        _mm512_mask_storeu_ps(s + j, t, e);
+        zv = _mm512_add_ps(zv, e);
+    }
+    float rz = 1.0f / _mm512_reduce_add_ps(zv);
+    for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_setzero_ps();
+    for (int64_t i = 0; i <= L; i++) {
+        __m512 pv = _mm512_set1_ps(s[i]);
+        const float *vv = V + i * D;
+        for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_fmadd_ps(pv, _mm512_loadu_ps(vv + 16 * v), acc[v]);
+    }
+    for (int64_t i = 0; i < W; i++) {
+        float p = s[L + 1 + i];
+        if (p == 0.f) continue;
+        __m512 pv = _mm512_set1_ps(p);
+        const float *vv = Vl + i * D;
+        for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_fmadd_ps(pv, _mm512_loadu_ps(vv + 16 * v), acc[v]);
+    }
+    __m512 rv = _mm512_set1_ps(rz);
+    for (int64_t v = 0; v < nv; v++) _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(acc[v], rv));
+}
+#endif
+
+/* The attention of one layer for one token at position L, straight against an fp32 KVCache (row 0):
+   heads: the fused QKV output [q (H*D) | k_local (Hk*D) | k_global (Hk*D, full layers) | v_local | v_global];
+   q heads are scaled to unit length, k heads rms-normed (the 1/sqrt(D) of the scores folded in), both rotated
+   (half-split RoPE, cos/sin rows of position L); the new local K/V go to ring slot L % W (lk/lv: this layer's
+   (Hk, W + 1, D) ring), the global ones (full layers) to position L of gk/gv ((Hk, M + 1, D)); then one softmax
+   per q head over [global keys 0..L | the ring slots holding one of the last W positions (lpos)], y = p @ [V].
+   y: (H*D). sc: float scratch of at least L + 1 + W per thread (nt * (L + 1 + W)). */
+void tc_attn(float *heads, int64_t H, int64_t Hk, int64_t D, int full, const float *cos_, const float *sin_,
+             float *lk, float *lv, int64_t W, float *gk, float *gv, int64_t gstride, const int64_t *lpos,
+             int64_t L, float *y, float *sc, int nt) {
+    int64_t nk = full ? 2 : 1, half = D / 2, nqk = H + Hk * nk;
+    for (int64_t i = 0; i < nqk; i++) {                        /* norm + RoPE of the q and k heads, in place */
+        float *v = heads + i * D;
+        double ss = 0.0;
+        for (int64_t j = 0; j < D; j++) ss += (double)v[j] * v[j];
+        float r = (float)(1.0 / sqrt(ss));
+        if (i >= H) r *= (float)sqrt((double)D);
+        for (int64_t j = 0; j < half; j++) {
+            float a = v[j] * r, b = v[j + half] * r;
+            v[j] = a * cos_[j] - b * sin_[j];
+            v[j + half] = b * cos_[j] + a * sin_[j];
+        }
+    }
+    int64_t slot = L % W;
+    const float *kl = heads + H * D, *kg = heads + (H + Hk) * D, *vl = heads + nqk * D, *vg = vl + Hk * D;
+    for (int64_t g = 0; g < Hk; g++) {
+        memcpy(lk + (g * (W + 1) + slot) * D, kl + g * D, D * sizeof(float));
+        memcpy(lv + (g * (W + 1) + slot) * D, vl + g * D, D * sizeof(float));
+        if (full) {
+            memcpy(gk + (g * gstride + L) * D, kg + g * D, D * sizeof(float));
+            memcpy(gv + (g * gstride + L) * D, vg + g * D, D * sizeof(float));
+        }
+    }
+    int64_t rep = H / Hk, n = L + 1 + W;
+#pragma omp parallel for schedule(static) num_threads((L + 1) * H * D > (1 << 18) ? nt : 1)
+    for (int64_t hq = 0; hq < H; hq++) {
+        int64_t g = hq / rep;
+#ifdef _OPENMP
+        float *s = sc + (int64_t)omp_get_thread_num() * n;
+#else
+        float *s = sc;
+#endif
+        const float *q = heads + hq * D, *K = gk + g * gstride * D, *V = gv + g * gstride * D;
+        const float *Kl = lk + g * (W + 1) * D, *Vl = lv + g * (W + 1) * D;
+#if defined(__AVX512F__)
+        if ((D & 15) == 0 && D <= 256) {
+            attend_head16(q, K, V, Kl, Vl, lpos, L, W, D, s, y + hq * D);
+            continue;
+        }
+#endif
+        float m = -INFINITY;
+        for (int64_t j = 0; j <= L; j++) {
+            float a = 0.f;
+#pragma omp simd reduction(+ : a)
+            for (int64_t t = 0; t < D; t++) a += q[t] * K[j * D + t];
+            s[j] = a;
+            m = a > m ? a : m;
+        }
+        for (int64_t j = 0; j < W; j++) {
+            int64_t p = lpos[j];
+            float a = -INFINITY;
+            if (p >= 0 && L - p < W) {
+                a = 0.f;
+#pragma omp simd reduction(+ : a)
+                for (int64_t t = 0; t < D; t++) a += q[t] * Kl[j * D + t];
+            }
+            s[L + 1 + j] = a;
+            m = a > m ? a : m;
+        }
+        double z = 0.0;
+        for (int64_t j = 0; j < n; j++) {
+            float e = expf(s[j] - m);
+            s[j] = e;
+            z += e;
+        }
+        float rz = (float)(1.0 / z);
+        float *o = y + hq * D;
+        for (int64_t t = 0; t < D; t++) o[t] = 0.f;
+        for (int64_t j = 0; j <= L; j++) {
+            float p = s[j] * rz;
+            for (int64_t t = 0; t < D; t++) o[t] += p * V[j * D + t];
+        }
+        for (int64_t j = 0; j < W; j++) {
+            float p = s[L + 1 + j] * rz;
+            if (p != 0.f)
+                for (int64_t t = 0; t < D; t++) o[t] += p * Vl[j * D + t];
+        }
+    }
+}
+
+/* Layers [l0, l1) of one token against fp32 caches, in one call: per layer tc_attn then tc_tail, the tail computing
+   the next layer's norm + fused QKV while li + 1 < l1 (the caller runs an Engram block and its QKV between
+   segments). qkv holds layer l0's fused QKV on entry. tab: per layer TAB_COLS int64s: QKV weights, scales and rows,
+   full (1: writes the group's global K/V), group, then w_o, up, down weights and scales. lk/lv: the (L, 1, Hk, W + 1,
+   D) rings, gk/gv: the (G, 1, Hk, gstride, D) global caches. */
+#define TAB_COLS 11
+void tc_layers(const int64_t *tab, int64_t l0, int64_t l1, float *x, float *h, int16_t *xq, float inv, float *qkv,
+               float *y, float *u, int64_t hidden, int64_t d, int64_t H, int64_t Hk, int64_t D, const float *cos_,
+               const float *sin_, float *lk, float *lv, int64_t W, float *gk, float *gv, int64_t gstride,
+               const int64_t *lpos, int64_t L, float *sc, int nt) {
+    int64_t lstep = Hk * (W + 1) * D, gstep = Hk * gstride * D;
+    for (int64_t li = l0; li < l1; li++) {
+        const int64_t *t = tab + li * TAB_COLS;
+        const int64_t *n = li + 1 < l1 ? tab + (li + 1) * TAB_COLS : NULL;
+        tc_attn(qkv, H, Hk, D, (int)t[3], cos_, sin_, lk + li * lstep, lv + li * lstep, W, gk + t[4] * gstep,
+                gv + t[4] * gstep, gstride, lpos, L, y, sc, nt);
+        tc_tail(x, h, xq, inv, y, H * D, (const int8_t *)t[5], (const float *)t[6], (const int8_t *)t[7],
+                (const float *)t[8], (const int8_t *)t[9], (const float *)t[10], u, hidden, d,
+                n ? (const int8_t *)n[0] : NULL, n ? (const float *)n[1] : NULL, qkv, n ? n[2] : 0, nt);
+    }
+}
+
+/* One token's Engram block: e = the n_tab table rows at addrs (edim floats each) side by side, v = w_v(e),
+   k = w_k(e), x += sigmoid(<rms_norm(x), rms_norm(k)> / sqrt(d)) * v (rms_norm with fp32 epsilon, as F.rms_norm).
+   e: scratch of n_tab * edim floats, k and v of d, xq of int16 for n_tab * edim. */
+void tc_engram(float *x, const float *table, const int64_t *addrs, int64_t n_tab, int64_t edim,
+               const int8_t *wv_q, const float *wv_s, const int8_t *wk_q, const float *wk_s, int64_t d,
+               float *e, int16_t *xq, float *k, float *v, int nt) {
+    int64_t ne = n_tab * edim;
+    for (int64_t t = 0; t < n_tab; t++) memcpy(e + t * edim, table + addrs[t] * edim, edim * sizeof(float));
+    float sx = quant16(e, xq, ne);
+#pragma omp parallel num_threads(threads_for(2 * d * ne, nt))
+    {
+        gemv_rows(xq, sx, wv_q, wv_s, v, d, ne, 0);
+        gemv_rows(xq, sx, wk_q, wk_s, k, d, ne, 0);
+    }
+    double xx = 0.0, kk = 0.0, xk = 0.0;
+    for (int64_t i = 0; i < d; i++) {
+        xx += (double)x[i] * x[i];
+        kk += (double)k[i] * k[i];
+        xk += (double)x[i] * k[i];
+    }
+    const double eps = 1.1920928955078125e-07;
+    double g = xk / (sqrt(xx / d + eps) * sqrt(kk / d + eps)) / sqrt((double)d);
+    float gate = (float)(1.0 / (1.0 + exp(-g)));
+    for (int64_t i = 0; i < d; i++) x[i] += gate * v[i];
+}
+
+/* y = cap * tanh(y / cap) in place (the logit softcap), on one thread: torch.tanh of a vocabulary row runs a
+   parallel region, which stalls the step whenever another process holds a core. tanh(t) = sign(t) (1 - 2 / (e^2|t| + 1)),
+   below |t| = 2^-4 its odd Taylor series (the subtraction would lose precision there). */
+void tc_softcap(float *y, int64_t n, float cap) {
+    float r = 1.0f / cap;
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 rv = _mm512_set1_ps(r), cv = _mm512_set1_ps(cap), one = _mm512_set1_ps(1.0f),
+                 two = _mm512_set1_ps(2.0f), small = _mm512_set1_ps(0.0625f),
+                 c3 = _mm512_set1_ps(-1.0f / 3), c5 = _mm512_set1_ps(2.0f / 15), c7 = _mm512_set1_ps(-17.0f / 315);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000);
+    for (; i + 16 <= n; i += 16) {
+        __m512 t = _mm512_mul_ps(_mm512_loadu_ps(y + i), rv);
+        __m512 a = _mm512_abs_ps(t);
+        /* e^(2|t|) for |t| <= 44 (tanh is 1 in float beyond 9); exp16 also takes x > 0 */
+        __m512 e = exp16(_mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_add_ps(a, a)));   /* NaN stays NaN */
+        __m512 big = _mm512_sub_ps(one, _mm512_div_ps(two, _mm512_add_ps(e, one)));
+        __m512 a2 = _mm512_mul_ps(a, a);
+        __m512 p = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_fmadd_ps(c7, a2, c5), a2, c3), a2, one);
+        __m512 th = _mm512_mask_mov_ps(big, _mm512_cmp_ps_mask(a, small, _CMP_LT_OQ), _mm512_mul_ps(a, p));
+        th = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(th),
+                                                 _mm512_and_si512(_mm512_castps_si512(t), sign)));
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(th, cv));
+    }
+#endif
+    for (; i < n; i++) y[i] = cap * tanhf(y[i] * r);
+}
+
+int tc_abi_version(void) { return 6; }
