@@ -31,7 +31,7 @@ def test_turn_appends_only_new_tokens_and_records_the_session():
     assert int(chat.cache.lens_cpu[0]) == L1 + r2.prefill_tokens + r2.n_tokens + 1
     msgs = chat.session.messages
     assert [m.role for m in msgs] == ["system", "user", "assistant", "user", "assistant"]
-    assert msgs[2].seed == 1 and msgs[2].settings["temperature"] == 0.7
+    assert msgs[2].seed == 1 and msgs[2].settings["temperature"] == ChatSettings().temperature
     # the cache holds exactly the conversation's tokens (minus the pending newline)
     ids = chat.session.context_ids()
     assert chat.cache.tokens[0, :len(ids) - 1].tolist() == ids[:-1]

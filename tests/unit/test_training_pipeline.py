@@ -249,6 +249,26 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
     assert steps == list(range(1, 8))
 
 
+def test_a_resume_with_other_threads_is_logged_and_the_card_says_so(tmp_path):
+    from tinychat.training.export import _threads_text
+    train, val = tiny_sets(20)
+    cfg = tiny_cfg(steps=4, ckpt_every=2)
+    was = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        b = Trainer(cfg, tok(), train, val, tmp_path / "b", log=lambda *_: None)
+        b.fit(stop_after=2, progress=False)
+        torch.set_num_threads(2)
+        c = Trainer.resume(tmp_path / "b", tok(), train, val, log=lambda *_: None)
+        c.fit(progress=False)
+    finally:
+        torch.set_num_threads(was)
+    st = c.state()
+    assert st["threads_log"] == [[0, 1], [2, 2]]
+    assert _threads_text(st) == "1 CPU thread, then 2 from step 2"
+    assert _threads_text({"threads": 2}) == "2 CPU threads"
+
+
 def test_checkpoints_are_safetensors_and_json_only_and_pruned(tmp_path):
     train, val = tiny_sets(20)
     tr = Trainer(tiny_cfg(steps=5, ckpt_every=1, keep=2), tok(), train, val, tmp_path / "run", log=lambda *_: None)

@@ -202,6 +202,13 @@ def teacher_loss(conversations, system: str | None = None, model=None, htok=None
             "assistant_bytes": b}
 
 
+def _default_sampler() -> dict:
+    """The app's default sampler settings (what the quality figures were measured with)."""
+    from tinychat.settings import ChatSettings
+    d = ChatSettings().sampler()
+    return {k: d[k] for k in ("temperature", "top_p", "penalty", "penalty_window", "ban", "no_parrot")}
+
+
 # -- the command --------------------------------------------------------------------------------------------------
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -241,7 +248,7 @@ def run(args) -> int:
         return 2
     result: dict = {"model": str(args.model), "shards": " ".join(args.shards), "held_out_conversations": len(val),
                     "settings": {"max_new": args.max_new, "seed": args.seed, "turns": args.turns,
-                                 "defaults": "tinychat.chat.ChatSettings()"}}
+                                 "defaults": "tinychat.chat.ChatSettings()", "sampler": _default_sampler()}}
     if args.n:
         convs = val[:args.n]
         t0 = time.perf_counter()

@@ -154,6 +154,16 @@ def generate_command(teacher: dict, tokens: int | None) -> str:
     return " ".join(parts)
 
 
+def _threads_text(st: dict) -> str:
+    """'2 CPU threads', or per stretch of a resumed run: '1 CPU thread to step 352, then 2'."""
+    log = st.get("threads_log") or [[0, st.get("threads")]]
+    unit = lambda n: f"{n} CPU thread" + ("s" if n != 1 else "")     # noqa: E731
+    if len(log) == 1:
+        return unit(log[0][1])
+    parts = [unit(log[0][1])] + [f"{n} from step {s}" for s, n in log[1:]]
+    return ", then ".join(parts)
+
+
 def model_card(f: dict) -> str:
     from .evaluate import BAR, transcript
     st, cfg, mc = f["state"], f["state"]["config"], f["state"]["model_config"]
@@ -225,7 +235,7 @@ def model_card(f: dict) -> str:
               "## Training",
               "",
               f"- {st['step']:,} steps, {st['tokens_seen']:,} tokens ({st['targets_seen']:,} assistant targets), "
-              f"{hours:.2f} h on {st.get('threads')} CPU threads "
+              f"{hours:.2f} h on {_threads_text(st)} "
               f"({st['tokens_seen'] / max(st['elapsed_s'], 1e-9):,.0f} tok/s), bf16 autocast, fp32 master weights.",
               f"- AdamW lr {cfg['lr']} (warmup {cfg['warmup']} steps, cosine to {cfg['min_lr_ratio']}x), betas "
               f"({cfg['beta1']}, {cfg['beta2']}), weight decay {cfg['weight_decay']} (not on embeddings / Engram "
@@ -254,8 +264,13 @@ def model_card(f: dict) -> str:
         s = ev.get("settings", {})
         lines += [f"Chatted through {ev.get('conversations') and len(ev['conversations'])} held-out conversations "
                   f"with the app's default settings, `--max-new {s.get('max_new')}` ({q['replies']} replies):",
-                  "",
-                  "| metric | value | bar |", "| --- | --- | --- |",
+                  ""]
+        if s.get("sampler"):
+            d = s["sampler"]
+            lines += [f"Sampling: temperature {d['temperature']}, top-p {d['top_p']}, repetition penalty "
+                      f"{d['penalty']} over the last {d['penalty_window']} tokens, phrase ban "
+                      f"{'on' if d['ban'] else 'off'}, no-parrot {'on' if d['no_parrot'] else 'off'}.", ""]
+        lines += ["| metric | value | bar |", "| --- | --- | --- |",
                   f"| replies ending with `<|im_end|>` | {q['stop']:.3f} | >= {BAR['stop']} |",
                   f"| word distinct-2 | {q['distinct2']:.3f} | >= {BAR['distinct2']} |",
                   f"| dictionary words | {q['dictionary']:.3f} | >= {BAR['dictionary']} |",

@@ -158,6 +158,7 @@ class Trainer:
         self.elapsed = 0.0                      # training wall time over all sessions (s)
         self.val_loss: float | None = None
         self.val_full = False                   # val_loss is over the whole held-out split (else a subset)
+        self.threads_log = [[0, torch.get_num_threads()]]   # [from step, threads] per stretch of the run
         self._plan: tuple[int, list] | None = None
         self.total_steps = total_steps or cfg.steps or self.steps_for_tokens()
         self._stop = False
@@ -240,7 +241,8 @@ class Trainer:
         return {"format": CKPT_FORMAT, "step": self.step, "epoch": self.epoch, "pos": self.pos,
                 "total_steps": self.total_steps, "tokens_seen": self.tokens_seen, "targets_seen": self.targets_seen,
                 "elapsed_s": round(self.elapsed, 3), "val_loss": self.val_loss, "val_full": self.val_full, "lr": lr_at(max(self.step - 1, 0),
-                self.cfg, self.total_steps), "threads": torch.get_num_threads(), "config": self.cfg.to_dict(),
+                self.cfg, self.total_steps), "threads": torch.get_num_threads(), "threads_log": self.threads_log,
+                "config": self.cfg.to_dict(),
                 "model_config": self.model.cfg.to_dict(), "tokenizer_sha256": self.tok.sha256,
                 "data": {"train": {**stats(self.train), "fingerprint": self.train.fingerprint()},
                          "val": {**stats(self.val), "fingerprint": self.val.fingerprint()}},
@@ -309,6 +311,9 @@ class Trainer:
         self.total_steps = state["total_steps"]
         self.tokens_seen, self.targets_seen = state["tokens_seen"], state["targets_seen"]
         self.elapsed, self.val_loss = state["elapsed_s"], state["val_loss"]
+        self.threads_log = [list(x) for x in state.get("threads_log") or [[0, state.get("threads")]]]
+        if self.threads_log[-1][1] != torch.get_num_threads():
+            self.threads_log.append([self.step, torch.get_num_threads()])
         self.val_full = state.get("val_full", False)
 
     @classmethod
