@@ -98,7 +98,9 @@ def load_runtime(model: Optional[Path]):
     tok = Tokenizer.from_file(Path(path) / TOKENIZER_FILE)
     if tok.vocab_size > m.cfg.vocab_size:
         raise UsageError(f"{path}: tokenizer has {tok.vocab_size} tokens, the model only {m.cfg.vocab_size}")
-    name = Path(path).resolve().name if model is not None else "default"
+    shipped = default_model_path()
+    is_default = model is None or (shipped is not None and Path(path).resolve() == shipped.resolve())
+    name = "default" if is_default else Path(path).resolve().name
     return m, tok, name, model_identity(m)
 
 
