@@ -45,7 +45,7 @@ async def test_send_streams_tokens_in_batches_and_matches_headless(factory, chat
         assert app.status_bar.values["autosave"] == "autosaved"
     # the same model, settings and seed headless: the same reply
     from support import make_chat
-    other = make_chat(model=chat_model, temperature=0.8, seed=7, max_new=24, autosave=False)
+    other = make_chat(model=chat_model, temperature=0.8, seed=7, max_new=24, penalty=f.settings.penalty, autosave=False)
     assert other.send("hello, tell me about the cat").text == reply.content
 
 
