@@ -14,7 +14,7 @@ class ChatError(ValueError):
 class ChatSettings:
     """Sampler and turn settings. Changes apply from the next turn and are recorded with it."""
     system_prompt: str = "You are a helpful assistant."
-    temperature: float = 0.8        # 0.8 / 1.2: tuned for the shipped model on held-out chats (see MODEL_CARD.md)
+    temperature: float = 0.8        # 0.8 / 1.2: chosen for the shipped model on held-out chats (README: the default model)
     top_p: float = 0.9
     penalty: float = 1.2            # repetition penalty (1.0: off)
     penalty_window: int = 64        # over the last this-many content tokens of the conversation
