@@ -222,6 +222,19 @@ static inline __m512 exp16(__m512 x) {
     return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
 }
 
+/* <q, k> for q held in nv 16-lane registers and k of 16 * nv floats. */
+static inline float dot16(const __m512 *qv, int64_t nv, const float *k) {
+    __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
+    for (int64_t v = 1; v < nv; v++) a = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(k + 16 * v), a);
+    return _mm512_reduce_add_ps(a);
+}
+
+/* acc += p * v for v of 16 * nv floats. */
+static inline void axpy16(__m512 *acc, int64_t nv, float p, const float *v) {
+    __m512 pv = _mm512_set1_ps(p);
+    for (int64_t i = 0; i < nv; i++) acc[i] = _mm512_fmadd_ps(pv, _mm512_loadu_ps(v + 16 * i), acc[i]);
+}
+
 /* One q head (D a multiple of 16, at most 256) against keys 0..L of K/V and the W ring slots of Kl/Vl that hold
    one of the last W positions: scores into s (L + 1 + W), softmax, o = p @ [V | Vl]. q stays in registers; the
    exponentials and their sum run 16 at a time; the 1/sum is applied once to o. */
@@ -232,22 +245,13 @@ static void attend_head16(const float *q, const float *K, const float *V, const 
     for (int64_t v = 0; v < nv; v++) qv[v] = _mm512_loadu_ps(q + 16 * v);
     float m = -INFINITY;
     for (int64_t j = 0; j <= L; j++) {
-        const float *k = K + j * D;
-        __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
-        for (int64_t v = 1; v < nv; v++) a = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(k + 16 * v), a);
-        float x = _mm512_reduce_add_ps(a);
+        float x = dot16(qv, nv, K + j * D);
         s[j] = x;
         m = x > m ? x : m;
     }
     for (int64_t j = 0; j < W; j++) {
         int64_t p = lpos[j];
-        float x = -INFINITY;
-        if (p >= 0 && L - p < W) {
-            const float *k = Kl + j * D;
-            __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
-            for (int64_t v = 1; v < nv; v++) a = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(k + 16 * v), a);
-            x = _mm512_reduce_add_ps(a);
-        }
+        float x = (p >= 0 && L - p < W) ? dot16(qv, nv, Kl + j * D) : -INFINITY;
         s[L + 1 + j] = x;
         m = x > m ? x : m;
     }
@@ -267,18 +271,9 @@ static void attend_head16(const float *q, const float *K, const float *V, const 
     }
     float rz = 1.0f / _mm512_reduce_add_ps(zv);
     for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_setzero_ps();
-    for (int64_t i = 0; i <= L; i++) {
-        __m512 pv = _mm512_set1_ps(s[i]);
-        const float *vv = V + i * D;
-        for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_fmadd_ps(pv, _mm512_loadu_ps(vv + 16 * v), acc[v]);
-    }
-    for (int64_t i = 0; i < W; i++) {
-        float p = s[L + 1 + i];
-        if (p == 0.f) continue;
-        __m512 pv = _mm512_set1_ps(p);
-        const float *vv = Vl + i * D;
-        for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_fmadd_ps(pv, _mm512_loadu_ps(vv + 16 * v), acc[v]);
-    }
+    for (int64_t i = 0; i <= L; i++) axpy16(acc, nv, s[i], V + i * D);
+    for (int64_t i = 0; i < W; i++)
+        if (s[L + 1 + i] != 0.f) axpy16(acc, nv, s[L + 1 + i], Vl + i * D);
     __m512 rv = _mm512_set1_ps(rz);
     for (int64_t v = 0; v < nv; v++) _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(acc[v], rv));
 }

@@ -287,16 +287,16 @@ class _NativeStep:
         self.n1 = max(c.engram_orders) - 1 if self.engrams else 0
         # tc_engram per Engram block (fp32 table, int8 w_v / w_k), else None: the block's PyTorch forward
         self.engram_native = {}
+        ne = 1                                              # the widest Engram input (tables x dim)
         for i, b in enumerate(model.blocks):
             en = b.engram
             if en is None:
                 continue
+            ne = max(ne, en.table.weight.size(1) * len(en.orders) * en.heads)
             ok = (en.table.weight.dtype == torch.float32 and en.table.weight.is_contiguous()
                   and type(en.w_v) is Int8Linear and type(en.w_k) is Int8Linear
                   and en.w_v.bias is None and en.w_k.bias is None)
             self.engram_native[i] = (en.table.weight, *w(en.w_v)[:2], *w(en.w_k)[:2]) if ok else None
-        ne = max([b.engram.table.weight.size(1) * len(b.engram.orders) * b.engram.heads
-                  for b in model.blocks if b.engram is not None] + [1])
         self.e, self.ek, self.ev = torch.empty(ne), torch.empty(d), torch.empty(d)
         self.exq = torch.empty(ne, dtype=torch.int16)
         self._cid_map = model.cid_map
