@@ -95,6 +95,31 @@ def test_native_int8_step_matches_the_pytorch_steps(kv_dtype, monkeypatch):
     assert _rel(nat, torch_fast) > 0          # really the other path
 
 
+def test_native_step_runs_one_tensor_op_per_token():
+    """The native int8 step keeps its bookkeeping (token history, ring positions, lengths, the embedding row, the
+    Engram addresses) in numpy views and Python ints: the only tensor op left per token is the copy of the logits.
+    Each tensor op hands the GIL away and back, which in the app costs the decode thread a wait whenever the UI
+    thread is rendering; this counts them (it does not time anything)."""
+    from tinychat.engine import native
+    if native.load() is None:
+        pytest.skip(f"no native kernels here: {native.why_not}")
+    q = quantize_cpu(make_model(), "int8")
+    assert any(b.engram is not None for b in q.blocks)
+    cache = KVCache(q, 1, 64, "cpu", dtype=torch.float32)
+    dec = Decoder(q, cache)
+    with torch.no_grad():
+        for t in range(3):
+            dec.step(t)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for t in range(10):
+                dec.step(t + 5)
+    top = [e.name for e in prof.events() if e.name.startswith("aten::")
+           and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))]
+    assert len(top) <= 10, sorted(top)
+    assert cache.length() == 13 and int(cache.lens[0]) == 13
+    assert cache.tokens[0, :13].tolist() == [0, 1, 2, *range(5, 15)]
+
+
 def test_native_kernels_off_or_unusable_fall_back_to_pytorch(monkeypatch):
     from tinychat.engine import native
     monkeypatch.setenv("TINYCHAT_NATIVE", "0")

@@ -25,6 +25,23 @@ class KVCache:
         self.lens_cpu = torch.zeros(B, dtype=torch.long)
         self.tokens = torch.zeros(B, max_len + 1, device=device, dtype=torch.long)      # history (Engram context)
         self.static_feed = None   # set by a GPU Decoder: append() replays captured graphs for short batch-1 chunks
+        self._len_host = self.lens_cpu.numpy()        # a view: reading a length is no tensor op
+        self._host = None
+
+    def length(self, row: int = 0) -> int:
+        """Row's current length (its CPU mirror), read without a tensor op."""
+        return int(self._len_host[row])
+
+    def host(self):
+        """numpy views of a CPU cache's bookkeeping: (tokens, lpos, lens, lens_cpu). The CPU decode step reads and
+        writes single entries through them: a numpy scalar access costs ~0.1 us where an indexed tensor op costs a
+        few us and hands the GIL over (to the app's UI thread) and back. Every tensor here is only changed in
+        place, so the views stay valid."""
+        if self._host is None:
+            if self.device.type != "cpu":
+                raise ValueError("host views need a CPU cache")
+            self._host = (self.tokens.numpy(), self.lpos.numpy(), self.lens.numpy(), self._len_host)
+        return self._host
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.gk, self.gv, self.lk, self.lv))

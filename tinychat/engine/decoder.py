@@ -98,9 +98,12 @@ class Decoder:
     def step(self, tok: int) -> torch.Tensor:
         """Append one token (host int); returns the logits (1, V) after it. Eager decoders run _decode_one (or the
         lean _decode_fast of a quantize_cpu model); device-loop decoders run the loop's static step."""
-        L = int(self.cache.lens_cpu[0])
+        L = self.cache.length(0)
         if L + 1 > self.cache.max_len:
             raise RuntimeError(f"KV cache full: all {self.cache.max_len} positions are used")
+        fs = getattr(self.model, "_cpu_fast", None)
+        if fs is not None and self.fast and self.dev.type == "cpu" and not self.graph:
+            return _decode_fast(self.model, self.cache, self._tok, L, fs, tok=int(tok))
         self._tok.fill_(int(tok))
         if self.graph:              # the device loop's own step: a replayed turn rounds exactly as the live one
             if getattr(self, "_one", None) is None:
@@ -108,9 +111,6 @@ class Decoder:
             logits = _step_static(self.model, self.cache, self._tok, self._one, self._static_aux())
             self.cache.lens_cpu[0] += 1
             return logits
-        fs = getattr(self.model, "_cpu_fast", None)
-        if fs is not None and self.fast and self.dev.type == "cpu":
-            return _decode_fast(self.model, self.cache, self._tok, L, fs)
         return _decode_one(self.model, self.cache, self._tok, L)
 
     def _masks(self, V, pen_ids, ban_ids):

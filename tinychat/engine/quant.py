@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 import warnings
 
 import torch
@@ -302,11 +303,40 @@ class _NativeStep:
         self._cid_map = model.cid_map
         self._cid: list[int] = []
         self._cid_version = -1
+        # per Engram block: its addresses' buffer (1, 1, n) and a numpy view of it (filled without a tensor op)
+        self._addr_buf = {}
+        for li, orders, heads, *_ in self.engrams:
+            t = torch.zeros(1, 1, len(orders) * heads, dtype=torch.int64)
+            self._addr_buf[li] = (t, t.numpy().reshape(-1))
+        self.x_np = self.x.numpy()
+        self._embed = (None, None)             # (the embedding weight, its numpy view when fp32 on the CPU)
+        self._attn_ok = (lambda: None, False)  # (a weak reference to the cache, whether tc_attn can read it)
+
+    def embed_row(self, model, tok: int) -> None:
+        """x = the token's embedding row (a numpy copy for an fp32 table: no tensor op)."""
+        wt = model.embed.weight
+        if self._embed[0] is not wt:
+            ok = wt.dtype == torch.float32 and wt.device.type == "cpu" and wt.is_contiguous()
+            self._embed = (wt, wt.detach().numpy() if ok else None)
+        e = self._embed[1]
+        if e is not None:
+            self.x_np[:] = e[tok]
+        else:
+            self.x.copy_(wt[tok])
+
+    def attn_ok(self, cache, model) -> bool:
+        """tc_attn reads this cache directly: fp32, batch 1, contiguous (as the RoPE tables). Asked once per cache."""
+        if self._attn_ok[0]() is not cache:
+            ok = cache.gk.dtype == torch.float32 and cache.B == 1 and all(t.is_contiguous() for t in (
+                cache.lk, cache.lv, cache.gk, cache.gv, cache.lpos, model.rope.cos, model.rope.sin))
+            self._attn_ok = (weakref.ref(cache), ok)
+        return self._attn_ok[1]
 
     def engram_addrs(self, tokens: list[int]) -> dict[int, torch.Tensor]:
         """_engram_addrs for one new token in Python ints (a few dozen multiplies and XORs instead of ~30 tensor
         ops): tokens = the n_max - 1 previous ids (0 before position 0) then the new one. Same values: products of
-        ids below 2^31 stay exact, addresses are non-negative, so % equals torch.remainder."""
+        ids below 2^31 stay exact, addresses are non-negative, so % equals torch.remainder. The returned tensors
+        are this step's buffers: valid until the next call."""
         cm = self._cid_map
         if cm._version != self._cid_version:             # set_token_strings after quantizing: re-read
             self._cid, self._cid_version = cm.tolist(), cm._version
@@ -321,11 +351,13 @@ class _NativeStep:
                         acc ^= c[-1 - j] * m[j]
                     a.append(acc % size + offset[t])
                     t += 1
-            out[li] = torch.tensor(a).view(1, 1, -1)
+            buf, view = self._addr_buf[li]
+            view[:] = a
+            out[li] = buf
         return out
 
 
-def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _NativeStep):
+def _decode_native(model, cache: KVCache, tok: int, L: int, fs: _CpuFast, nat: _NativeStep):
     """_decode_fast in native kernels (engine/native.py). With an fp32 cache, one tc_layers call per run of layers
     between Engram blocks (per layer: tc_attn = q/k norms, RoPE, the cache writes, one softmax over [global | local]
     keys; tc_tail = w_o + residual, norm, MLP + residual, next norm, next fused QKV), tc_engram for an Engram block,
@@ -341,20 +373,20 @@ def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _Nativ
     nt = nat.tuner.threads(ceiling)
     t0 = time.perf_counter()
     inv = fs.inv_sqrt_d
-    tok = int(idx[0, 0])
+    # the bookkeeping through numpy views (cache.host): no tensor op, so the GIL stays with this thread
+    toks_h, lpos_h, lens_h, lens_cpu_h = cache.host()
     addrs = {}
     if nat.engrams:
         n1 = nat.n1
-        prev = cache.tokens[0, max(0, L - n1):L].tolist()
+        prev = toks_h[0, max(0, L - n1):L].tolist()
         addrs = nat.engram_addrs([0] * (n1 - len(prev)) + prev + [tok])
-    cache.tokens[0, L] = tok
+    toks_h[0, L] = tok
     slot = L % W
-    cache.lpos[0, slot] = L
-    lp = cache.lpos[0, :W]
+    lpos_h[0, slot] = L
     kdt = cache.gk.dtype
-    native_attn = kdt == torch.float32 and cache.B == 1 and all(t.is_contiguous() for t in (
-        cache.lk, cache.lv, cache.gk, cache.gv, cache.lpos, model.rope.cos, model.rope.sin))
+    native_attn = nat.attn_ok(cache, model)
     if not native_attn:                                      # the PyTorch attention ops (e.g. a bf16 cache)
+        lp = cache.lpos[0, :W]
         ok = (lp >= 0) & (L - lp < W)
         lbias = None if bool(ok.all()) else torch.zeros(W).masked_fill_(~ok, float("-inf"))
         cs, sn = model.rope.cos[L], model.rope.sin[L]
@@ -363,9 +395,9 @@ def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _Nativ
         lk_new, lv_new, gk_new, gv_new = lk[:, :, slot], lv[:, :, slot], gk[:, :, L], gv[:, :, L]
         Vl, Vg_all = lv[:, :, :W], gv[:, :, :L + 1]
         KlT, KgT_all = lk[:, :, :W].transpose(-1, -2), gk[:, :, :L + 1].transpose(-1, -2)
+        y3 = nat.y.view(Hk, rep, D)
     x = nat.x
-    x.copy_(model.embed.weight[tok])
-    y3 = nat.y.view(Hk, rep, D)
+    nat.embed_row(model, tok)
     if native_attn:
         need = max(nt, ceiling) * (cache.max_len + 1 + W)
         if nat.sc.numel() < need:
@@ -431,8 +463,8 @@ def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _Nativ
         (op, os_, _), (up, us, _), (dp, ds, _) = nat.wo[li], nat.up[li], nat.down[li]
         lib.tc_tail(P["x"], P["h"], P["xq"], inv, P["y"], H * D, op, os_, up, us, dp, ds, P["u"], hid, d,
                     wq, sq, P["qkvbuf"], nq, nt)
-    cache.lens[0] += 1
-    cache.lens_cpu[0] += 1
+    lens_h[0] += 1
+    lens_cpu_h[0] += 1
     hp, hs, V = nat.head
     lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, hp, hs, P["logits"], V, d, nt)
     lib.tc_softcap(P["logits"], V, c.logit_softcap)     # one thread: torch.tanh would start a parallel region
@@ -440,16 +472,19 @@ def _decode_native(model, cache: KVCache, idx, L: int, fs: _CpuFast, nat: _Nativ
     return nat.logits.clone()                           # callers keep logits across steps; the buffer is reused
 
 
-def _decode_fast(model, cache: KVCache, idx, L: int, fs: _CpuFast):
+def _decode_fast(model, cache: KVCache, idx, L: int, fs: _CpuFast, tok: int | None = None):
     """_decode_one for a quantize_cpu model, with far fewer ops (at batch 1 on a CPU every op costs a few us of
     dispatch, about as much as the weights take to stream): fused QKV, norms as x / |x| (one vector_norm), RoPE as one
     DxD matmul for all q/k heads, the token's K/V written into the cache first so attention reads the cache directly
     (no K/V concatenation), each Linear fed from one bf16 buffer and added into the fp32 residual in place.
     Same math as _decode_one up to float rounding (norm epsilon, summation order).
-    With native kernels (an int8 model, NATIVE, a C compiler): _decode_native."""
+    With native kernels (an int8 model, NATIVE, a C compiler): _decode_native. tok: the token as a host int (then
+    idx is only a buffer: the native step needs no tensor of it)."""
     nat = fs.nat
     if nat is not None and NATIVE:
-        return _decode_native(model, cache, idx, L, fs, nat)
+        return _decode_native(model, cache, int(idx[0, 0]) if tok is None else tok, L, fs, nat)
+    if tok is not None:
+        idx.fill_(tok)
     c = model.cfg
     H, Hk, D, W = c.n_heads, c.n_kv_heads, c.head_dim, c.swa_window
     rep = H // Hk
