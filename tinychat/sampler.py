@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy
 import torch
 
 from .engine import apply_ban_and_penalty
@@ -18,6 +19,11 @@ BAN_N = 3                 # the phrase ban's n-gram order: a token is banned aft
 DEAD_END_MIN_MASS = 0.05  # lift the ban for a step when it would leave less than this probability mass
 TRACE_TOP = 8             # candidates recorded per token
 NUCLEUS_PROBE = 32        # top final probabilities ranked to tell the candidates' nucleus membership
+
+
+def _host(p: torch.Tensor):
+    """A numpy view of a CPU distribution (a copy of a device one): single values read without tensor ops."""
+    return p.numpy() if p.device.type == "cpu" else p.cpu().numpy()
 
 
 def ngram_table(sequences, n: int = BAN_N, table: dict | None = None) -> dict[tuple[int, ...], list[int]]:
@@ -99,6 +105,8 @@ class TurnHook:
         self.out: list[int] = []          # the decoder's list of sampled tokens (the same object)
         self._pending: TokenTrace | None = None   # trace of the draw whose token is not known yet
         self._pen_mask = None
+        self._pen_ix = None
+        self._pen_set: set[int] = set()
         self._t_last = time.perf_counter()
         self.t_first: float | None = None
         self.emitted = 0
@@ -135,13 +143,15 @@ class TurnHook:
             return logits
         V = logits.size(-1)
         pen_mask = self._penalty_mask(V, logits.device)
-        raw = apply_ban_and_penalty(logits, self.pen, pen_mask if self.pen != 1.0 else None)   # penalty only
+        raw = apply_ban_and_penalty(logits, self.pen, pen_mask if self.pen != 1.0 else None,   # penalty only
+                                    pen_ix=self._pen_ix)
         T = self.temperature if self.temperature > 0 else 1.0
         lifted = False
         mass = 0.0
+        ban_ix = None
         if banned:
             p_pen = torch.softmax(raw / T, dim=-1)[0]
-            ban_ix = torch.tensor(banned, dtype=torch.long)
+            ban_ix = torch.tensor(banned, dtype=torch.long)       # one index tensor for the mass and both masks
             mass = float(p_pen[ban_ix].sum())
             if self.guard and 1.0 - mass < DEAD_END_MIN_MASS:
                 lifted = True
@@ -153,12 +163,12 @@ class TurnHook:
         result = logits
         if banned and not lifted:
             result = logits.clone()
-            result[0, banned] = float("-inf")
+            result[0, ban_ix] = float("-inf")
         if self.trace:
             final = raw
             if banned and not lifted:
                 final = raw.clone()
-                final[0, banned] = float("-inf")
+                final[0, ban_ix] = float("-inf")
             self._pending = self._make_trace(logits, final, pen_mask, banned if not lifted else [], ctx, mass, lifted)
         return result
 
@@ -174,31 +184,37 @@ class TurnHook:
             if self.pen_ids and self.pen != 1.0:
                 m[torch.tensor(self.pen_ids, dtype=torch.long)] = True
             self._pen_mask = m
+            self._pen_ix = m.nonzero().squeeze(-1) if device.type == "cpu" else None
+            self._pen_set = set(self.pen_ids) if self.pen != 1.0 else set()
         return self._pen_mask
 
     def _make_trace(self, logits, final, pen_mask, banned, ctx, mass, lifted) -> TokenTrace:
-        """final: fp32 logits after the penalty and the (unlifted) ban. Costs O(V) a few times, never a sort of V."""
+        """final: fp32 logits after the penalty and the (unlifted) ban. Costs O(V) a few times, never a sort of V;
+        a dozen tensor ops (each hands the GIL away and back: the app's UI thread shares it), the single values
+        read through numpy views of the two distributions."""
         T = self.temperature if self.temperature > 0 else 1.0
-        p_raw = torch.softmax(logits.float() / T, dim=-1)[0]
+        if logits.dtype != torch.float32:
+            logits = logits.float()
+        p_raw = torch.softmax(logits / T, dim=-1)[0]
         p_fin = torch.softmax(final / T, dim=-1)[0]
+        raw_h, fin_h = _host(p_raw), _host(p_fin)
         # candidates: the top of the raw and of the final distribution (a banned favourite stays visible)
         sp, si = p_fin.topk(min(NUCLEUS_PROBE, p_fin.numel()))   # sorted descending
         si_l = si.tolist()
         top = list(dict.fromkeys(p_raw.topk(TRACE_TOP).indices.tolist() + si_l[:TRACE_TOP]))
-        ix = torch.tensor(top, dtype=torch.long)
-        pf = p_fin[ix]
+        pf = fin_h[top].tolist()
         if self.temperature > 0:
             nucleus = self._nucleus_members(top, pf, p_fin, sp, si_l)
         else:
             nucleus = [t == si_l[0] for t in top]
-        pens = (pen_mask[ix] & (self.pen != 1.0)).tolist()
+        pens = self._pen_set
         bset = set(banned)
-        cands = [Candidate(t, pr, pfi, ctx if t in bset else None, pe, nu)
-                 for t, pr, pfi, pe, nu in zip(top, p_raw[ix].tolist(), pf.tolist(), pens, nucleus)]
+        cands = [Candidate(t, pr, pfi, ctx if t in bset else None, t in pens, nu)
+                 for t, pr, pfi, nu in zip(top, raw_h[top].tolist(), pf, nucleus)]
         cands.sort(key=lambda c: -c.p_raw)
         tr = TokenTrace(index=len(self.out), token=-1, rank=-1, p_raw=0.0, p_final=0.0, candidates=cands,
                         banned=banned, banned_mass=mass if not lifted else 0.0, lifted=lifted)
-        tr._p_raw, tr._p_fin = p_raw, p_fin     # kept until the token is known
+        tr._p_raw, tr._p_fin, tr._h = p_raw, p_fin, (raw_h, fin_h)     # kept until the token is known
         return tr
 
     def _nucleus_members(self, top, pf, p_fin, sp, si_l) -> list[bool]:
@@ -208,7 +224,7 @@ class TurnHook:
         before = dict(zip(si_l, (sp.cumsum(0) - sp).tolist()))
         probe_full = float(sp.sum()) >= self.top_p
         res = []
-        for t, p in zip(top, pf.tolist()):
+        for t, p in zip(top, pf):
             if t in before:
                 res.append(before[t] < self.top_p)
             elif probe_full:
@@ -223,11 +239,12 @@ class TurnHook:
             return None
         self._pending = None
         tr.token = token
-        tr.p_raw, tr.p_final = float(tr._p_raw[token]), float(tr._p_fin[token])
-        tr.rank = int((tr._p_fin > tr._p_fin[token]).sum())
+        raw_h, fin_h = tr._h
+        tr.p_raw, tr.p_final = float(raw_h[token]), float(fin_h[token])
+        tr.rank = int(numpy.count_nonzero(fin_h > fin_h[token]))
         if self.keep_probs:
             self.probs.append(tr._p_fin)
-        del tr._p_raw, tr._p_fin
+        del tr._p_raw, tr._p_fin, tr._h
         self.traces.append(tr)
         return tr
 

@@ -1,4 +1,5 @@
 """TurnHook's per-token trace against a plain reference built with a full sort of the final distribution."""
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
@@ -46,3 +47,29 @@ def test_trace_candidates_match_the_sorted_reference(seed, V, scale, top_p, with
         assert (c.banned_by is not None) == (c.token in banned)
     assert [c.p_raw for c in tr.candidates] == sorted((c.p_raw for c in tr.candidates), reverse=True)
     assert tr.rank == int((p_fin > p_fin[tok]).sum()) and abs(tr.p_final - float(p_fin[tok])) < 1e-6
+
+
+def _tensor_ops(fn) -> list[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return [e.name for e in prof.events() if e.name.startswith("aten::")
+            and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+            and e.name not in ("aten::resolve_conj", "aten::resolve_neg")]     # Tensor.numpy()'s checks
+
+
+@pytest.mark.parametrize("ban", [False, True])
+def test_tracing_a_token_takes_a_bounded_number_of_tensor_ops(ban):
+    """Tracing a token (penalty, softmaxes, candidates, nucleus membership, rank; the ban's mass and masks) reads
+    its single values through numpy views and reuses the turn's penalty ids, so it costs a bounded number of
+    tensor ops (was 44 without a ban, 68 with one): each op hands the GIL to the app's UI thread and back.
+    Counted, not timed."""
+    V = 8192
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(1, V, generator=g) * 4
+    h = TurnHook({(1, 2): [5, 6]} if ban else {}, temperature=0.8, top_p=0.95, pen=1.2,
+                 pen_ids=list(range(0, V, 7)), stop=0, trace=True)
+    h([1, 2], logits)                      # the first call builds the turn's penalty mask and ids
+    h.finish([1, 2, 9])
+    ops = _tensor_ops(lambda: (h([1, 2, 9, 1, 2], logits), h.finish([1, 2, 9, 1, 2, 11])))
+    assert len(h.traces) == 2 and h.traces[-1].banned == ([5, 6] if ban else [])
+    assert len(ops) <= (48 if ban else 30), sorted(ops)

@@ -142,11 +142,12 @@ class Decoder:
             return self._generate_graph(logits, max_new, stop, temperature, top_p, pen, pm, bm, generator, logits_hook)
         pm_ = pm if pen_ids and pen != 1.0 else None
         bm_ = bm if ban_ids else None
+        ix = pm_.nonzero().squeeze(-1) if pm_ is not None and pm_.device.type == "cpu" else None   # once a turn
         out = []
         for _ in range(max_new):
             if logits_hook is not None:
                 logits = logits_hook(out, logits)
-            t = int(sample_top_p(logits, temperature, top_p, pen, pm_, bm_, generator))
+            t = int(sample_top_p(logits, temperature, top_p, pen, pm_, bm_, generator, ix))
             out.append(t)
             logits = self.step(t)
             if t == stop:

@@ -14,16 +14,19 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, generator=None) -> to
     return torch.multinomial(p, 1, generator=generator).squeeze(-1)
 
 
-def apply_ban_and_penalty(logits: torch.Tensor, pen: float = 1.0, pen_mask=None, ban_mask=None) -> torch.Tensor:
+def apply_ban_and_penalty(logits: torch.Tensor, pen: float = 1.0, pen_mask=None, ban_mask=None,
+                          pen_ix=None) -> torch.Tensor:
     """fp32 logits with ban_mask -> -inf and the repetition penalty on pen_mask (positive logits / pen, negative
-    * pen). Never modifies its input."""
+    * pen). Never modifies its input. pen_ix: pen_mask's ids (sorted), when the caller has them (a turn's ids are
+    fixed: no nonzero() per token)."""
     src = logits
-    logits = logits.float()
+    if logits.dtype != torch.float32:
+        logits = logits.float()
     if ban_mask is not None:
         logits = logits.masked_fill(ban_mask, float("-inf"))
     if pen != 1.0 and pen_mask is not None:
         if logits.device.type == "cpu":   # only the penalised ids (a few hundred), not four passes over V
-            ix = pen_mask.nonzero().squeeze(-1)
+            ix = pen_mask.nonzero().squeeze(-1) if pen_ix is None else pen_ix
             if logits is src:
                 logits = logits.clone()
             v = logits[..., ix]
@@ -34,13 +37,13 @@ def apply_ban_and_penalty(logits: torch.Tensor, pen: float = 1.0, pen_mask=None,
 
 
 def sample_top_p(logits: torch.Tensor, temperature: float, top_p: float, pen: float = 1.0, pen_mask=None,
-                 ban_mask=None, generator=None) -> torch.Tensor:
+                 ban_mask=None, generator=None, pen_ix=None) -> torch.Tensor:
     """On the logits' device, no host sync: ban_mask -> -inf, repetition penalty on pen_mask (positive logits / pen,
     negative * pen), temperature, nucleus top_p, one multinomial draw. logits (1, V); masks (V,) bool or None.
     Returns a (1,) token tensor. For vocabularies up to TOPK_SAMPLE_MIN the draws equal a plain sort + multinomial;
     bigger CPU vocabularies draw from the same distribution with a top-k nucleus (_nucleus_draw_topk).
-    temperature <= 0: greedy (after the ban and the penalty)."""
-    logits = apply_ban_and_penalty(logits, pen, pen_mask, ban_mask)
+    temperature <= 0: greedy (after the ban and the penalty). pen_ix: as apply_ban_and_penalty."""
+    logits = apply_ban_and_penalty(logits, pen, pen_mask, ban_mask, pen_ix)
     if temperature <= 0:
         return logits.argmax(-1)
     p = torch.softmax(logits / temperature, dim=-1)
