@@ -195,6 +195,9 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         # The footer's bindings stay the same whatever the state (an action that does not apply says so when
         # pressed): refreshing them would recompose the footer twice per turn, on the UI thread, while decoding.
         self.busy = kind
+        # no cursor blink while a reply streams: each blink repaints the input (~5 ms of UI time, taken from the
+        # decode thread through the GIL)
+        self.prompt.cursor_blink = self.blink and kind not in ("send", "regen", "replay")
 
     def _can_run(self, what: str = "that") -> bool:
         if self.chat is None:
