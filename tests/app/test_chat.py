@@ -69,6 +69,22 @@ async def test_escape_stops_generation_mid_turn_and_chat_goes_on(factory):
         assert app.chat.session.n_turns == 2 and app.chat.session.messages[-1].finish in ("stop", "length")
 
 
+async def test_cursor_stops_blinking_while_a_reply_streams(factory):
+    """A blink repaints the input: while a reply streams the cursor stays still (the UI thread's time is the
+    decode thread's, through the GIL), and blinks again afterwards."""
+    f = factory(temperature=0.0, max_new=300, delay=0.01)
+    app = make_app(f, blink=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.prompt.cursor_blink
+        await start(pilot, "hello")
+        await wait_for(pilot, lambda: app._current is not None and len(app._current.tokens) >= 3, what="tokens")
+        assert not app.prompt.cursor_blink
+        await pilot.press("escape")
+        await idle(pilot)
+        assert app.prompt.cursor_blink
+
+
 async def test_regenerate_replaces_the_last_reply(factory):
     f = factory(temperature=1.0, max_new=16)
     app = make_app(f, blink=False)
