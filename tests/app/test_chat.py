@@ -295,3 +295,18 @@ def test_pace_adapts_the_batch_interval_to_ui_cost_and_decode_stalls():
     assert [len(x) for x in posted] == [1, 1, 1]
     b.flush()
     assert [it.text for it in posted[-1]] == ["x", "y"]
+
+
+def test_a_turns_first_words_are_posted_at_once_whatever_the_pace():
+    from tinychat.tui.runtime import Pace, TokenBatcher
+    p = Pace(lo=0.0)
+    p.ui_interval = p.stall_interval = 10.0       # a slow pace: one update every 10 s
+    posted = []
+    b = TokenBatcher(posted.append, p)
+    b(0, 5, "Hello", None, 30.0)                   # the first token: on screen now
+    assert [[it.text for it in x] for x in posted] == [["Hello"]]
+    b(1, 6, " there", None, 1.0)
+    b(2, 7, "!", None, 1.0)                        # then the pace holds the rest
+    assert len(posted) == 1
+    b.flush()
+    assert [it.text for it in posted[-1]] == [" there", "!"]

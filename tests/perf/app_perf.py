@@ -140,12 +140,15 @@ def main() -> None:
 
     counts: dict[str, list[int]] = {"headless": [], "app": []}
     spreads: dict[str, list[float]] = {"headless": [], "headless_trace": [], "app": []}
+    steps: dict[str, list[float]] = {"headless": [], "headless_trace": [], "app": []}      # median step, ms
 
     def headless(trace: bool) -> float:
         chat = _open_chat(*rt, a.quant, "cpu", settings, {}, None)
         chat.send(PROMPT, trace=trace)
         counts["headless"].append(len(chat.session.messages[-1].timing_ms))
-        spreads["headless_trace" if trace else "headless"].append(spread(chat.session.messages[-1].timing_ms))
+        timing = chat.session.messages[-1].timing_ms
+        spreads["headless_trace" if trace else "headless"].append(spread(timing))
+        steps["headless_trace" if trace else "headless"].append(statistics.median(timing[1:]))
         return rate(chat.session.messages[-1].timing_ms)
 
     tinychat = ROOT / ".venv" / "bin" / "tinychat"
@@ -179,6 +182,7 @@ def main() -> None:
             timing = newest_session(home).messages[-1].timing_ms
             counts["app"].append(len(timing))
             spreads["app"].append(spread(timing))
+            steps["app"].append(statistics.median(timing[1:]))
             app.append(rate(timing))
         med = statistics.median
         out.update(headless_tok_s=round(med(h_plain), 1), headless_trace_tok_s=round(med(h_trace), 1),
@@ -186,6 +190,7 @@ def main() -> None:
                    headless_runs=[round(x, 1) for x in h_plain], headless_trace_runs=[round(x, 1) for x in h_trace])
         out["tokens_per_turn"] = {k: sorted(set(v)) for k, v in counts.items()}
         out["spread"] = {k: round(med(v), 3) for k, v in spreads.items()}     # decode time / (median step x n)
+        out["median_step_ms"] = {k: round(med(v), 3) for k, v in steps.items()}  # the decode's pace without stalls
         out["ratio_vs_headless"] = round(out["app_tok_s"] / out["headless_tok_s"], 3)
         out["ratio_vs_headless_traced"] = round(out["app_tok_s"] / out["headless_trace_tok_s"], 3)
 
