@@ -2,6 +2,7 @@
 import math
 
 import torch
+from hypothesis import given, settings, strategies as st
 
 from tinychat.engine import TOPK_SAMPLE_MIN, sample_top_p
 from tinychat.engine.sampling import _nucleus_draw_topk, _phrase_ban_mask, _sample_icdf
@@ -101,3 +102,25 @@ def test_device_phrase_ban_mask_equals_host_reference():
         for i in range(len(out_list)):
             dev = _phrase_ban_mask(out, torch.tensor([i]), ctx, tok, torch.zeros(V + 1), torch.arange(2))
             assert torch.equal(dev[0], _host_ban(out_list, i, table, V)), (trial, i)
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10_000), V=st.sampled_from([7, 300, 8192]), ties=st.booleans(),
+       ban=st.sampled_from(["none", "winner", "random"]))
+def test_greedy_draw_equals_the_masked_argmax(seed, V, ties, ban):
+    """The greedy shortcut (numpy argmax, then the ban only when it removes the winner) picks the index the plain
+    masked argmax picks: first maximum, ties and a banned winner included."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(1, V, generator=g)
+    if ties:
+        logits = (logits * 2).round()                 # many equal values, several equal maxima
+    mask = None
+    if ban == "winner":
+        mask = torch.zeros(V, dtype=torch.bool)
+        mask[logits[0].argmax()] = True
+    elif ban == "random":
+        mask = torch.rand(V, generator=g) < 0.3
+        mask[0] = False                               # something stays allowed
+    want = (logits if mask is None else logits.masked_fill(mask, float("-inf"))).argmax(-1)
+    got = sample_top_p(logits, 0.0, 1.0, 1.0, None, mask)
+    assert got.tolist() == want.tolist()
