@@ -120,6 +120,43 @@ def test_native_step_runs_one_tensor_op_per_token():
     assert cache.tokens[0, :13].tolist() == [0, 1, 2, *range(5, 15)]
 
 
+@pytest.mark.parametrize("nt", [1, 2])
+def test_native_step_in_one_call_equals_the_kernels_called_from_python(nt, monkeypatch):
+    """tc_step (the whole token in one native call: history, ring position, lengths, Engram hashing, embedding,
+    segments, head, softcap) against the same kernels driven from Python: bit for bit, logits and every cache
+    tensor, past the ring's wrap-around and across an Engram id map changed in place."""
+    from tinychat.engine import native, native_step
+    from tinychat.engine import threads as TT
+    if native.load() is None:
+        pytest.skip(f"no native kernels here: {native.why_not}")
+    monkeypatch.setattr(TT, "AUTO", False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: nt)
+    q = quantize_cpu(make_model(), "int8")
+    W = q.cfg.swa_window
+    toks = torch.randint(0, q.cfg.vocab_size, (3 * W + 5,), generator=torch.Generator().manual_seed(9)).tolist()
+    cid0 = q.cid_map.clone()
+    runs = {}
+    for in_c in (True, False):
+        monkeypatch.setattr(native_step, "STEP_IN_C", in_c)
+        q.cid_map.copy_(cid0)
+        cache = KVCache(q, 1, len(toks) + 4, "cpu", dtype=torch.float32)
+        dec = Decoder(q, cache)
+        if in_c:
+            assert q._cpu_fast.nat.plan(q, cache) is not None
+        out = []
+        with torch.no_grad():
+            for i, t in enumerate(toks):
+                if i == W:
+                    q.cid_map.copy_(torch.roll(cid0, 1))
+                out.append(dec.step(t))
+        runs[in_c] = (torch.cat(out), cache)
+    (a, ca), (b, cb) = runs[True], runs[False]
+    assert torch.equal(a, b)
+    for name in ("lk", "lv", "gk", "gv", "lpos", "tokens", "lens", "lens_cpu"):
+        assert torch.equal(getattr(ca, name), getattr(cb, name)), name
+    assert ca.length() == len(toks)
+
+
 def test_native_kernels_off_or_unusable_fall_back_to_pytorch(monkeypatch):
     from tinychat.engine import native
     monkeypatch.setenv("TINYCHAT_NATIVE", "0")

@@ -448,4 +448,61 @@ void tc_softcap(float *y, int64_t n, float cap) {
     for (; i < n; i++) y[i] = cap * tanhf(y[i] * r);
 }
 
-int tc_abi_version(void) { return 6; }
+/* One whole decode step of batch 1 in one call (the Python step's glue moved here: ~75 us of Python and ctypes
+   argument conversion per token, ~7 % of the demo model's step): the token into the history, ring position and
+   lengths; the embedding row; per segment its Engram block (addresses hashed here, as NativeStep.engram_addrs)
+   then the first layer's QKV and tc_layers; the head and the softcap into logits. All fields are int64 (pointers as
+   integers); native.py builds the same layout with ctypes. */
+#define TC_MAXN 8                                  /* the highest Engram order the hashing takes */
+typedef struct {
+    int64_t d, hidden, H, Hk, D, W, gstride, V, n_seg, n1;
+    int64_t tab, x, h, xq, qkv, y, u, logits, sc, embed, cos_, sin_, lk, lv, gk, gv, lpos, tokens, lens, lens_cpu,
+        head_q, head_s, cid, segs;
+} tc_plan;
+typedef struct {
+    int64_t a, b, qkv_q, qkv_s, qkv_n;             /* layers [a, b); the fused QKV of layer a */
+    int64_t engram;                                /* 1: an Engram block before layer a */
+    int64_t table, edim, vq, vs, kq, ks, n_tab, size, hash, e, exq, ek, ev, addrs;
+} tc_seg;                                          /* hash: n_tab rows of (order, offset, TC_MAXN multipliers) */
+
+void tc_step(const tc_plan *p, int64_t tok, int64_t L, float inv, float cap, int nt) {
+    int64_t d = p->d, W = p->W, half = p->D / 2;
+    int64_t *tokens = (int64_t *)p->tokens, *lpos = (int64_t *)p->lpos;
+    const int64_t *cid = (const int64_t *)p->cid;
+    int64_t ctx[TC_MAXN + 1];                      /* the n1 previous ids (0 before position 0), then tok */
+    for (int64_t i = 0; i < p->n1; i++) ctx[i] = L - p->n1 + i >= 0 ? tokens[L - p->n1 + i] : 0;
+    ctx[p->n1] = tok;
+    tokens[L] = tok;
+    lpos[L % W] = L;
+    float *x = (float *)p->x, *h = (float *)p->h, *qkv = (float *)p->qkv;
+    int16_t *xq = (int16_t *)p->xq;
+    memcpy(x, (const float *)p->embed + tok * d, d * sizeof(float));
+    const tc_seg *segs = (const tc_seg *)p->segs;
+    for (int64_t si = 0; si < p->n_seg; si++) {
+        const tc_seg *s = segs + si;
+        if (s->engram) {
+            const int64_t *hs = (const int64_t *)s->hash;
+            int64_t *ad = (int64_t *)s->addrs;
+            for (int64_t t = 0; t < s->n_tab; t++) {
+                const int64_t *row = hs + t * (2 + TC_MAXN);
+                int64_t acc = 0;
+                for (int64_t j = 0; j < row[0]; j++) acc ^= cid[ctx[p->n1 - j]] * row[2 + j];
+                ad[t] = acc % s->size + row[1];
+            }
+            tc_engram(x, (const float *)s->table, ad, s->n_tab, s->edim, (const int8_t *)s->vq, (const float *)s->vs,
+                      (const int8_t *)s->kq, (const float *)s->ks, d, (float *)s->e, (int16_t *)s->exq,
+                      (float *)s->ek, (float *)s->ev, nt);
+        }
+        tc_norm_gemv(x, h, xq, inv, (const int8_t *)s->qkv_q, (const float *)s->qkv_s, qkv, s->qkv_n, d, nt);
+        tc_layers((const int64_t *)p->tab, s->a, s->b, x, h, xq, inv, qkv, (float *)p->y, (float *)p->u, p->hidden,
+                  d, p->H, p->Hk, p->D, (const float *)p->cos_ + L * half, (const float *)p->sin_ + L * half,
+                  (float *)p->lk, (float *)p->lv, W, (float *)p->gk, (float *)p->gv, p->gstride, lpos, L,
+                  (float *)p->sc, nt);
+    }
+    ((int64_t *)p->lens)[0] += 1;
+    ((int64_t *)p->lens_cpu)[0] += 1;
+    tc_norm_gemv(x, h, xq, inv, (const int8_t *)p->head_q, (const float *)p->head_s, (float *)p->logits, p->V, d, nt);
+    tc_softcap((float *)p->logits, p->V, cap);
+}
+
+int tc_abi_version(void) { return 7; }

@@ -92,6 +92,23 @@ def _build(cc: str) -> Path:
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+ABI = 7                 # tc_abi_version() of the source this module binds
+TC_MAXN = 8             # native.c's highest Engram order for tc_step's hashing
+
+
+class TcPlan(ctypes.Structure):
+    """native.c's tc_plan: tc_step's view of an int8 model and its fp32 cache (pointers as integers)."""
+    _fields_ = [(n, ctypes.c_int64) for n in (
+        "d", "hidden", "H", "Hk", "D", "W", "gstride", "V", "n_seg", "n1",
+        "tab", "x", "h", "xq", "qkv", "y", "u", "logits", "sc", "embed", "cos_", "sin_", "lk", "lv", "gk", "gv", "lpos",
+        "tokens", "lens", "lens_cpu", "head_q", "head_s", "cid", "segs")]
+
+
+class TcSeg(ctypes.Structure):
+    """native.c's tc_seg: layers [a, b) after an optional Engram block."""
+    _fields_ = [(n, ctypes.c_int64) for n in (
+        "a", "b", "qkv_q", "qkv_s", "qkv_n", "engram", "table", "edim", "vq", "vs", "kq", "ks", "n_tab", "size", "hash",
+        "e", "exq", "ek", "ev", "addrs")]
 
 
 def _bind(lib):
@@ -104,7 +121,9 @@ def _bind(lib):
                               _F, _F, _F, _F, _I64, _F, _F, _I64, _F, _I64, _F, _INT]
     lib.tc_engram.argtypes = [_F, _F, _F, _I64, _I64, _I8, _F, _I8, _F, _I64, _F, _F, _F, _F, _INT]
     lib.tc_softcap.argtypes = [_F, _I64, ctypes.c_float]
-    for f in (lib.tc_gemv, lib.tc_norm_gemv, lib.tc_tail, lib.tc_attn, lib.tc_layers, lib.tc_engram, lib.tc_softcap):
+    lib.tc_step.argtypes = [_F, _I64, _I64, ctypes.c_float, ctypes.c_float, _INT]
+    for f in (lib.tc_gemv, lib.tc_norm_gemv, lib.tc_tail, lib.tc_attn, lib.tc_layers, lib.tc_engram, lib.tc_softcap,
+              lib.tc_step):
         f.restype = None
     lib.tc_abi_version.restype = ctypes.c_int
     return lib
@@ -166,7 +185,7 @@ def load():
             return None
         try:
             lib = _bind(ctypes.CDLL(str(_build(cc))))
-            if lib.tc_abi_version() != 6 or not _self_test(lib):
+            if lib.tc_abi_version() != ABI or not _self_test(lib):
                 why_not = "the native kernels failed their self-test"
                 warnings.warn(f"tinychat: {why_not}; using the PyTorch kernels")
                 return None
