@@ -32,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))       # this checkout's tinychat on both sides (a worktree measures itself)
 PROMPT = "Hello! Tell me a long story about the river and the moon."
 
 
@@ -151,10 +152,9 @@ def main() -> None:
         steps["headless_trace" if trace else "headless"].append(statistics.median(timing[1:]))
         return rate(chat.session.messages[-1].timing_ms)
 
-    tinychat = ROOT / ".venv" / "bin" / "tinychat"
-    cmd = f"{tinychat if tinychat.exists() else 'tinychat'} --model {model_dir} --temperature 0 " \
+    cmd = f"{sys.executable} -m tinychat --model {model_dir} --temperature 0 " \
           f"--max-new {a.max_new} --quant {a.quant} --device cpu"
-    env = {"OMP_NUM_THREADS": "1", "TINYCHAT_HOME": str(home)}
+    env = {"OMP_NUM_THREADS": "1", "TINYCHAT_HOME": str(home), "PYTHONPATH": str(ROOT)}
     env.update({k: v for k, v in os.environ.items() if k.startswith("TINYCHAT_UI_")})    # UI knobs to compare
     pane = Pane(f"tinychat-perf-{os.getpid()}", cmd, env)
     out: dict = {"size": a.size, "quant": a.quant, "max_new": a.max_new, "threads": 1,
@@ -193,6 +193,11 @@ def main() -> None:
         out["median_step_ms"] = {k: round(med(v), 3) for k, v in steps.items()}  # the decode's pace without stalls
         out["ratio_vs_headless"] = round(out["app_tok_s"] / out["headless_tok_s"], 3)
         out["ratio_vs_headless_traced"] = round(out["app_tok_s"] / out["headless_trace_tok_s"], 3)
+        # per round (the app's turn over the same round's headless turn, back to back): the machine's speed drifts
+        # over seconds on a shared box, and a ratio within one round is the less exposed to it
+        ref = h_plain if a.no_inspector else h_trace
+        out["ratio_per_round"] = [round(x / y, 3) for x, y in zip(app, ref)]
+        out["ratio_per_round_median"] = round(med(out["ratio_per_round"]), 3)
 
         def latencies(decoding: bool) -> list[float]:
             """Keys typed into the input: while idle, or while replies decode (as many replies as it takes: the
