@@ -55,3 +55,22 @@ def test_never_more_than_the_ceiling_and_pinned_when_auto_is_off(ceiling, monkey
     monkeypatch.setattr(T, "AUTO", False)
     tu = T.ThreadTuner()
     assert set(run(tu, busy, 500, ceiling=ceiling)) == {ceiling}
+
+
+def test_a_collapsing_choice_is_tried_against_the_other_within_a_few_steps():
+    """Two threads that collapse from the first step (a worker descheduled at every barrier: most steps tens of
+    times the normal one) are tried against one thread after ~8 steps, not after the first 64."""
+    def collapse(n, rng):
+        if n == 1:
+            return 1.0
+        return 0.6 if rng.random() < 0.3 else 40.0
+    tu = T.ThreadTuner()
+    used = run(tu, collapse, 40)
+    assert used[0] == 2 and 1 in used[:12]
+    assert tu.choice == 1 and used[-10:] == [1] * 10
+
+
+def test_an_even_decode_waits_the_full_period_before_its_first_trial():
+    tu = T.ThreadTuner()
+    used = run(tu, idle, T.ThreadTuner.FIRST)
+    assert used == [2] * T.ThreadTuner.FIRST

@@ -6,7 +6,8 @@ two threads can be several times the one-thread time (measured on a 2-vCPU guest
 mean 5.7 ms at 2 threads; 1.9 / 2.0 ms at 1). So the tuner runs the step on its current choice, now and then tries
 the other one for a few steps, and keeps whichever has the lower mean step time (the mean, not the median: stalls
 are what it is there to see). A trial that loses doubles the wait before the next one, so a machine that stays
-busy (or idle) pays almost nothing for the checking.
+busy (or idle) pays almost nothing for the checking. Steps that stall badly (a mean over STALL times the fastest
+step) bring the trial forward to an eighth of the wait.
 
 AUTO = False (the CLI's --threads N) pins the count to torch.get_num_threads()."""
 from __future__ import annotations
@@ -22,6 +23,7 @@ class ThreadTuner:
     FIRST = 64          # steps before the first trial; doubled after each lost trial, up to MAX_WAIT
     MAX_WAIT = 4096
     MARGIN = 0.95       # a trial must be this much faster (mean) to switch
+    STALL = 3.0         # recent mean over this times the fastest recent step: trial early (after wait // 8 steps)
 
     def __init__(self):
         self.choice: int | None = None       # None: the ceiling
@@ -39,7 +41,13 @@ class ThreadTuner:
         cur = ceiling if self.choice is None else min(self.choice, ceiling)
         if self.trial is not None:
             return min(self.trial, ceiling)
-        if self.since >= self.wait and len(self.recent) >= self.WINDOW // 2:
+        n = len(self.recent)
+        due = self.since >= self.wait and n >= self.WINDOW // 2
+        # a collapsing choice (a worker descheduled at every barrier: steps of tens of ms between normal ones) is
+        # tried against the other after a few steps, not after `wait`: a busy machine's first reply would otherwise
+        # crawl for 64 steps (the shipped model at 13 tok/s while a test run held the other core)
+        stalled = n >= 4 and self.since >= max(4, self.wait // 8) and sum(self.recent) > self.STALL * n * min(self.recent)
+        if due or stalled:
             self.trial = 1 if cur > 1 else ceiling
             self.trial_times = []
             return self.trial
