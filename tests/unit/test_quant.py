@@ -232,3 +232,18 @@ def test_native_engram_block_matches_its_pytorch_forward():
                           q.cfg.d_model, nat.e.data_ptr(), nat.exq.data_ptr(), nat.ek.data_ptr(), nat.ev.data_ptr(), 1)
         delta, ref = x - x0, want - x0
         assert ((delta - ref).abs().max() / ref.abs().max()).item() < 1e-2, trial
+
+
+def test_cache_host_views_follow_the_tensors_even_in_a_copy():
+    """KVCache.host / length read through numpy views; a deep copy (or a replaced tensor) gets views of its own."""
+    import copy
+    q = quantize_cpu(make_model(), "int8")
+    cache = KVCache(q, 1, 16, "cpu", dtype=torch.float32)
+    toks, lpos, lens, lens_cpu = cache.host()
+    lens_cpu[0] = 3
+    assert cache.length() == 3 and int(cache.lens_cpu[0]) == 3
+    other = copy.deepcopy(cache)
+    other.lens_cpu[0] = 7
+    other.host()[0][0, 2] = 5
+    assert other.length() == 7 and cache.length() == 3
+    assert int(other.tokens[0, 2]) == 5 and int(cache.tokens[0, 2]) == 0

@@ -25,23 +25,29 @@ class KVCache:
         self.lens_cpu = torch.zeros(B, dtype=torch.long)
         self.tokens = torch.zeros(B, max_len + 1, device=device, dtype=torch.long)      # history (Engram context)
         self.static_feed = None   # set by a GPU Decoder: append() replays captured graphs for short batch-1 chunks
-        self._len_host = self.lens_cpu.numpy()        # a view: reading a length is no tensor op
-        self._host = None
+        self._host = None                             # numpy views (host()), made on first use
 
     def length(self, row: int = 0) -> int:
         """Row's current length (its CPU mirror), read without a tensor op."""
-        return int(self._len_host[row])
+        return int(self._views()[3][row])
 
     def host(self):
         """numpy views of a CPU cache's bookkeeping: (tokens, lpos, lens, lens_cpu). The CPU decode step reads and
         writes single entries through them: a numpy scalar access costs ~0.1 us where an indexed tensor op costs a
-        few us and hands the GIL over (to the app's UI thread) and back. Every tensor here is only changed in
-        place, so the views stay valid."""
-        if self._host is None:
-            if self.device.type != "cpu":
-                raise ValueError("host views need a CPU cache")
-            self._host = (self.tokens.numpy(), self.lpos.numpy(), self.lens.numpy(), self._len_host)
-        return self._host
+        few us and hands the GIL over (to the app's UI thread) and back. The cache changes these tensors in place;
+        a view is made again if one was replaced (or the cache copied)."""
+        if self.device.type != "cpu":
+            raise ValueError("host views need a CPU cache")
+        return self._views()
+
+    def _views(self):
+        h = self._host
+        if h is None or h[3].ctypes.data != self.lens_cpu.data_ptr() or (
+                self.device.type == "cpu" and h[0] is not None and h[0].ctypes.data != self.tokens.data_ptr()):
+            cpu = self.device.type == "cpu"
+            h = self._host = (*((t.numpy() if cpu else None) for t in (self.tokens, self.lpos, self.lens)),
+                              self.lens_cpu.numpy())
+        return h
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.gk, self.gv, self.lk, self.lv))

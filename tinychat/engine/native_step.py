@@ -121,11 +121,13 @@ class _NativeStep:
             self.x.copy_(wt[tok])
 
     def plan(self, model, cache) -> int | None:
-        """The address of tc_step's plan for this cache (native.TcPlan; rebuilt when the cache, the attention
-        scratch, the Engram id map or the embedding is another tensor), or None where tc_step does not apply: a
-        cache tc_attn cannot read, an Engram block without int8 weights, Engram orders past native.TC_MAXN, a
-        non-fp32 embedding."""
-        key = (self.sc.data_ptr(), model.cid_map.data_ptr(), model.embed.weight.data_ptr())
+        """The address of tc_step's plan for this cache (native.TcPlan; rebuilt when the cache or one of its tensors,
+        the attention scratch, the Engram id map or the embedding is another tensor), or None where tc_step does not
+        apply: a cache tc_attn cannot read, an Engram block without int8 weights, Engram orders past
+        native.TC_MAXN, a non-fp32 embedding."""
+        key = (self.sc.data_ptr(), model.cid_map.data_ptr(), model.embed.weight.data_ptr(),
+               *(t.data_ptr() for t in (cache.lk, cache.lv, cache.gk, cache.gv, cache.lpos, cache.tokens, cache.lens,
+                                        cache.lens_cpu)))   # raw pointers: a replaced tensor means a new plan
         ref, k, built = self._plan
         if ref() is cache and k == key:
             return built
