@@ -310,3 +310,17 @@ def test_a_turns_first_words_are_posted_at_once_whatever_the_pace():
     assert len(posted) == 1
     b.flush()
     assert [it.text for it in posted[-1]] == [" there", "!"]
+
+
+def test_replies_parse_markdown_links_but_not_bare_urls():
+    """Replies use one shared parser without linkify (a streaming reply is re-parsed on every update, and linkify
+    made that 16x slower): [text](url) links still link, a bare URL stays text."""
+    from tinychat.tui.widgets.chat_view import AssistantMessage, StreamMarkdown, reply_parser
+
+    def links(text):
+        return [t for tok in reply_parser().parse(text) for t in (tok.children or []) if t.type == "link_open"]
+
+    assert links("see [the docs](https://example.com)") and not links("see https://example.com today")
+    assert reply_parser() is reply_parser()
+    body = next(iter(AssistantMessage("hi").compose()))
+    assert isinstance(body, StreamMarkdown) and body._parser_factory is reply_parser

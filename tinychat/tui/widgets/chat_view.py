@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from markdown_it import MarkdownIt
 from rich.style import Style as RichStyle
 from rich.text import Text
 from textual import events
@@ -166,10 +167,27 @@ class StreamParagraph(MarkdownParagraph or Static):
         self._lines = -1
 
 
+_PARSER: MarkdownIt | None = None
+
+
+def reply_parser() -> MarkdownIt:
+    """The one markdown parser of every reply: gfm-like without linkify (bare URLs stay text; [text](url) links
+    work). A streaming reply's last block is re-parsed on every update, and Textual builds a parser per append: with
+    linkify a 2.4 KB paragraph took 1.27 ms to parse, without it 0.08 ms, and building the parser 0.44 ms more."""
+    global _PARSER
+    if _PARSER is None:
+        _PARSER = MarkdownIt("gfm-like").disable("linkify")
+    return _PARSER
+
+
 class StreamMarkdown(Markdown):
-    """Markdown whose paragraphs re-lay out the screen only when they change height."""
+    """Markdown whose paragraphs re-lay out the screen only when they change height, parsed by reply_parser."""
     if MarkdownParagraph is not None and "paragraph_open" in getattr(Markdown, "BLOCKS", {}):
         BLOCKS = {**Markdown.BLOCKS, "paragraph_open": StreamParagraph}
+
+    def __init__(self, markdown: str | None = None, **kw):
+        kw.setdefault("parser_factory", reply_parser)
+        super().__init__(markdown, **kw)
 
 
 class AssistantMessage(Vertical):
