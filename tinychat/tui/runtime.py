@@ -30,9 +30,10 @@ class Pace:
       costs the decode nothing);
     - the UI thread's own CPU time per batch, so the UI stays under `ui_duty` of one core (within [lo, ui_hi]): on a
       machine with no idle core, UI time is taken from the decode whatever the GIL does (and on two vCPUs that
-      share a core, even the C parts of the step slow down while the UI and the terminal draw). A batch costs
-      ~15-30 ms (the reply's layout, the inspector, a second frame for the grown paragraph), so a fast decode gets
-      2-3 updates a second: more text per update than anyone reads at 500+ tok/s, and ~5 % of the decode's time.
+      share a core, even the C parts of the step slow down while the UI and the terminal draw). A batch costs the
+      UI ~15-30 ms in-process (the reply's layout, the inspector, a second frame for the grown paragraph) and more
+      in a real terminal, so a fast decode gets 2-3 updates a second at most: more text per update than anyone
+      reads at 500+ tok/s.
     `fixed` (TINYCHAT_UI_BATCH_MS, or set by tests) pins the interval."""
 
     WINDOW_MS = 500.0           # stalls are judged over this much decode time
