@@ -214,7 +214,7 @@ class TurnHook:
         cands.sort(key=lambda c: -c.p_raw)
         tr = TokenTrace(index=len(self.out), token=-1, rank=-1, p_raw=0.0, p_final=0.0, candidates=cands,
                         banned=banned, banned_mass=mass if not lifted else 0.0, lifted=lifted)
-        tr._p_raw, tr._p_fin, tr._h = p_raw, p_fin, (raw_h, fin_h)     # kept until the token is known
+        tr._p_fin, tr._h = p_fin, (raw_h, fin_h)     # kept until the token is known
         return tr
 
     def _nucleus_members(self, top, pf, p_fin, sp, si_l) -> list[bool]:
@@ -244,7 +244,7 @@ class TurnHook:
         tr.rank = int(numpy.count_nonzero(fin_h > fin_h[token]))
         if self.keep_probs:
             self.probs.append(tr._p_fin)
-        del tr._p_raw, tr._p_fin, tr._h
+        del tr._p_fin, tr._h
         self.traces.append(tr)
         return tr
 

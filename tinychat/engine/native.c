@@ -42,6 +42,15 @@ static float quant16(const float *x, int16_t *xq, int64_t K) {
     return m / 32767.f;
 }
 
+#if !defined(__AVX512BW__) && defined(__AVX2__)
+static inline int32_t hsum8_epi32(__m256i a) {          /* the sum of 8 int32 lanes */
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    return _mm_cvtsi128_si32(h);
+}
+#endif
+
 static inline int64_t dot_row(const int16_t *x, const int8_t *q, int64_t K) {
     int64_t k = 0, acc = 0;
 #if defined(__AVX512BW__)
@@ -61,19 +70,11 @@ static inline int64_t dot_row(const int16_t *x, const int8_t *q, int64_t K) {
         __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + k)));
         a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(x + k)), w));
         if (((k + 16) & (KCHUNK - 1)) == 0) {
-            __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-            acc += _mm_cvtsi128_si32(h);
+            acc += hsum8_epi32(a);
             a = _mm256_setzero_si256();
         }
     }
-    {
-        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-        acc += _mm_cvtsi128_si32(h);
-    }
+    acc += hsum8_epi32(a);
 #endif
     for (; k < K; k++) acc += (int32_t)x[k] * (int32_t)q[k];
     return acc;

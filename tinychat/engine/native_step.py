@@ -227,11 +227,12 @@ def _decode_native(model, cache: KVCache, tok: int, L: int, fs: _CpuFast, nat: _
     nt = nat.tuner.threads(ceiling)
     t0 = time.perf_counter()
     inv = fs.inv_sqrt_d
-    if STEP_IN_C and nat.attn_ok(cache, model):
+    native_attn = nat.attn_ok(cache, model)
+    if native_attn:                                          # attention scores scratch: per thread, all positions
         need = max(nt, ceiling) * (cache.max_len + 1 + W)
         if nat.sc.numel() < need:
             nat.sc = torch.empty(need)
-        plan = nat.plan(model, cache)
+        plan = nat.plan(model, cache) if STEP_IN_C else None
         if plan is not None:                                 # the whole step in one native call
             lib.tc_step(plan, tok, L, inv, c.logit_softcap, nt)
             nat.tuner.record(time.perf_counter() - t0, ceiling)
@@ -247,7 +248,6 @@ def _decode_native(model, cache: KVCache, tok: int, L: int, fs: _CpuFast, nat: _
     slot = L % W
     lpos_h[0, slot] = L
     kdt = cache.gk.dtype
-    native_attn = nat.attn_ok(cache, model)
     if not native_attn:                                      # the PyTorch attention ops (e.g. a bf16 cache)
         lp = cache.lpos[0, :W]
         ok = (lp >= 0) & (L - lp < W)
@@ -262,9 +262,6 @@ def _decode_native(model, cache: KVCache, tok: int, L: int, fs: _CpuFast, nat: _
     x = nat.x
     nat.embed_row(model, tok)
     if native_attn:
-        need = max(nt, ceiling) * (cache.max_len + 1 + W)
-        if nat.sc.numel() < need:
-            nat.sc = torch.empty(need)
         half = D // 2
         cosp = model.rope.cos.data_ptr() + L * half * 4
         sinp = model.rope.sin.data_ptr() + L * half * 4
