@@ -177,7 +177,9 @@ def main() -> None:
             time.sleep(0.3)
             pane.keys(PROMPT, literal=True)
             pane.keys("Enter")
-            pane.wait(lambda s: "tok/s · TTFT" in s, what="the reply")
+            # a slow poll: each capture-pane is a process, and on a 2-vCPU machine 50 a second take CPU from the
+            # decode (the rate comes from the session's per-token times, not from this wait)
+            pane.wait(lambda s: "tok/s · TTFT" in s, poll=0.5, what="the reply")
             time.sleep(0.3)                               # autosave
             timing = newest_session(home).messages[-1].timing_ms
             counts["app"].append(len(timing))
@@ -206,6 +208,7 @@ def main() -> None:
             for _ in range(8 if decoding else 1):
                 pane.keys("C-n")
                 pane.wait(lambda s: "tok/s · TTFT" not in s, what="a new chat")
+                time.sleep(0.3)                           # keys typed while the new chat mounts can be lost
                 if decoding:
                     pane.keys(f"/set max-new {a.latency_new}", literal=True)
                     pane.keys("Enter")
