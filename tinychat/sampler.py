@@ -14,7 +14,6 @@ import numpy
 import torch
 
 from .engine import apply_ban_and_penalty
-from .engine.sampling import host_logits, penalise_host
 
 BAN_N = 3                 # the phrase ban's n-gram order: a token is banned after the (n-1) tokens that preceded it
 DEAD_END_MIN_MASS = 0.05  # lift the ban for a step when it would leave less than this probability mass
@@ -84,29 +83,6 @@ class TurnStats:
     penalised: int = 0          # ids under the repetition penalty this turn
 
 
-def _exp_sum(x: numpy.ndarray, T: float):
-    """exp((x - max) / T) of a fp32 row and its sum: softmax(x / T) = e / z."""
-    e = x - x.max()
-    if T != 1.0:
-        e /= numpy.float32(T)
-    numpy.exp(e, out=e)
-    return e, e.sum(dtype=numpy.float64)
-
-
-def _softmax(x: numpy.ndarray, T: float) -> numpy.ndarray:
-    """softmax(x / T) of a fp32 row, fp32 (the tensor op's within float rounding)."""
-    e, z = _exp_sum(x, T)
-    e /= numpy.float32(z)
-    return e
-
-
-def _top(p: numpy.ndarray, k: int) -> list[int]:
-    """The k largest entries' ids, descending (ties: lower id first)."""
-    k = min(k, p.shape[0])
-    ix = numpy.argpartition(p, p.shape[0] - k)[p.shape[0] - k:] if k < p.shape[0] else numpy.arange(p.shape[0])
-    return ix[numpy.lexsort((ix, -p[ix]))].tolist()
-
-
 class Cancelled(Exception):
     """Raised inside the decode loop when the turn is stopped from another thread."""
 
@@ -130,7 +106,6 @@ class TurnHook:
         self._pending: TokenTrace | None = None   # trace of the draw whose token is not known yet
         self._pen_mask = None
         self._pen_ix = None
-        self._pen_ix_h = None
         self._pen_set: set[int] = set()
         self._t_last = time.perf_counter()
         self.t_first: float | None = None
@@ -166,8 +141,6 @@ class TurnHook:
         banned, ctx = self._banned(out)
         if not banned and not self.trace:
             return logits
-        if host_logits(logits):
-            return self._process_host(out, logits, banned, ctx)
         V = logits.size(-1)
         pen_mask = self._penalty_mask(V, logits.device)
         raw = apply_ban_and_penalty(logits, self.pen, pen_mask if self.pen != 1.0 else None,   # penalty only
@@ -199,65 +172,6 @@ class TurnHook:
             self._pending = self._make_trace(logits, final, pen_mask, banned if not lifted else [], ctx, mass, lifted)
         return result
 
-    def _process_host(self, out, logits, banned, ctx) -> torch.Tensor:
-        """_process for host logits, in numpy: the same penalty (bit-identical), ban, dead-end guard and trace with
-        a few GIL switches a token instead of ~40 (see engine.sampling.host_logits)."""
-        l = logits.numpy()[0]
-        T = self.temperature if self.temperature > 0 else 1.0
-        self._penalty_mask(l.shape[0], logits.device)
-        ix = self._pen_ix_h if self.pen != 1.0 else None
-        raw = penalise_host(l, self.pen, ix) if ix is not None and len(ix) else l        # penalty only
-        lifted, mass, ban_ix = False, 0.0, None
-        if banned:
-            ban_ix = numpy.asarray(banned, dtype=numpy.int64)
-            e, z = _exp_sum(raw, T)
-            mass = float(e[ban_ix].sum() / z)
-            if self.guard and 1.0 - mass < DEAD_END_MIN_MASS:
-                lifted = True
-                self.stats.lifts += 1
-            else:
-                self.stats.banned_steps += 1
-                self.stats.banned_tokens += len(banned)
-                self.stats.banned_mass += mass
-        result = logits
-        if banned and not lifted:
-            r = l.copy()
-            r[ban_ix] = -numpy.inf
-            result = torch.from_numpy(r).view(1, -1)
-        if self.trace:
-            final = raw
-            if banned and not lifted:
-                final = raw.copy()
-                final[ban_ix] = -numpy.inf
-            self._pending = self._make_trace_host(l, final, banned if not lifted else [], ctx, mass, lifted)
-        return result
-
-    def _make_trace_host(self, l, final, banned, ctx, mass, lifted) -> TokenTrace:
-        """_make_trace in numpy: both distributions in full (kept until the token is known: its rank), candidates
-        from one partition of each, nucleus membership as the sampler's sort + cumsum would tell it."""
-        T = self.temperature if self.temperature > 0 else 1.0
-        raw_h = _softmax(l, T)
-        fin_h = _softmax(final, T)
-        si_l = _top(fin_h, NUCLEUS_PROBE)
-        top = list(dict.fromkeys(_top(raw_h, TRACE_TOP) + si_l[:TRACE_TOP]))
-        pf = fin_h[top].tolist()
-        if self.temperature > 0:
-            sp = fin_h[si_l].astype(numpy.float64)
-            before = dict(zip(si_l, (numpy.cumsum(sp) - sp).tolist()))
-            probe_full = float(sp.sum()) >= self.top_p
-            nucleus = [before[t] < self.top_p if t in before else
-                       (False if probe_full else float(fin_h[fin_h > p].sum()) < self.top_p) for t, p in zip(top, pf)]
-        else:
-            nucleus = [t == si_l[0] for t in top]
-        pens, bset = self._pen_set, set(banned)
-        cands = [Candidate(t, pr, pfi, ctx if t in bset else None, t in pens, nu)
-                 for t, pr, pfi, nu in zip(top, raw_h[top].tolist(), pf, nucleus)]
-        cands.sort(key=lambda c: -c.p_raw)
-        tr = TokenTrace(index=len(self.out), token=-1, rank=-1, p_raw=0.0, p_final=0.0, candidates=cands,
-                        banned=banned, banned_mass=mass if not lifted else 0.0, lifted=lifted)
-        tr._p_fin, tr._h = None, (raw_h, fin_h)
-        return tr
-
     def _banned(self, out):
         if len(out) < self.k or not self.table:
             return [], None
@@ -271,7 +185,6 @@ class TurnHook:
                 m[torch.tensor(self.pen_ids, dtype=torch.long)] = True
             self._pen_mask = m
             self._pen_ix = m.nonzero().squeeze(-1) if device.type == "cpu" else None
-            self._pen_ix_h = self._pen_ix.numpy() if self._pen_ix is not None else None
             self._pen_set = set(self.pen_ids) if self.pen != 1.0 else set()
         return self._pen_mask
 
@@ -330,7 +243,7 @@ class TurnHook:
         tr.p_raw, tr.p_final = float(raw_h[token]), float(fin_h[token])
         tr.rank = int(numpy.count_nonzero(fin_h > fin_h[token]))
         if self.keep_probs:
-            self.probs.append(tr._p_fin if tr._p_fin is not None else torch.from_numpy(fin_h))
+            self.probs.append(tr._p_fin)
         del tr._p_fin, tr._h
         self.traces.append(tr)
         return tr

@@ -324,18 +324,3 @@ def test_replies_parse_markdown_links_but_not_bare_urls():
     assert reply_parser() is reply_parser()
     body = next(iter(AssistantMessage("hi").compose()))
     assert isinstance(body, StreamMarkdown) and body._parser_factory is reply_parser
-
-
-async def test_app_shortens_the_gil_switch_interval_while_it_runs_and_restores_it(factory):
-    """The decode thread takes the GIL back a few times a token; with Python's 5 ms switch interval each of those
-    waits out a UI frame. The app runs at SWITCH_S and gives the process its interval back when it ends."""
-    import sys
-
-    from tinychat.tui.app import SWITCH_S
-    before = sys.getswitchinterval()
-    assert SWITCH_S < before
-    app = make_app(factory(max_new=4), blink=False)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        assert abs(sys.getswitchinterval() - SWITCH_S) < 1e-9
-    assert sys.getswitchinterval() == before

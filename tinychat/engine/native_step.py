@@ -67,7 +67,6 @@ class _NativeStep:
         self.y = torch.empty(HD)
         self.qkvbuf = torch.empty(max(n for _, _, n in self.qkv))
         self.logits = torch.empty(1, c.vocab_size)
-        self.logits_h = self.logits.numpy()
         self.sc = torch.empty(0)               # attention scores scratch (grown to threads * (max_len + 1 + W))
         self.tuner = ThreadTuner()             # threads per step, by measurement (threads.py)
         self.p = {k: getattr(self, k).data_ptr() for k in ("x", "h", "xq", "u", "y", "qkvbuf", "logits")}
@@ -108,11 +107,6 @@ class _NativeStep:
         self._embed = (None, None)             # (the embedding weight, its numpy view when fp32 on the CPU)
         self._attn_ok = (lambda: None, False)  # (a weak reference to the cache, whether tc_attn can read it)
         self._plan = (lambda: None, None, None)   # (a weak reference to the cache, its key, tc_step's plan)
-
-    def fresh_logits(self) -> torch.Tensor:
-        """A copy of the logits buffer (1, V): callers keep logits across steps, and the buffer is reused. Copied
-        by numpy: a tensor clone hands the GIL away and back (the app's UI thread shares it)."""
-        return torch.from_numpy(self.logits_h.copy())
 
     def embed_row(self, model, tok: int) -> None:
         """x = the token's embedding row (a numpy copy for an fp32 table: no tensor op)."""
@@ -242,7 +236,7 @@ def _decode_native(model, cache: KVCache, tok: int, L: int, fs: _CpuFast, nat: _
         if plan is not None:                                 # the whole step in one native call
             lib.tc_step(plan, tok, L, inv, c.logit_softcap, nt)
             nat.tuner.record(time.perf_counter() - t0, ceiling)
-            return nat.fresh_logits()
+            return nat.logits.clone()
     # the bookkeeping through numpy views (cache.host): no tensor op, so the GIL stays with this thread
     toks_h, lpos_h, lens_h, lens_cpu_h = cache.host()
     addrs = {}
@@ -335,4 +329,4 @@ def _decode_native(model, cache: KVCache, tok: int, L: int, fs: _CpuFast, nat: _
     lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, hp, hs, P["logits"], V, d, nt)
     lib.tc_softcap(P["logits"], V, c.logit_softcap)     # one thread: torch.tanh would start a parallel region
     nat.tuner.record(time.perf_counter() - t0, ceiling)
-    return nat.fresh_logits()
+    return nat.logits.clone()                           # callers keep logits across steps; the buffer is reused

@@ -15,8 +15,6 @@ Entry points for the CLI: `run_app(...)` and `run_replay(...)`.
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -40,13 +38,6 @@ from .widgets.format import token_label
 from .widgets.inspector import Counters
 
 WIDE = 120                  # columns from which the inspector is shown by default
-# How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). The decode thread takes
-# the GIL back a few times a token (after the native step, the sampler's few tensor ops), and each of those waits
-# up to this long while the UI renders a frame (10-30 ms of Python). Shorter lets the decode go on between the
-# frame's slices (in-process, a thread holding the GIL 15 % of the time: 0.84 of the decode's speed left at 5 ms,
-# 0.89 at 1 ms, 0.98 at 0.2 ms), but stretches the frame itself: at 0.2 ms single keys took up to 330 ms to show
-# in tmux, at 1 ms at most ~100 ms. TINYCHAT_UI_SWITCH_MS sets it for experiments.
-SWITCH_S = float(os.environ.get("TINYCHAT_UI_SWITCH_MS", "1")) / 1000
 
 
 class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
@@ -70,7 +61,6 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
     def __init__(self, backend: Backend, *, replay_speed: float | None = None, inspector: bool | None = None,
                  blink: bool = True, export_dir: Path | None = None):
         super().__init__()
-        self._switch_was = sys.getswitchinterval()
         self.backend = backend
         self.replay_sess = getattr(backend, "sess", None)
         self.replay_speed = 1.0 if replay_speed is None else replay_speed
@@ -126,8 +116,6 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         return self.query_one("#status", StatusBar)
 
     def on_mount(self) -> None:
-        self._switch_was = sys.getswitchinterval()
-        sys.setswitchinterval(SWITCH_S)
         show = self.inspector_pref if self.inspector_pref is not None else self.size.width >= WIDE
         self.inspector.display = show
         self.prompt.cursor_blink = self.blink
@@ -422,9 +410,6 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         await self._show_history(msg.note)
         self._update_status(msg.status, tok_s=None, ttft_ms=None, activity="")
         self.prompt.focus()
-
-    def on_unmount(self) -> None:
-        sys.setswitchinterval(self._switch_was)
 
     async def action_quit(self) -> None:
         if self.chat is not None and self.busy in ("send", "regen"):
