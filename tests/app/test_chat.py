@@ -263,7 +263,7 @@ async def test_paste_of_100kb_stays_responsive_and_sends_everything(factory):
         assert app.chat.session.n_turns == 2
 
 
-def test_pace_adapts_the_batch_interval_to_ui_cost_and_decode_stalls():
+def test_pace_adapts_the_batch_interval_to_ui_cost_decode_stalls_and_speed():
     from tinychat.tui.runtime import Pace, TokenBatcher
     p = Pace(stall=0.05, ui_duty=0.05, lo=0.03, hi=0.5, ui_hi=0.25)
     for _ in range(20):
@@ -274,14 +274,20 @@ def test_pace_adapts_the_batch_interval_to_ui_cost_and_decode_stalls():
     assert abs(p.interval - 0.25) < 1e-3
     p = Pace(stall=0.05, lo=0.03, hi=0.5)
     for _ in range(2000):
-        p.step(2.0)                               # an even decode: no reason to slow the updates
-    assert p.interval == 0.03
+        p.step(5.0)                               # an even decode: no reason to slow the updates
+    assert p.interval == 0.03 and not p.fast
     for i in range(2000):
-        p.step(30.0 if i % 10 == 0 else 2.0)      # every 10th step stalls for an update: back off
+        p.step(60.0 if i % 10 == 0 else 5.0)      # every 10th step stalls for an update: back off
     assert p.interval == 0.5
     for _ in range(4000):
-        p.step(2.0)                               # stalls gone: back to smooth updates
+        p.step(5.0)                               # stalls gone: back to smooth updates
     assert p.interval == 0.03
+    for _ in range(100):
+        p.step(1.2)                               # 800 tok/s: one update a second, whatever else
+    assert p.fast and p.interval == p.hi_fast == 1.0
+    for _ in range(100):
+        p.step(20.0)                              # 50 tok/s again: smooth updates
+    assert not p.fast and p.interval == 0.03
     p.fixed = 0.0
     posted = []
     b = TokenBatcher(posted.append, p)

@@ -23,8 +23,8 @@ class Pace:
     The UI thread and the decode thread share the GIL: while the UI renders an update (markdown, inspector, a
     frame: 10-40 ms of Python on a busy machine) the decode thread mostly waits. How much that costs depends on the
     decode: a step that spends its time in large matmuls (GIL released) hardly notices; a fast int8 step made of many
-    small ops (each taking the GIL back) stalls for the whole update. So the interval follows two measurements and
-    takes the larger, within [lo, hi] seconds:
+    small ops (each taking the GIL back) stalls for the whole update. So the interval follows three rules and takes
+    the largest, within [lo, hi_fast] seconds:
     - stalls, seen by the decode thread itself: the time its steps take beyond twice the recent median step. Above
       `stall` of the decode time the interval grows by half; well below it, it shrinks back (to `lo` when the UI
       costs the decode nothing);
@@ -32,16 +32,23 @@ class Pace:
       machine with no idle core, UI time is taken from the decode whatever the GIL does (and on two vCPUs that
       share a core, even the C parts of the step slow down while the UI and the terminal draw). A batch costs the
       UI ~15-30 ms in-process (the reply's layout, the inspector, a second frame for the grown paragraph) and more
-      in a real terminal, so a fast decode gets 2-3 updates a second at most: more text per update than anyone
-      reads at 500+ tok/s.
+      in a real terminal, so a decode gets 2-3 updates a second at most.
+    - a fast decode (median step under FAST_STEP_MS: 400+ tok/s) gets one update every `hi_fast` seconds: at that
+      rate an update carries more text than anyone reads along, a 600-token reply is done in about a second, and
+      every update stalls the decode for the frame it causes. Measured in tmux (tests/perf/app_perf.py, the demo
+      model at ~800 tok/s): 1 s updates against 2-3 a second, the decode's stalls fell from 11 % to 1-3 % of its
+      time, and the app's speed went from 0.87-0.90 of the headless one to 0.93-0.98.
     `fixed` (TINYCHAT_UI_BATCH_MS, or set by tests) pins the interval."""
 
     WINDOW_MS = 500.0           # stalls are judged over this much decode time
+    FAST_STEP_MS = 2.5
 
     def __init__(self, stall: float = 0.05, ui_duty: float = 0.05, lo: float = 0.03, hi: float = 0.5,
-                 ui_hi: float = 0.5):
+                 ui_hi: float = 0.5, hi_fast: float = 1.0):
         self.stall, self.ui_duty, self.lo, self.hi, self.ui_hi = stall, ui_duty, lo, hi, ui_hi
+        self.hi_fast = hi_fast
         self.fixed: float | None = float(_FIXED) / 1000 if _FIXED else None
+        self.fast = False               # the decode's median step is under FAST_STEP_MS
         self.ui_interval = lo
         self.stall_interval = lo
         self._steps: deque[float] = deque(maxlen=31)
@@ -52,7 +59,8 @@ class Pace:
     def interval(self) -> float:
         if self.fixed is not None:
             return self.fixed
-        return max(self.ui_interval, self.stall_interval)
+        v = max(self.ui_interval, self.stall_interval)
+        return max(v, self.hi_fast) if self.fast else v
 
     def observe(self, ui_cpu_s: float) -> None:
         """The UI thread's CPU time over the last batch cycle (called on the UI thread)."""
@@ -66,6 +74,7 @@ class Pace:
         if len(steps) < 8:
             return
         base = sorted(steps)[len(steps) // 2]
+        self.fast = base < self.FAST_STEP_MS
         self._excess += max(0.0, ms - 2 * base)
         self._total += ms
         if self._total >= self.WINDOW_MS:
