@@ -5,8 +5,9 @@ How it runs: the window appears at once; the model loads on a thread worker behi
 operation (a turn, regenerate, undo, new chat, a settings change, opening a session, a replay) runs on one
 exclusive thread worker (`group="chat"`), one at a time; the decode thread posts batched token updates
 (messages.TokensReady, paced by runtime.Pace: 30 ms-1 s apart, by the UI's cost, the decode's stalls and speed)
-and never touches a widget. Stop is `chat.cancel()` (thread-safe). The UI reads the chat (its settings, session, status) only between operations. A worker's failure arrives as
-`Worker.StateChanged` (ERROR) and becomes a notification; a failing model load is shown in the app.
+and never touches a widget. Stop is `chat.cancel()` (thread-safe). The UI reads the chat (its settings, session,
+status) only between operations. A worker's failure arrives as `Worker.StateChanged` (ERROR) and becomes a
+notification; a failing model load is shown in the app.
 
 Turns live in turns.py, slash commands in commands.py, replay playback in playback.py (mixins of the app).
 Entry points for the CLI: `run_app(...)` and `run_replay(...)`.

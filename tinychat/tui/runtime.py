@@ -36,8 +36,8 @@ class Pace:
     - a fast decode (median step under FAST_STEP_MS: 400+ tok/s) gets one update every `hi_fast` seconds: at that
       rate an update carries more text than anyone reads along, a 600-token reply is done in about a second, and
       every update stalls the decode for the frame it causes. Measured in tmux (tests/perf/app_perf.py, the demo
-      model at ~800 tok/s): 1 s updates against 2-3 a second, the decode's stalls fell from 11 % to 1-3 % of its
-      time, and the app's speed went from 0.87-0.90 of the headless one to 0.93-0.98.
+      model at ~800 tok/s): 1 s updates against 2-3 a second, the decode's stalls fell from 11-13 % to 1-3 % of
+      its time, and the app's speed went from 0.89-0.90 of the headless one to 0.93-0.98.
     `fixed` (TINYCHAT_UI_BATCH_MS, or set by tests) pins the interval."""
 
     WINDOW_MS = 500.0           # stalls are judged over this much decode time
