@@ -169,7 +169,7 @@ class TurnHook:
             if banned and not lifted:
                 final = raw.clone()
                 final[0, ban_ix] = float("-inf")
-            self._pending = self._make_trace(logits, final, pen_mask, banned if not lifted else [], ctx, mass, lifted)
+            self._pending = self._make_trace(logits, final, banned if not lifted else [], ctx, mass, lifted)
         return result
 
     def _banned(self, out):
@@ -188,7 +188,7 @@ class TurnHook:
             self._pen_set = set(self.pen_ids) if self.pen != 1.0 else set()
         return self._pen_mask
 
-    def _make_trace(self, logits, final, pen_mask, banned, ctx, mass, lifted) -> TokenTrace:
+    def _make_trace(self, logits, final, banned, ctx, mass, lifted) -> TokenTrace:
         """final: fp32 logits after the penalty and the (unlifted) ban. Costs O(V) a few times, never a sort of V;
         a dozen tensor ops (each hands the GIL away and back: the app's UI thread shares it), the single values
         read through numpy views of the two distributions."""
