@@ -311,7 +311,7 @@ class Chat:
                 on_token(i, tok, stream.push(tok), tr, ms)
 
         hook = TurnHook(table, st.temperature, st.top_p, st.penalty, pen_ids, self.stop_id, trace=trace,
-                        on_token=emit, cancel=self._cancel, keep_probs=keep_probs)
+                        on_token=emit, cancel=self._cancel, keep_probs=keep_probs, reply=st.ban_reply)
         mark = self.cache.mark()
         if context_start is not None:
             self.cache.reset([0])

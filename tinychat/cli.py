@@ -114,6 +114,8 @@ def chat(ctx: typer.Context,
          top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus mass."),
          penalty: Optional[float] = typer.Option(None, "--penalty", help="Repetition penalty (1: off)."),
          ban: Optional[bool] = typer.Option(None, "--ban/--no-ban", help="Ban 3-grams the assistant already said."),
+         ban_reply: Optional[bool] = typer.Option(None, "--ban-reply/--no-ban-reply",
+                                                  help="Also ban 3-grams the reply itself already said (no loops)."),
          system: Optional[str] = typer.Option(None, "--system", help="System prompt for a new chat."),
          max_new: Optional[int] = typer.Option(None, "--max-new", help="Most tokens per reply."),
          session: Optional[str] = typer.Option(None, "--session", "-s", help="Continue a saved session (id or path)."),
@@ -132,7 +134,7 @@ def chat(ctx: typer.Context,
         raise UsageError("--json goes with --plain")
     from .settings import ChatSettings
     overrides = {k: v for k, v in dict(seed=seed, temperature=temperature, top_p=top_p, penalty=penalty, ban=ban,
-                                       system_prompt=system, max_new=max_new).items() if v is not None}
+                                       ban_reply=ban_reply, system_prompt=system, max_new=max_new).items() if v is not None}
     settings = ChatSettings(**overrides) if session is None else None
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     dev = _device(device, resolve=plain or not interactive)

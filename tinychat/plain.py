@@ -16,7 +16,7 @@ HELP = """commands:
   /save NAME            save the chat under a title
   /load ID              continue a saved session
   /set KEY VALUE        change a setting from the next turn (temperature, top-p, penalty, penalty-window,
-                        ban, no-parrot, max-new, seed, system); /set alone lists them
+                        ban, no-parrot, ban-reply, max-new, seed, system); /set alone lists them
   /regen                sample the last reply again
   /undo                 take back the last turn
   /trace on|off         print how each token was chosen (to stderr)

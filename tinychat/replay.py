@@ -110,6 +110,7 @@ def replay(chat: Chat, sess: S.Session, on_turn=None, on_token=None) -> ReplayRe
 def _turn_settings(base: ChatSettings, rec: S.Message, sess: S.Session) -> ChatSettings:
     known = {f.name for f in dataclasses.fields(ChatSettings)} - {"system_prompt"}
     d = {k: v for k, v in (rec.settings or {}).items() if k in known}
+    d.setdefault("ban_reply", False)      # turns recorded before the reply ban existed were sampled without it
     d["seed"] = rec.seed if rec.seed is not None else d.get("seed")
     if d.get("seed") is None:
         raise ChatError(f"session {sess.id}: a turn has no recorded seed, it cannot be replayed")

@@ -157,8 +157,9 @@ class Decoder:
         return out
 
     # --- device graph path --------------------------------------------------------------------------------------
-    def _setup(self, max_new, temperature, top_p, pen, stop, ban_cap=None, ban_k=None):
-        """Allocate the step's buffers and build (capture, unless static) its body. ban_cap 0: no phrase-ban ops."""
+    def _setup(self, max_new, temperature, top_p, pen, stop, ban_cap=None, ban_k=None, ban_reply=False):
+        """Allocate the step's buffers and build (capture, unless static) its body. ban_cap 0: no phrase-ban ops;
+        ban_reply: the ban also covers the reply's own n-grams (matched in the sampled-token buffer)."""
         dev, cache = self.dev, self.cache
         n = max_new + 2
         V = self.model.cfg.vocab_size
@@ -175,6 +176,7 @@ class Decoder:
         self._ban_tok = torch.full((ban_cap,), V, dtype=torch.long, device=dev)
         self._ban_scratch = torch.zeros(V + 1, device=dev)
         self._ban_ar = torch.arange(ban_k, device=dev)
+        self._ban_pos = torch.arange(n, device=dev) if ban_cap and ban_reply else None
         keep = self.keep_logits
         self._logits = torch.zeros(n, V, device=dev) if keep else None     # (max_new + 2, V): row i = draw i
         aux = self._static_aux()     # the graph reads these: kept alive on the decoder
@@ -191,14 +193,14 @@ class Decoder:
             bm = self._bm
             if ban_cap:
                 bm = bm | _phrase_ban_mask(self._out, self._i, self._ban_ctx, self._ban_tok, self._ban_scratch,
-                                           self._ban_ar)
+                                           self._ban_ar, self._ban_pos)
             nxt = _sample_icdf(lg, *samp, self._pm, bm, u)
             self._out.index_copy_(0, self._i, nxt)
             self._i += 1
             self._tok.copy_(nxt.view(1, 1))
 
         fn = self._fn = torch.compile(body, fullgraph=False, dynamic=False) if self.compile else body
-        self._key = (max_new, samp, stop, ban_cap, ban_k, keep)
+        self._key = (max_new, samp, stop, ban_cap, ban_k, keep, bool(ban_cap and ban_reply))
         if not self.capture:
             self._g = fn
             return
@@ -232,7 +234,8 @@ class Decoder:
     def _generate_graph(self, logits, max_new, stop, temperature, top_p, pen, pm, bm, generator, hook=None):
         table = getattr(hook, "table", None) or {}
         rows = [(ctx, t) for ctx, toks in table.items() for t in toks]
-        k = hook.k if table else (self._key[4] if self._key else self.BAN_K)
+        reply = bool(getattr(hook, "reply", False))
+        k = hook.k if table or reply else (self._key[4] if self._key else self.BAN_K)
         keep = bool(self.keep_logits)
         if not self.ban_graph:
             cap = 0
@@ -240,9 +243,9 @@ class Decoder:
             cap = (self._key[3] if self._key else 0) or self.BAN_CAP
             while cap < len(rows):
                 cap *= 2
-        if self._g is None or self._key != (max_new, (temperature, top_p, pen), stop, cap, k, keep):
+        if self._g is None or self._key != (max_new, (temperature, top_p, pen), stop, cap, k, keep, reply and cap > 0):
             try:
-                self._setup(max_new, temperature, top_p, pen, stop, cap, k)
+                self._setup(max_new, temperature, top_p, pen, stop, cap, k, reply)
             except Exception as e:  # noqa: BLE001  e.g. an op this backend can't capture
                 if cap:   # first without the phrase-ban ops: plain turns keep their graphs, ban hooks run eagerly
                     warnings.warn(f"Decoder: device graph setup with the phrase ban failed ({type(e).__name__}: {e}); "

@@ -121,7 +121,8 @@ def _default_sampler() -> dict:
     """The app's default sampler settings (what the quality figures were measured with)."""
     from tinychat.settings import ChatSettings
     d = ChatSettings().sampler()
-    return {k: d[k] for k in ("temperature", "top_p", "penalty", "penalty_window", "ban", "no_parrot")}
+    return {k: d[k] for k in ("temperature", "top_p", "penalty", "penalty_window", "ban", "no_parrot",
+                               "ban_reply")}
 
 
 # -- the command --------------------------------------------------------------------------------------------------

@@ -269,7 +269,8 @@ def model_card(f: dict) -> str:
             d = s["sampler"]
             lines += [f"Sampling: temperature {d['temperature']}, top-p {d['top_p']}, repetition penalty "
                       f"{d['penalty']} over the last {d['penalty_window']} tokens, phrase ban "
-                      f"{'on' if d['ban'] else 'off'}, no-parrot {'on' if d['no_parrot'] else 'off'}.", ""]
+                      f"{'on' if d['ban'] else 'off'}, no-parrot {'on' if d['no_parrot'] else 'off'}, reply ban "
+                      f"{'on' if d.get('ban_reply') else 'off'}.", ""]
         lines += ["| metric | value | bar |", "| --- | --- | --- |",
                   f"| replies ending with `<|im_end|>` | {q['stop']:.3f} | >= {BAR['stop']} |",
                   f"| word distinct-2 | {q['distinct2']:.3f} | >= {BAR['distinct2']} |",
