@@ -373,7 +373,8 @@ def test_distinct2_and_dictionary_fraction_on_hand_made_replies(tmp_path):
     assert dictionary_fraction(["The cat sat on a mat.", "Don't, dog's xyzzy"], ws) == pytest.approx(5 / 9)
     q = quality(["The cat sat.", "cat sat dog"], ["stop", "length"], ws)
     assert q["stop"] == 0.5 and q["dictionary"] == 1.0 and q["distinct2"] == pytest.approx(3 / 4)
-    assert q["passes"] == {"stop": False, "distinct2": True, "dictionary": True}
+    assert q["passes"] == {"stop": False, "distinct2": True, "dictionary": True, "loops": True}
+    assert q["loops"] == 0.0
     with pytest.raises(EvalError, match="wamerican"):
         load_wordlist(tmp_path / "missing")
 
