@@ -302,7 +302,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("assets"))
     p.add_argument("--shards", nargs="+", default=["data/shards"], help="for the card's data figures ('' to skip)")
     p.add_argument("--eval", type=Path, default=None, help="JSON from `eval --out` (quality, losses, samples)")
-    p.add_argument("--samples", type=int, default=3)
+    p.add_argument("--samples", type=int, default=10,
+                   help="sample conversations in the card: the first held-out ones of the eval, not picked by hand")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--generate-command", default=None,
