@@ -25,7 +25,7 @@ def _peak_rss_mb() -> float:
 
 
 def _load(model_path, config, seed: int = 0):
-    from .cli import load_model_for
+    from .loading import load_model_for
     return load_model_for(Path(model_path) if model_path is not None else None, config, seed=seed)
 
 

@@ -137,9 +137,10 @@ class Chat:
     @classmethod
     def restore(cls, session_ref, model: TinyAgentLM, tokenizer: Tokenizer, *, use_snapshot: bool = True,
                 **kw) -> "Chat":
-        """Continue a saved session: load its KV snapshot when it matches this model and context exactly (fast),
-        else rebuild the cache by replaying the recorded feed schedule (always exact)."""
-        sess = S.load(session_ref, kw.get("sessions_dir"))
+        """Continue a saved session (a Session, or an id or path as tinychat.session.load reads it): load its KV
+        snapshot when it matches this model and context exactly (fast), else rebuild the cache by replaying the
+        recorded feed schedule (always exact)."""
+        sess = session_ref if isinstance(session_ref, S.Session) else S.load(session_ref, kw.get("sessions_dir"))
         settings = kw.pop("settings", None) or settings_from_session(sess)
         chat = cls(model, tokenizer, settings, session=sess, rebuild=False, **kw)
         chat.check_identity()

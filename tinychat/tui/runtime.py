@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..loading import Runtime
 from .messages import TokenItem
 
 _FIXED = os.environ.get("TINYCHAT_UI_BATCH_MS")       # a fixed batch interval (experiments), else adaptive
@@ -115,19 +115,10 @@ class TokenBatcher:
             self.post(items)
 
 
-@dataclass
-class Runtime:
-    """A loaded model: what `tinychat.cli.load_runtime` returns."""
-    model: Any
-    tokenizer: Any
-    name: str
-    identity: str
-
-
 class Backend:
     """How the app gets chats. `load()` (on a worker) loads the model and opens the first chat: a new one, or
     `session` when given; `open(ref)` opens another session (or a new chat when ref is None) on the same model.
-    Chats are built with `tinychat.cli._open_chat`, the same construction as the plain mode."""
+    Chats are built with `tinychat.loading.open_chat`, the same construction as the plain mode."""
 
     def __init__(self, model: Path | None = None, quant: str = "none", device: str = "cpu", settings=None,
                  overrides: dict | None = None, session: str | None = None):
@@ -136,9 +127,9 @@ class Backend:
         self.rt: Runtime | None = None
 
     def load_runtime(self) -> Runtime:
-        from ..cli import _device, load_runtime
-        self.device = _device(self.device)      # "auto" -> cpu or cuda (imports torch: on the worker)
-        return Runtime(*load_runtime(self.model_path))
+        from ..loading import load_runtime, resolve_device
+        self.device = resolve_device(self.device)      # "auto" -> cpu or cuda (imports torch: on the worker)
+        return load_runtime(self.model_path)
 
     def load(self):
         """The first chat (loads the model)."""
@@ -147,12 +138,10 @@ class Backend:
         return self.open(self.session, first=True)
 
     def open(self, session_ref: str | None = None, first: bool = False):
-        from ..cli import _open_chat
-        rt = self.rt
+        from ..loading import open_chat
         settings = self.settings if first or session_ref is None else None
         overrides = self.overrides if first else {}
-        return _open_chat(rt.model, rt.tokenizer, rt.name, rt.identity, self.quant, self.device, settings,
-                          overrides, session_ref)
+        return open_chat(self.rt, self.quant, self.device, settings, overrides, session_ref)
 
     def token_strings(self) -> list[str]:
         return self.rt.tokenizer.token_strings()
@@ -166,11 +155,8 @@ class ReplayBackend(Backend):
         self.sess = sess
 
     def open(self, session_ref=None, first: bool = False):
-        from ..chat import Chat, ChatSettings
-        rt, sess = self.rt, self.sess
-        return Chat(rt.model, rt.tokenizer, ChatSettings(system_prompt=sess.system_prompt), quant=sess.quant,
-                    device=self.device, model_name=rt.name, model_hash=rt.identity, autosave=False,
-                    max_len=sess.model.get("max_len"))
+        from ..loading import open_replay_chat
+        return open_replay_chat(self.rt, self.sess, self.device)
 
 
 class FactoryBackend(Backend):
