@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from . import session as S
-from .engine import Decoder, KVCache, append, quantize_cpu
+from .engine import Decoder, EngineOptions, KVCache, append, quantize_cpu
+from .engine.quant import effective_mode, quant_mode
 from .model import TinyAgentLM
 from .sampler import Cancelled, TokenTrace, TurnHook, TurnStats, ngram_table, penalty_ids
 from .settings import ChatError, ChatSettings
@@ -66,22 +67,31 @@ class Chat:
     """One conversation with one model. Not thread-safe except `cancel()`: run turns on one thread."""
 
     def __init__(self, model: TinyAgentLM, tokenizer: Tokenizer, settings: ChatSettings | None = None, *,
-                 quant: str = "none", device: str = "cpu", max_len: int | None = None, model_name: str = "",
+                 quant: str | None = None, device: str = "cpu", max_len: int | None = None, model_name: str = "",
                  model_hash: str | None = None, autosave: bool = True, sessions_dir: Path | None = None,
-                 graph=None, session: S.Session | None = None, rebuild: bool = True):
+                 graph=None, session: S.Session | None = None, rebuild: bool = True,
+                 options: EngineOptions | None = None):
+        """quant: the weights' mode (none, int8, bf16; None: the model's as it is). An fp32 model is quantized in
+        place (quantize_cpu); a model already quantized to another mode is a ChatError, never a silent switch.
+        options: EngineOptions for the decoder and the quantization (default: EngineOptions.from_env())."""
         self.model, self.tok = model, tokenizer
         self.settings = settings or ChatSettings()
-        self.quant, self.device = quant, torch.device(device)
+        self.device = torch.device(device)
+        self.options = options or EngineOptions.from_env()
         self.model_name = model_name
         self.model_hash = model_hash or model_identity(model)
-        done = getattr(model, "_quant", None)     # already quantized in place (a second chat on the same model)
-        if done is None and quant not in (None, "", "none"):
-            quantize_cpu(model, quant)
-        self.quant = getattr(model, "_quant", None) or "none"
+        have = quant_mode(model)
+        want = have if quant is None else effective_mode(quant)
+        if want != have:
+            if have != "none":
+                raise ChatError(f"the model is already loaded as --quant {have}; --quant {want} needs it loaded "
+                                "again")
+            quantize_cpu(model, want, options=self.options)
+        self.quant = quant_mode(model)
         self.max_len = min(max_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
         self.cache = KVCache(model, 1, self.max_len, self.device, dtype=dtype)
-        self.decoder = Decoder(model, self.cache, graph=graph)
+        self.decoder = Decoder(model, self.cache, graph=graph, options=self.options)
         self.autosave, self.sessions_dir = autosave, sessions_dir
         self.stop_id = tokenizer.im_end
         self._special = set(tokenizer.special_ids)
@@ -224,7 +234,8 @@ class Chat:
         return sys_ids + [t for m in msgs[start:upto] for t in m.token_ids]
 
     def _feed(self, ids: list[int]):
-        return append(self.model, self.cache, torch.tensor([ids], dtype=torch.long, device=self.device), [len(ids)])
+        return append(self.model, self.cache, torch.tensor([ids], dtype=torch.long, device=self.device), [len(ids)],
+                      pad_shapes=self.options.pad_shapes)
 
     # -- turns ----------------------------------------------------------------------------------------------
     def cancel(self) -> None:

@@ -64,24 +64,25 @@ def chat(ctx: typer.Context,
     settings = ChatSettings(**overrides) if session is None else None
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     dev = resolve_device(device, resolve=plain or not interactive)
+    tune = {}
     if threads is not None:
         if threads < 1:
             raise UsageError("--threads must be at least 1")
         import torch
-
-        from .engine import threads as TT
         torch.set_num_threads(threads)
-        TT.AUTO = False             # an explicit count is used as given (no thread tuning)
+        tune = {"tune_threads": False}     # an explicit count is used as given (no thread tuning)
+    from .options import EngineOptions
+    options = EngineOptions.from_env(**tune)
     if not plain and interactive:   # torch and the model load on the app's worker, behind the window
         from .tui.app import run_app
         raise typer.Exit(run_app(model=model, quant=quant, device=dev, settings=settings, overrides=overrides,
-                                 session=session))
+                                 session=session, options=options))
     rt = load_runtime(model)
-    chat_ = open_chat(rt, quant, dev, settings, overrides, session)
+    chat_ = open_chat(rt, quant, dev, settings, overrides, session, options)
     from .plain import PlainREPL
 
     def restore(ref):
-        return open_chat(rt, quant, dev, None, {}, ref)
+        return open_chat(rt, quant, dev, None, {}, ref, options)
 
     raise typer.Exit(PlainREPL(chat_, json_out=json_out, restore=restore).run())
 

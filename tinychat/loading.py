@@ -99,14 +99,14 @@ def load_runtime(model: Path | None) -> Runtime:
 
 
 def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Mapping[str, Any] | None = None,
-              session_ref: str | None = None):
+              session_ref: str | None = None, options=None):
     """A Chat on rt: a new one with `settings` (session_ref None), or the saved session session_ref (an id or a
     path, as tinychat.session.load reads it) continued with its recorded settings, `overrides` applied on top
-    (all but the system prompt, which belongs to the recorded history)."""
+    (all but the system prompt, which belongs to the recorded history). options: EngineOptions (None: defaults)."""
     from . import session as S
     from .chat import Chat, settings_from_session
     check_choice("--quant", quant, QUANT_MODES)
-    kw = dict(quant=quant, device=device, model_name=rt.name, model_hash=rt.identity)
+    kw = dict(quant=quant, device=device, model_name=rt.name, model_hash=rt.identity, options=options)
     if session_ref is None:
         return Chat(rt.model, rt.tokenizer, settings, **kw)
     sess = S.load(session_ref)
@@ -117,10 +117,10 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
     return Chat.restore(sess, rt.model, rt.tokenizer, settings=st, max_len=sess.model.get("max_len"), **kw)
 
 
-def open_replay_chat(rt: Runtime, sess, device: str):
+def open_replay_chat(rt: Runtime, sess, device: str, options=None):
     """A fresh Chat to replay the recorded session `sess` on: its quant mode, system prompt and context length,
     autosave off (a replay never writes the session)."""
     from .chat import Chat, ChatSettings
     return Chat(rt.model, rt.tokenizer, ChatSettings(system_prompt=sess.system_prompt), quant=sess.quant,
                 device=device, model_name=rt.name, model_hash=rt.identity, autosave=False,
-                max_len=sess.model.get("max_len"))
+                max_len=sess.model.get("max_len"), options=options)

@@ -9,12 +9,11 @@ are what it is there to see). A trial that loses doubles the wait before the nex
 busy (or idle) pays almost nothing for the checking. Steps that stall badly (a mean over STALL times the fastest
 step) bring the trial forward to an eighth of the wait.
 
-AUTO = False (the CLI's --threads N) pins the count to torch.get_num_threads()."""
+ThreadTuner(auto=False) (EngineOptions.tune_threads False: the CLI's --threads N) pins the count to
+torch.get_num_threads()."""
 from __future__ import annotations
 
 from collections import deque
-
-AUTO = True
 
 
 class ThreadTuner:
@@ -25,7 +24,8 @@ class ThreadTuner:
     MARGIN = 0.95       # a trial must be this much faster (mean) to switch
     STALL = 3.0         # recent mean over this times the fastest recent step: trial early (after wait // 8 steps)
 
-    def __init__(self):
+    def __init__(self, auto: bool = True):
+        self.auto = auto
         self.choice: int | None = None       # None: the ceiling
         self.recent: deque[float] = deque(maxlen=self.WINDOW)
         self.wait = self.FIRST
@@ -36,7 +36,7 @@ class ThreadTuner:
 
     def threads(self, ceiling: int) -> int:
         """The thread count for the next step (1 <= n <= ceiling)."""
-        if not AUTO or ceiling <= 1:
+        if not self.auto or ceiling <= 1:
             return max(1, ceiling)
         cur = ceiling if self.choice is None else min(self.choice, ceiling)
         if self.trial is not None:
@@ -55,7 +55,7 @@ class ThreadTuner:
 
     def record(self, seconds: float, ceiling: int) -> None:
         """The time of the step just run with threads(ceiling)."""
-        if not AUTO or ceiling <= 1:
+        if not self.auto or ceiling <= 1:
             return
         if self.trial is None:
             self.recent.append(seconds)

@@ -437,9 +437,9 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
 
 
 def run_app(model: Path | None = None, quant: str = "none", device: str = "cpu", settings=None,
-            overrides: dict | None = None, session: str | None = None) -> int:
-    """`tinychat` in a terminal: the app. Returns the exit code."""
-    app = TinyChatApp(Backend(model, quant, device, settings, overrides, session))
+            overrides: dict | None = None, session: str | None = None, options=None) -> int:
+    """`tinychat` in a terminal: the app. Returns the exit code. options: the engine's EngineOptions."""
+    app = TinyChatApp(Backend(model, quant, device, settings, overrides, session, options))
     app.run()
     return app.return_code or 0
 

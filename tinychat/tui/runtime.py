@@ -121,8 +121,8 @@ class Backend:
     Chats are built with `tinychat.loading.open_chat`, the same construction as the plain mode."""
 
     def __init__(self, model: Path | None = None, quant: str = "none", device: str = "cpu", settings=None,
-                 overrides: dict | None = None, session: str | None = None):
-        self.model_path, self.quant, self.device = model, quant, device
+                 overrides: dict | None = None, session: str | None = None, options=None):
+        self.model_path, self.quant, self.device, self.options = model, quant, device, options
         self.settings, self.overrides, self.session = settings, dict(overrides or {}), session
         self.rt: Runtime | None = None
 
@@ -141,7 +141,7 @@ class Backend:
         from ..loading import open_chat
         settings = self.settings if first or session_ref is None else None
         overrides = self.overrides if first else {}
-        return open_chat(self.rt, self.quant, self.device, settings, overrides, session_ref)
+        return open_chat(self.rt, self.quant, self.device, settings, overrides, session_ref, self.options)
 
     def token_strings(self) -> list[str]:
         return self.rt.tokenizer.token_strings()
