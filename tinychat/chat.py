@@ -386,12 +386,34 @@ class Chat:
                         f"reply do not fit the {self.max_len}-token context")
 
     def _content(self, m: S.Message) -> list[int]:
-        """A message's content ids, without its ChatML frame."""
-        if m.role == "assistant":
-            gen = self.tok.generation_prompt_ids()
-            return m.token_ids[len(gen):len(m.token_ids) - len(self.tok.end_ids())]
-        head = self.tok.header_ids(m.role)
-        return m.token_ids[len(head):len(m.token_ids) - len(self.tok.end_ids())]
+        return self.tok.content_ids(m.role, m.token_ids)
+
+    # -- replay ---------------------------------------------------------------------------------------------------
+    def start_replay(self, sess: S.Session) -> None:
+        """Start replaying `sess` on this (fresh) chat: the conversation becomes the session's system message alone,
+        the cache rebuilt to it; then replay_turn each recorded turn in order."""
+        msgs = sess.messages
+        self.session.messages = list(msgs[:1] if msgs and msgs[0].role == "system" else [])
+        self._rebuild()
+
+    def replay_turn(self, user: S.Message, recorded: S.Message, on_token=None) -> TurnResult:
+        """Regenerate one recorded turn (user message, recorded reply) with the chat's current settings (a replay
+        sets the recorded ones first), shortening the context where the recorded turn did, with traces and each
+        step's final distribution (TurnResult.probs); then put the recorded turn in place of the regenerated one,
+        in the history and in the cache, so the next turn runs on the recorded context. on_token as in send()."""
+        at = len(self.session.messages)
+        pending, mark = self._pending, self.cache.mark()
+        start = (recorded.settings or {}).get("context_start")
+        res = self._turn(S.Message("user", user.content, list(user.token_ids)), on_token, True, keep_probs=True,
+                         context_start=start)
+        del self.session.messages[at:]
+        if start is None:
+            self.cache.truncate(mark)
+        self._marks.pop()
+        self._pending = pending
+        self.session.messages.extend([user, recorded])
+        self._play(user, recorded, at)
+        return res
 
     # -- facts for the status bar -----------------------------------------------------------------------------
     def status(self) -> dict:

@@ -200,6 +200,11 @@ class Tokenizer:
         """`<|im_start|>assistant\\n`: what the model continues from."""
         return self.header_ids("assistant")
 
+    def content_ids(self, role: str, token_ids: Sequence[int]) -> list[int]:
+        """A recorded message's content ids: its token_ids without the ChatML frame (`<|im_start|>{role}\\n` before,
+        `<|im_end|>\\n` after). For a reply: the sampled tokens, the stop token excluded."""
+        return list(token_ids[len(self.header_ids(role)):len(token_ids) - len(self.end_ids())])
+
     def format_messages(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> list[int]:
         """[{"role", "content"}, ...] -> ChatML ids, ending in the generation prompt when asked."""
         ids: list[int] = []

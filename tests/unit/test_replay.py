@@ -57,3 +57,15 @@ def test_replay_of_a_session_whose_context_was_shortened_is_exact():
     sess = S.load(chat.session.id)
     assert any((m.settings or {}).get("context_start") for m in sess.messages if m.role == "assistant")
     assert replay(make_chat(autosave=False, max_len=150), sess).ok
+
+
+def test_replay_uses_only_the_public_chat_api():
+    """replay.py drives a Chat through start_replay / replay_turn / settings, never its private members."""
+    import ast
+    import inspect
+
+    import tinychat.replay as R
+    tree = ast.parse(inspect.getsource(R))
+    private = sorted({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                      and isinstance(n.value, ast.Name) and n.value.id == "chat" and n.attr.startswith("_")})
+    assert private == []

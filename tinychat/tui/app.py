@@ -164,7 +164,6 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         self._current = None
         sess = self.chat.session
         tok = self.chat.tok
-        gen, end = len(tok.generation_prompt_ids()), len(tok.end_ids())
         widgets = []
         history = []
         for m in sess.messages:
@@ -172,7 +171,7 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
                 widgets.append(UserMessage(m.content, classes="message user"))
                 history.append(m.content)
             elif m.role == "assistant" and self.replay_sess is None:
-                ids = m.token_ids[gen:len(m.token_ids) - end]
+                ids = tok.content_ids(m.role, m.token_ids)
                 meta = f"{len(ids)} tokens" + (f" · {m.finish}" if m.finish and m.finish != "stop" else "") + \
                     " · restored (no trace)"
                 w = AssistantMessage(m.content, meta=meta, classes="message assistant")

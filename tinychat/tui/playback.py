@@ -28,7 +28,6 @@ class PlaybackMixin:
         first = 1 if msgs and msgs[0].role == "system" else 0
         pairs = [(msgs[i], msgs[i + 1]) for i in range(first, len(msgs) - 1, 2)]
         tok = chat.tok
-        gen, end = len(tok.generation_prompt_ids()), len(tok.end_ids())
         state = {"turn": 0, "t0": 0.0, "rec": [], "batcher": None}
         stop = self._stop_replay
 
@@ -36,7 +35,7 @@ class PlaybackMixin:
             user, rec = pairs[n - 1]
             state.update(turn=n, t0=time.perf_counter(), rec=list(rec.timing_ms or []))
             state["batcher"] = TokenBatcher(lambda items: self.post_message(TokensReady(-n, items)), self.pace)
-            self.post_message(ReplayTurnStarted(n, user.content, rec.token_ids[gen:len(rec.token_ids) - end]))
+            self.post_message(ReplayTurnStarted(n, user.content, tok.content_ids(rec.role, rec.token_ids)))
 
         def on_token(n, idx, token, text, trace, ms):
             if stop.is_set():
