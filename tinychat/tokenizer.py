@@ -105,7 +105,7 @@ class Tokenizer:
             raise TokenizerError(f"{source}: tokenizer file is not valid JSON ({_one_line(e)})") from None
         try:
             hf = HFTokenizer.from_str(text)
-        except Exception as e:  # the Rust side raises plain Exception for schema errors
+        except Exception as e:  # noqa: BLE001  the Rust side raises plain Exception for schema errors
             raise TokenizerError(f"{source}: not a Hugging Face tokenizer.json ({_one_line(e)[:200]})") from None
         return cls(hf, source=source)
 

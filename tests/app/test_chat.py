@@ -345,3 +345,15 @@ async def test_startup_objects_leave_the_cyclic_gc_while_the_app_runs(factory):
         await say(pilot, "hello")
         assert gc.get_freeze_count() > 1000
     assert gc.get_freeze_count() == 0
+
+
+def test_stream_markdown_replaces_textuals_paragraph_block():
+    """StreamParagraph (layout only when a paragraph's height changes) is plugged in through Markdown.BLOCKS; if
+    Textual renames or moves its paragraph block this fails instead of silently re-laying out on every update."""
+    from textual.widgets import Markdown
+    from textual.widgets.markdown import MarkdownBlock
+
+    from tinychat.tui.widgets.chat_view import StreamMarkdown, StreamParagraph
+    assert "paragraph_open" in Markdown.BLOCKS
+    assert StreamMarkdown.BLOCKS["paragraph_open"] is StreamParagraph
+    assert issubclass(StreamParagraph, Markdown.BLOCKS["paragraph_open"]) and issubclass(StreamParagraph, MarkdownBlock)
