@@ -2,8 +2,7 @@
 
 On an idle machine the step is faster on every core (the weight stream splits across them). When other processes
 keep a core busy, an OpenMP worker that is descheduled stalls every barrier of the step, and the mean step time at
-two threads can be several times the one-thread time (measured on a 2-vCPU guest with one core busy: median 1.2 ms,
-mean 5.7 ms at 2 threads; 1.9 / 2.0 ms at 1). So the tuner runs the step on its current choice, now and then tries
+two threads can be several times the one-thread time while the median hardly moves. So the tuner runs the step on its current choice, now and then tries
 the other one for a few steps, and keeps whichever has the lower mean step time (the mean, not the median: stalls
 are what it is there to see). A trial that loses doubles the wait before the next one, so a machine that stays
 busy (or idle) pays almost nothing for the checking. Steps that stall badly (a mean over STALL times the fastest
@@ -45,7 +44,7 @@ class ThreadTuner:
         due = self.since >= self.wait and n >= self.WINDOW // 2
         # a collapsing choice (a worker descheduled at every barrier: steps of tens of ms between normal ones) is
         # tried against the other after a few steps, not after `wait`: a busy machine's first reply would otherwise
-        # crawl for 64 steps (the shipped model at 13 tok/s while a test run held the other core)
+        # crawl for its first 64 steps
         stalled = n >= 4 and self.since >= max(4, self.wait // 8) and sum(self.recent) > self.STALL * n * min(self.recent)
         if due or stalled:
             self.trial = 1 if cur > 1 else ceiling

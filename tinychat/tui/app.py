@@ -197,8 +197,8 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         # The footer's bindings stay the same whatever the state (an action that does not apply says so when
         # pressed): refreshing them would recompose the footer twice per turn, on the UI thread, while decoding.
         self.busy = kind
-        # no cursor blink while a reply streams: each blink repaints the input (~5 ms of UI time, taken from the
-        # decode thread through the GIL)
+        # no cursor blink while a reply streams: each blink repaints the input (UI time, taken from the decode
+        # thread through the GIL)
         self.prompt.cursor_blink = self.blink and kind not in ("send", "regen", "replay")
 
     def _can_run(self, what: str = "that") -> bool:
@@ -415,8 +415,8 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
 
     def _freeze_startup_objects(self) -> None:
         """What exists once the model is loaded (torch, the model, Textual: ~300k objects) lives as long as the app:
-        out of the cyclic GC's sight (gc.freeze), a full collection scans only what the turns add. With them it took
-        140-185 ms every few turns, and a key typed meanwhile waited as long. on_unmount gives them back."""
+        out of the cyclic GC's sight (gc.freeze), a full collection scans only what the turns add instead of holding
+        the UI (and a key typed meanwhile) for a scan of all of them every few turns. on_unmount gives them back."""
         if not self._frozen:
             gc.collect()
             gc.freeze()

@@ -31,13 +31,11 @@ class Pace:
     - the UI thread's own CPU time per batch, so the UI stays under `ui_duty` of one core (within [lo, ui_hi]): on a
       machine with no idle core, UI time is taken from the decode whatever the GIL does (and on two vCPUs that
       share a core, even the C parts of the step slow down while the UI and the terminal draw). A batch costs the
-      UI ~15-30 ms in-process (the reply's layout, the inspector, a second frame for the grown paragraph) and more
-      in a real terminal, so a decode gets 2-3 updates a second at most.
+      UI tens of ms (the reply's layout, the inspector, a second frame for the grown paragraph), so a decode gets a
+      few updates a second at most.
     - a fast decode (median step under FAST_STEP_MS: 400+ tok/s) gets one update every `hi_fast` seconds: at that
       rate an update carries more text than anyone reads along, a 600-token reply is done in about a second, and
-      every update stalls the decode for the frame it causes. Measured in tmux (tests/perf/app_perf.py, the demo
-      model at ~800 tok/s): 1 s updates against 2-3 a second, the decode's stalls fell from 11-13 % to 1-3 % of
-      its time, and the app's speed went from 0.89-0.90 of the headless one to 0.93-0.98.
+      every update stalls the decode for the frame it causes (figures: docs/benchmarks.md, "The app").
     `fixed` (TINYCHAT_UI_BATCH_MS, or set by tests) pins the interval."""
 
     WINDOW_MS = 500.0           # stalls are judged over this much decode time
