@@ -5,6 +5,7 @@ from __future__ import annotations
 from textual.app import SystemCommand
 
 from ..commands import ALIASES, CommandError, commands_for, parse, parse_set, parse_trace
+from .state import Busy
 
 # the app's commands as (name, arguments, what it does): shown in the hint line and the help screen
 COMMANDS: list[tuple[str, str, str]] = [(c.name, c.args, c.help) for c in commands_for("app")]
@@ -68,8 +69,8 @@ class CommandsMixin:
                 self.open_session(args[0])
         elif cmd == "/save":
             if self._can_run("save"):
-                self._set_busy("save")
-                self._job(self.chat, "save", " ".join(args) or None)
+                self._set_busy(Busy.SAVE)
+                self._job_save(self.chat, " ".join(args) or None)
         elif cmd in ("/set", "/settings"):
             try:
                 kv = parse_set(args) if cmd == "/set" else None

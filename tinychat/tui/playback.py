@@ -9,6 +9,7 @@ from textual import work
 
 from .messages import ReplayFinished, ReplayTurnFinished, ReplayTurnStarted, TokensReady
 from .runtime import TokenBatcher
+from .state import LiveFigures
 from .widgets import AssistantMessage, NoticeMessage, UserMessage
 from .widgets.format import token_label
 from .widgets.inspector import Counters
@@ -71,20 +72,20 @@ class PlaybackMixin:
 
     async def on_replay_turn_started(self, msg: ReplayTurnStarted) -> None:
         await self.view.mount(UserMessage(msg.user_text, classes="message user"))
-        self._turn_id = -msg.turn
-        self._live = {"n": 0, "ms": 0.0, "ttft": None}
+        self.state.turn_id = -msg.turn
+        self.state.live = LiveFigures()
         m = AssistantMessage(streaming=True, title=f"replay · turn {msg.turn}", classes="message assistant")
         m.recorded = list(msg.recorded)
-        self._current = m
+        self.state.current = m
         await self.view.mount(m)
         self.view.anchor()
 
     async def on_replay_turn_finished(self, msg: ReplayTurnFinished) -> None:
-        m = self._current
-        if m is None or self._turn_id != -msg.turn:
+        m = self.state.current
+        if m is None or self.state.turn_id != -msg.turn:
             return
         tr = msg.replay
-        self._current = None
+        self.state.current = None
         m.divergence = tr.divergence
         m.stats = Counters.from_traces(tr.traces)
         if tr.divergence is None:
@@ -100,16 +101,15 @@ class PlaybackMixin:
             meta = (f"✗ diverges at token {d.position}: recorded {tk(d.recorded, d.p_recorded)}, "
                     f"replayed {tk(d.replayed, d.p_replayed)}")
         await m.finish(meta)
-        live = self._live
-        tok_s = (live["n"] - 1) / (live["ms"] / 1000) if live["n"] > 1 and live["ms"] > 0 else None
-        self.status_bar.update_status(tok_s=tok_s, ttft_ms=live["ttft"])
+        live = self.state.live
+        self.status_bar.update_status(tok_s=live.tok_s, ttft_ms=live.ttft)
 
     async def on_replay_finished(self, msg: ReplayFinished) -> None:
         self.replay_summary = msg
         self._set_busy(None)
-        if self._current is not None:
-            await self._current.finish("stopped")
-            self._current = None
+        if self.state.current is not None:
+            await self.state.current.finish("stopped")
+            self.state.current = None
         if msg.stopped:
             text = f"replay stopped at turn {msg.turns}"
         elif msg.divergences:
