@@ -1,6 +1,7 @@
 """EngineOptions: how the engine runs a model, as one object handed to Decoder, quantize_cpu, append and Chat (never
-module globals flipped from outside). Torch-free. Environment variables set the defaults (EngineOptions.from_env);
-TINYCHAT_NATIVE=0, read by engine/native.py, keeps the native kernels from loading at all."""
+module globals flipped from outside). Torch-free. Environment variables set the defaults (EngineOptions.from_env:
+TINYCHAT_NATIVE, TINYCHAT_STEP_IN_C, TINYCHAT_PREFILL_BF16, TINYCHAT_PAD_SHAPES, TINYCHAT_TUNE_THREADS, each 0 or 1);
+engine/native.py reads TINYCHAT_NATIVE=0 too, and then does not build the kernels at all."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,7 +20,7 @@ class EngineOptions:
     tune_threads: bool = True           # the native step picks its thread count by measurement (threads.py);
                                         # False: torch.get_num_threads() as set (the CLI's --threads N)
 
-    ENV = {"native": "TINYCHAT_NATIVE_STEP", "step_in_c": "TINYCHAT_STEP_IN_C",
+    ENV = {"native": "TINYCHAT_NATIVE", "step_in_c": "TINYCHAT_STEP_IN_C",
            "prefill_bf16": "TINYCHAT_PREFILL_BF16", "pad_shapes": "TINYCHAT_PAD_SHAPES",
            "tune_threads": "TINYCHAT_TUNE_THREADS"}
 

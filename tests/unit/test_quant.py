@@ -285,3 +285,12 @@ def test_cache_host_views_follow_the_tensors_even_in_a_copy():
     other.host()[0][0, 2] = 5
     assert other.length() == 7 and cache.length() == 3
     assert int(other.tokens[0, 2]) == 5 and int(cache.tokens[0, 2]) == 0
+
+
+def test_engine_options_defaults_come_from_the_environment():
+    env = {"TINYCHAT_NATIVE": "0", "TINYCHAT_PREFILL_BF16": "1", "TINYCHAT_TUNE_THREADS": "off", "TINYCHAT_PAD_SHAPES": ""}
+    o = EngineOptions.from_env(env)
+    assert (o.native, o.step_in_c, o.prefill_bf16, o.pad_shapes, o.tune_threads) == (False, True, True, None, False)
+    assert EngineOptions.from_env({}, step_in_c=False) == EngineOptions(step_in_c=False)
+    q = quantize_cpu(make_model(), "bf16", options=o)
+    assert q.blocks[0].mlp.up.prefill_bf16 is True

@@ -67,7 +67,7 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         super().__init__()
         self._frozen = False                        # gc.freeze() done (see _freeze_startup_objects)
         self.backend = backend
-        self.replay_sess = getattr(backend, "sess", None)
+        self.replay_sess = backend.sess
         self.replay_speed = 1.0 if replay_speed is None else replay_speed
         self.inspector_pref = inspector            # None: shown when the terminal is wide enough
         self.blink = blink
@@ -225,7 +225,7 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
             self.status_bar.update_status(**extra)
             return
         autosave = "autosave off"
-        if getattr(self.chat, "autosave", False):
+        if self.chat is not None and self.chat.autosave:
             autosave = "autosaved" if st.get("turns") else "autosave on"
         self.status_bar.update_status(model=st.get("model") or "model", mode=st.get("mode", ""),
                                       device=st.get("device", ""), cache_tokens=st.get("cache_tokens", 0),
@@ -387,7 +387,7 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         if not self._can_run("open the sessions"):
             return
         cur = self.chat.session.id if self.chat.session.n_turns else None
-        self.push_screen(SessionsScreen(current=cur, sessions_dir=getattr(self.chat, "sessions_dir", None),
+        self.push_screen(SessionsScreen(current=cur, sessions_dir=self.chat.sessions_dir,
                                         export_dir=self.export_dir, on_renamed=self._renamed), self._sessions_done)
 
     def _renamed(self, sid: str, title: str) -> None:

@@ -118,6 +118,8 @@ class Backend:
     `session` when given; `open(ref)` opens another session (or a new chat when ref is None) on the same model.
     Chats are built with `tinychat.loading.open_chat`, the same construction as the plain mode."""
 
+    sess = None             # the recorded session a replay backend plays back (None: a chat)
+
     def __init__(self, model: Path | None = None, quant: str = "none", device: str = "cpu", settings=None,
                  overrides: dict | None = None, session: str | None = None, options=None):
         self.model_path, self.quant, self.device, self.options = model, quant, device, options
