@@ -55,7 +55,8 @@ async def test_escape_stops_generation_mid_turn_and_chat_goes_on(factory):
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await start(pilot, "hello")
-        await wait_for(pilot, lambda: app.state.current is not None and len(app.state.current.tokens) >= 3, what="tokens")
+        await wait_for(pilot, lambda: app.state.current is not None and len(app.state.current.tokens) >= 3,
+                       what="tokens")
         await pilot.press("escape")
         await idle(pilot)
         last = app.chat.session.messages[-1]
@@ -78,7 +79,8 @@ async def test_cursor_stops_blinking_while_a_reply_streams(factory):
         await ready(pilot)
         assert app.prompt.cursor_blink
         await start(pilot, "hello")
-        await wait_for(pilot, lambda: app.state.current is not None and len(app.state.current.tokens) >= 3, what="tokens")
+        await wait_for(pilot, lambda: app.state.current is not None and len(app.state.current.tokens) >= 3,
+                       what="tokens")
         assert not app.prompt.cursor_blink
         await pilot.press("escape")
         await idle(pilot)

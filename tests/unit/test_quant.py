@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from support import make_model
-from tinychat.engine import BF16Linear, Decoder, EngineOptions, Int8Linear, KVCache, append, int8_kernel_ok, quantize_cpu
+from tinychat.engine import (BF16Linear, Decoder, EngineOptions, Int8Linear, KVCache, append, int8_kernel_ok,
+                             quantize_cpu)
 
 # Relative error = max |Δlogit| / max |logit|, over a 40-token greedy walk.
 FAST_VS_ONE = {"int8": 0.02, "bf16": 0.02}    # same quantized weights, different op order / norm epsilon
@@ -57,6 +58,12 @@ def test_int8_linear_matches_dequantized_weights_for_prefill_and_decode_rows():
 def test_unknown_quant_mode_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown quant mode"):
         quantize_cpu(make_model(), "int4")
+
+
+def test_quant_mode_names_match_the_quant_classes():
+    from tinychat.choices import QUANT_MODES
+    from tinychat.engine.quant import QUANT_CLASSES
+    assert QUANT_MODES == ("none", *QUANT_CLASSES)
 
 
 def test_quant_none_leaves_model_unchanged():
@@ -288,7 +295,8 @@ def test_cache_host_views_follow_the_tensors_even_in_a_copy():
 
 
 def test_engine_options_defaults_come_from_the_environment():
-    env = {"TINYCHAT_NATIVE": "0", "TINYCHAT_PREFILL_BF16": "1", "TINYCHAT_TUNE_THREADS": "off", "TINYCHAT_PAD_SHAPES": ""}
+    env = {"TINYCHAT_NATIVE": "0", "TINYCHAT_PREFILL_BF16": "1", "TINYCHAT_TUNE_THREADS": "off",
+           "TINYCHAT_PAD_SHAPES": ""}
     o = EngineOptions.from_env(env)
     assert (o.native, o.step_in_c, o.prefill_bf16, o.pad_shapes, o.tune_threads) == (False, True, True, None, False)
     assert EngineOptions.from_env({}, step_in_c=False) == EngineOptions(step_in_c=False)

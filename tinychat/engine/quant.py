@@ -13,7 +13,6 @@ import warnings
 
 import torch
 
-from ..choices import QUANT_MODES
 from ..options import EngineOptions
 
 QUANT_GEMV_ROWS = 8    # BF16Linear: up to this many rows use the bf16 kernel (on AVX2 bf16 GEMM is ~3x slower than fp32)
@@ -146,8 +145,7 @@ class Int8Linear(torch.nn.Module):
         return y.view(*shape[:-1], self.out_features).to(x.dtype)
 
 
-QUANT_CLASSES = {"int8": Int8Linear, "bf16": BF16Linear}
-assert QUANT_MODES == ("none", *QUANT_CLASSES)
+QUANT_CLASSES = {"int8": Int8Linear, "bf16": BF16Linear}     # every QUANT_MODES name but "none"
 
 
 @functools.cache
