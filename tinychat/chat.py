@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from . import session as S
-from .engine import Decoder, KVCache, append, quantize_cpu
+from .engine import Decoder, EngineOptions, KVCache, append, quantize_cpu
+from .engine.quant import effective_mode, quant_mode
 from .model import TinyAgentLM
 from .sampler import Cancelled, TokenTrace, TurnHook, TurnStats, ngram_table, penalty_ids
 from .settings import ChatError, ChatSettings
@@ -66,22 +67,31 @@ class Chat:
     """One conversation with one model. Not thread-safe except `cancel()`: run turns on one thread."""
 
     def __init__(self, model: TinyAgentLM, tokenizer: Tokenizer, settings: ChatSettings | None = None, *,
-                 quant: str = "none", device: str = "cpu", max_len: int | None = None, model_name: str = "",
+                 quant: str | None = None, device: str = "cpu", max_len: int | None = None, model_name: str = "",
                  model_hash: str | None = None, autosave: bool = True, sessions_dir: Path | None = None,
-                 graph=None, session: S.Session | None = None, rebuild: bool = True):
+                 graph=None, session: S.Session | None = None, rebuild: bool = True,
+                 options: EngineOptions | None = None):
+        """quant: the weights' mode (none, int8, bf16; None: the model's as it is). An fp32 model is quantized in
+        place (quantize_cpu); a model already quantized to another mode is a ChatError, never a silent switch.
+        options: EngineOptions for the decoder and the quantization (default: EngineOptions.from_env())."""
         self.model, self.tok = model, tokenizer
         self.settings = settings or ChatSettings()
-        self.quant, self.device = quant, torch.device(device)
+        self.device = torch.device(device)
+        self.options = options or EngineOptions.from_env()
         self.model_name = model_name
         self.model_hash = model_hash or model_identity(model)
-        done = getattr(model, "_quant", None)     # already quantized in place (a second chat on the same model)
-        if done is None and quant not in (None, "", "none"):
-            quantize_cpu(model, quant)
-        self.quant = getattr(model, "_quant", None) or "none"
+        have = quant_mode(model)
+        want = have if quant is None else effective_mode(quant)
+        if want != have:
+            if have != "none":
+                raise ChatError(f"the model is already loaded as --quant {have}; --quant {want} needs it loaded "
+                                "again")
+            quantize_cpu(model, want, options=self.options)
+        self.quant = quant_mode(model)
         self.max_len = min(max_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
         self.cache = KVCache(model, 1, self.max_len, self.device, dtype=dtype)
-        self.decoder = Decoder(model, self.cache, graph=graph)
+        self.decoder = Decoder(model, self.cache, graph=graph, options=self.options)
         self.autosave, self.sessions_dir = autosave, sessions_dir
         self.stop_id = tokenizer.im_end
         self._special = set(tokenizer.special_ids)
@@ -137,9 +147,10 @@ class Chat:
     @classmethod
     def restore(cls, session_ref, model: TinyAgentLM, tokenizer: Tokenizer, *, use_snapshot: bool = True,
                 **kw) -> "Chat":
-        """Continue a saved session: load its KV snapshot when it matches this model and context exactly (fast),
-        else rebuild the cache by replaying the recorded feed schedule (always exact)."""
-        sess = S.load(session_ref, kw.get("sessions_dir"))
+        """Continue a saved session (a Session, or an id or path as tinychat.session.load reads it): load its KV
+        snapshot when it matches this model and context exactly (fast), else rebuild the cache by replaying the
+        recorded feed schedule (always exact)."""
+        sess = session_ref if isinstance(session_ref, S.Session) else S.load(session_ref, kw.get("sessions_dir"))
         settings = kw.pop("settings", None) or settings_from_session(sess)
         chat = cls(model, tokenizer, settings, session=sess, rebuild=False, **kw)
         chat.check_identity()
@@ -223,7 +234,8 @@ class Chat:
         return sys_ids + [t for m in msgs[start:upto] for t in m.token_ids]
 
     def _feed(self, ids: list[int]):
-        return append(self.model, self.cache, torch.tensor([ids], dtype=torch.long, device=self.device), [len(ids)])
+        return append(self.model, self.cache, torch.tensor([ids], dtype=torch.long, device=self.device), [len(ids)],
+                      pad_shapes=self.options.pad_shapes)
 
     # -- turns ----------------------------------------------------------------------------------------------
     def cancel(self) -> None:
@@ -374,12 +386,34 @@ class Chat:
                         f"reply do not fit the {self.max_len}-token context")
 
     def _content(self, m: S.Message) -> list[int]:
-        """A message's content ids, without its ChatML frame."""
-        if m.role == "assistant":
-            gen = self.tok.generation_prompt_ids()
-            return m.token_ids[len(gen):len(m.token_ids) - len(self.tok.end_ids())]
-        head = self.tok.header_ids(m.role)
-        return m.token_ids[len(head):len(m.token_ids) - len(self.tok.end_ids())]
+        return self.tok.content_ids(m.role, m.token_ids)
+
+    # -- replay ---------------------------------------------------------------------------------------------------
+    def start_replay(self, sess: S.Session) -> None:
+        """Start replaying `sess` on this (fresh) chat: the conversation becomes the session's system message alone,
+        the cache rebuilt to it; then replay_turn each recorded turn in order."""
+        msgs = sess.messages
+        self.session.messages = list(msgs[:1] if msgs and msgs[0].role == "system" else [])
+        self._rebuild()
+
+    def replay_turn(self, user: S.Message, recorded: S.Message, on_token=None) -> TurnResult:
+        """Regenerate one recorded turn (user message, recorded reply) with the chat's current settings (a replay
+        sets the recorded ones first), shortening the context where the recorded turn did, with traces and each
+        step's final distribution (TurnResult.probs); then put the recorded turn in place of the regenerated one,
+        in the history and in the cache, so the next turn runs on the recorded context. on_token as in send()."""
+        at = len(self.session.messages)
+        pending, mark = self._pending, self.cache.mark()
+        start = (recorded.settings or {}).get("context_start")
+        res = self._turn(S.Message("user", user.content, list(user.token_ids)), on_token, True, keep_probs=True,
+                         context_start=start)
+        del self.session.messages[at:]
+        if start is None:
+            self.cache.truncate(mark)
+        self._marks.pop()
+        self._pending = pending
+        self.session.messages.extend([user, recorded])
+        self._play(user, recorded, at)
+        return res
 
     # -- facts for the status bar -----------------------------------------------------------------------------
     def status(self) -> dict:

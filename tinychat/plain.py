@@ -3,26 +3,12 @@ turn and stdout carries only the replies (`--json`: one JSON object per assistan
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 import threading
 
+from . import commands as C
 from .chat import Chat, ChatError, TurnResult
 from .session import SessionError
-
-HELP = """commands:
-  /help                 this help
-  /reset                start a new chat (the current one stays saved)
-  /save NAME            save the chat under a title
-  /load ID              continue a saved session
-  /set KEY VALUE        change a setting from the next turn (temperature, top-p, penalty, penalty-window,
-                        ban, no-parrot, ban-reply, max-new, seed, system); /set alone lists them
-  /regen                sample the last reply again
-  /undo                 take back the last turn
-  /trace on|off         print how each token was chosen (to stderr)
-  /info                 model, mode, cache fill, session
-  /quit                 leave (Ctrl-D too); Ctrl-C stops a reply mid-turn"""
-
 
 class PlainREPL:
     def __init__(self, chat: Chat, json_out: bool = False, stdin=None, stdout=None, stderr=None, restore=None):
@@ -132,17 +118,15 @@ class PlainREPL:
 
     # -- slash commands ---------------------------------------------------------------------------------------
     def command(self, line: str) -> str | None:
+        """Run one slash command (the table in tinychat/commands.py); "quit" to leave."""
+        cmd, args = C.parse(line)
         try:
-            parts = shlex.split(line)
-        except ValueError:
-            parts = line.split()
-        cmd, args = parts[0].lower(), parts[1:]
-        try:
-            if cmd in ("/quit", "/exit", "/q"):
+            C.lookup(cmd, "plain")
+            if cmd == "/quit":
                 return "quit"
             if cmd == "/help":
-                self.note(HELP)
-            elif cmd == "/reset":
+                self.note(C.plain_help())
+            elif cmd == "/new":
                 self.chat.new_session()
                 self.note(f"new chat: session {self.chat.session.id}")
             elif cmd == "/save":
@@ -156,32 +140,27 @@ class PlainREPL:
                 self.chat = self.restore(args[0])
                 self.note(f"continuing session {self.chat.session.id} ({self.chat.session.n_turns} turns)")
             elif cmd == "/set":
-                if not args:
+                kv = C.parse_set(args)
+                if kv is None:
                     for k, v in vars(self.chat.settings).items():
                         self.note(f"  {k.replace('_', '-'):15} {v!r}")
-                elif len(args) < 2:
-                    raise ChatError("usage: /set KEY VALUE")
                 else:
-                    st = self.chat.set(args[0], " ".join(args[1:]))
-                    key = args[0].replace("-", "_")
+                    st = self.chat.set(*kv)
+                    key = kv[0].replace("-", "_")
                     key = "system_prompt" if key == "system" else key
-                    self.note(f"{args[0]} = {getattr(st, key, '')!r} (from the next turn)")
+                    self.note(f"{kv[0]} = {getattr(st, key, '')!r} (from the next turn)")
             elif cmd == "/regen":
                 self.turn(lambda on_token: self.chat.regenerate(on_token=on_token))
             elif cmd == "/undo":
                 user = self.chat.undo()
                 self.note(f"took back: {user.content[:60]!r}")
             elif cmd == "/trace":
-                if args not in (["on"], ["off"]):
-                    raise ChatError("usage: /trace on|off")
-                self.chat.trace = args[0] == "on"
+                self.chat.trace = C.parse_trace(args)
                 self.note(f"trace {args[0]}")
             elif cmd == "/info":
                 for k, v in self.chat.status().items():
                     self.note(f"  {k:13} {v}")
-            else:
-                raise ChatError(f"unknown command {cmd} (/help lists them)")
-        except (ChatError, SessionError) as e:
+        except (C.CommandError, ChatError, SessionError) as e:
             self.errors += 1
             self.note(f"error: {e}")
         return None

@@ -66,40 +66,26 @@ def replay(chat: Chat, sess: S.Session, on_turn=None, on_token=None) -> ReplayRe
                         f"({sess.model.get('name') or sess.model['hash'][:12]})")
     msgs = sess.messages
     first = 1 if msgs and msgs[0].role == "system" else 0
-    chat.session.messages = list(msgs[:first])
-    chat._rebuild()
+    chat.start_replay(sess)
     tok = chat.tok
     turns = []
     for n, i in enumerate(range(first, len(msgs) - 1, 2), start=1):
         user, rec = msgs[i], msgs[i + 1]
         if user.role != "user" or rec.role != "assistant":
             raise ChatError(f"session {sess.id}: message {i} breaks the user/assistant alternation")
-        recorded = chat._content(rec)
+        recorded = tok.content_ids(rec.role, rec.token_ids)
         settings = _turn_settings(chat.settings, rec, sess)
         if rec.finish == "cancelled":           # stopped by hand: check the part that was sampled
             settings = dataclasses.replace(settings, max_new=max(1, len(recorded)))
         chat.settings = settings
-        at = len(chat.session.messages)
-        mark_pending = chat._pending
-        mark = chat.cache.mark()
 
         def cb(idx, t, text, tr, ms, _n=n):
             if on_token is not None:
                 on_token(_n, idx, t, text, tr, ms)
 
-        res = chat._turn(S.Message("user", user.content, list(user.token_ids)), cb, True, keep_probs=True,
-                         context_start=(rec.settings or {}).get("context_start"))
-        probs = res.probs
+        res = chat.replay_turn(user, rec, cb)          # the recorded turn then stands in the history and cache
         out = res.token_ids if rec.finish != "cancelled" else res.token_ids[:len(recorded)]
-        div = _first_difference(n, recorded, out, probs, tok)
-        # put the recorded turn in place of the regenerated one
-        del chat.session.messages[at:]
-        if (rec.settings or {}).get("context_start") is None:
-            chat.cache.truncate(mark)
-        chat._marks.pop()
-        chat._pending = mark_pending
-        chat.session.messages.extend([user, rec])
-        chat._play(user, rec, at)
+        div = _first_difference(n, recorded, out, res.probs, tok)
         tr = TurnReplay(n, out, recorded, rec.timing_ms, res.traces, div)
         turns.append(tr)
         if on_turn is not None:

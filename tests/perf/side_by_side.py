@@ -25,12 +25,11 @@ OUT = ROOT / "runs" / "perf"
 
 TC = """
 import json, sys
-from tinychat.engine import quant as Q
-if {before}:
-    Q.PREFILL_BF16 = False
 from tinychat.bench import run_bench
+from tinychat.options import EngineOptions
+opts = EngineOptions(prefill_bf16=False) if {before} else None
 r = run_bench(config={config!r}, quant={quant!r}, prompt_len={prompt_len}, gen_len={gen_len}, repeats=1, warmup=1,
-              threads={threads}, prefill_lens={prefill!r})
+              threads={threads}, prefill_lens={prefill!r}, options=opts)
 print(json.dumps(r))
 """
 

@@ -73,3 +73,15 @@ def test_turns_recorded_before_the_reply_ban_existed_replay_without_it():
     again = make_chat(max_new=40, seed=4, ban_reply=True, temperature=0.0, autosave=False)
     assert [again.send(q).text for q in ["hello there, tell me a story", "why the cat?"]] != \
         [m.content for m in sess.messages if m.role == "assistant"]
+
+
+def test_replay_uses_only_the_public_chat_api():
+    """replay.py drives a Chat through start_replay / replay_turn / settings, never its private members."""
+    import ast
+    import inspect
+
+    import tinychat.replay as R
+    tree = ast.parse(inspect.getsource(R))
+    private = sorted({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                      and isinstance(n.value, ast.Name) and n.value.id == "chat" and n.attr.startswith("_")})
+    assert private == []

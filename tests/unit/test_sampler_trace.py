@@ -61,7 +61,7 @@ def _tensor_ops(fn) -> list[str]:
 def test_tracing_a_token_takes_a_bounded_number_of_tensor_ops(ban):
     """Tracing a token (penalty, softmaxes, candidates, nucleus membership, rank; the ban's mass and masks) reads
     its single values through numpy views and reuses the turn's penalty ids, so it costs a bounded number of
-    tensor ops (was 44 without a ban, 68 with one): each op hands the GIL to the app's UI thread and back.
+    tensor ops: each op hands the GIL to the app's UI thread and back.
     Counted, not timed."""
     V = 8192
     g = torch.Generator().manual_seed(1)

@@ -75,7 +75,6 @@ def assert_one_line_naming(err: SessionError, path: Path) -> None:
 def test_paths_follow_tinychat_home_and_create_nothing(home):
     assert paths.home() == home
     assert paths.sessions_dir() == home / "sessions"
-    assert paths.config_dir() == home / "config"
     assert not home.exists()  # computing paths never creates folders
 
 
@@ -83,7 +82,6 @@ def test_paths_default_to_platform_dirs_without_tinychat_home(monkeypatch):
     monkeypatch.delenv("TINYCHAT_HOME")
     assert paths.home() == platformdirs.user_data_path("tinychat")
     assert paths.sessions_dir() == platformdirs.user_data_path("tinychat") / "sessions"
-    assert paths.config_dir() == platformdirs.user_config_path("tinychat")
 
 
 def test_session_modules_import_without_torch_or_side_effects(tmp_path):

@@ -2,7 +2,8 @@
 
 CPU (and graph=False): an eager loop, one host-sampled token per step; each step runs the exact op sequence of
 append_chunked for one token (_decode_one: bit-identical logits) and sample_top_p. A quantize_cpu model steps through
-the lean _decode_fast instead (Decoder.fast = False: _decode_one).
+the lean CPU step the Decoder builds (cpu_step.CpuStep; Decoder.fast = False: _decode_one).
+options: EngineOptions (native kernels, thread tuning; default EngineOptions.from_env()).
 CUDA/XPU (graph=True, the default there; graph="static" runs the same step uncaptured, also on a CPU): one device
 graph per step = append the current token, sample the next one on the device (inverse-CDF draw from a pre-drawn
 uniform), store it; the host only reads the tokens back every sync_every steps. After <|im_end|> the steps are no-ops
@@ -17,7 +18,8 @@ import torch
 
 from .append import _decode_one
 from .cache import KVCache
-from .quant import _decode_fast
+from .cpu_step import CpuStep
+from ..options import EngineOptions
 from .sampling import _phrase_ban_mask, _sample_icdf, sample_top_p
 from .static import _graph_api, _StaticAux, _StaticFeed, _step_static
 
@@ -30,16 +32,17 @@ class Decoder:
     BAN_CAP = 1024  # phrase-ban entries the captured graph holds (grown, with a re-capture, when a turn needs more)
     BAN_K = 2       # context length of the phrase ban (n-gram order 3 - 1)
     ban_graph = True   # False after a capture with the ban ops failed: graphs without them, ban hooks run eagerly
-    fast = True        # CPU speed modes (quantize_cpu): step() runs the lean _decode_fast; False: _decode_one
+    fast = True        # CPU speed modes (quantize_cpu): step() runs the lean CPU step; False: _decode_one
     on_sync = None     # device loop: on_sync(tokens so far) after each read-back (streaming); False ends the turn
     keep_logits = False   # device loop: keep each draw's logits in last_logits (n, V), for sampler traces
     last_logits = None
 
     def __init__(self, model, cache: KVCache, graph=None, compile: bool = False, sync_every: int = 8,
-                 feed: bool = True):
+                 feed: bool = True, options: EngineOptions | None = None):
         if cache.B != 1:
             raise ValueError("Decoder is batch 1: make the KVCache with B=1")
         self.model, self.cache = model, cache
+        self.options = options or EngineOptions.from_env()
         self.dev = cache.gk.device
         api = _graph_api(self.dev)
         if graph == "static":           # the device-loop path without capture (tests on CPU; capture-free fallback)
@@ -55,16 +58,15 @@ class Decoder:
         self._tok = torch.zeros(1, 1, dtype=torch.long, device=self.dev)
         if self.graph and feed:          # append() of short chunks on this cache: captured graphs too
             cache.static_feed = _StaticFeed(model, cache, self._static_aux(), capture=self.capture)
+        # the lean CPU step of a quantized model (None: fp32, or a device loop)
+        self.cpu_step = CpuStep.build(model, self.options) if self.dev.type == "cpu" and not self.graph else None
 
     @property
     def mode(self) -> str:
         """What generate() runs: "graph" (captured), "static" (uncaptured device loop), "fast-int8" / "fast-bf16"
         (the lean CPU step of a quantized model) or "eager"."""
         if not self.graph:
-            q = getattr(self.model, "_quant", None)
-            if q and self.fast and self.dev.type == "cpu" and getattr(self.model, "_cpu_fast", None) is not None:
-                return f"fast-{q}"
-            return "eager"
+            return f"fast-{self.cpu_step.mode}" if self.cpu_step is not None and self.fast else "eager"
         return ("graph" if self.capture else "static") + ("+compile" if self.compile else "")
 
     def _static_aux(self):
@@ -97,13 +99,12 @@ class Decoder:
     @torch.no_grad()
     def step(self, tok: int) -> torch.Tensor:
         """Append one token (host int); returns the logits (1, V) after it. Eager decoders run _decode_one (or the
-        lean _decode_fast of a quantize_cpu model); device-loop decoders run the loop's static step."""
+        lean CPU step of a quantize_cpu model); device-loop decoders run the loop's static step."""
         L = self.cache.length(0)
         if L + 1 > self.cache.max_len:
             raise RuntimeError(f"KV cache full: all {self.cache.max_len} positions are used")
-        fs = getattr(self.model, "_cpu_fast", None)
-        if fs is not None and self.fast and self.dev.type == "cpu" and not self.graph:
-            return _decode_fast(self.model, self.cache, self._tok, L, fs, tok=int(tok))
+        if self.cpu_step is not None and self.fast and not self.graph:
+            return self.cpu_step(self.model, self.cache, self._tok, L, int(tok))
         self._tok.fill_(int(tok))
         if self.graph:              # the device loop's own step: a replayed turn rounds exactly as the live one
             if getattr(self, "_one", None) is None:

@@ -16,16 +16,15 @@ compiler and the CPU's flags (it is built with -march=native). TINYCHAT_NATIVE=0
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 import threading
 import warnings
 from pathlib import Path
 
 import torch
+
+from ..nativebuild import build_shared
+from ..nativebuild import compiler as _compiler
 
 ENV = "TINYCHAT_NATIVE"
 _lock = threading.Lock()
@@ -36,59 +35,10 @@ why_not: str | None = None     # why the kernels are off (None while on or not t
 SOURCE = (Path(__file__).with_name("native.c")).read_text(encoding="utf-8")   # the kernels (C), beside this file
 
 
-def _cache_dir() -> Path:
-    home = os.environ.get("TINYCHAT_HOME", "").strip()
-    if home:
-        return Path(home).expanduser() / "cache" / "kernels"
-    import platformdirs
-    return platformdirs.user_cache_path("tinychat") / "kernels"
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    import platform
-    return platform.processor() + platform.machine()
-
-
-def _compiler() -> str | None:
-    for c in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if c and shutil.which(c):
-            return shutil.which(c)
-    return None
-
-
 def _build(cc: str) -> Path:
-    ver = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE, ver, _cpu_flags(), torch.__version__]).encode()).hexdigest()[:16]
-    for d in (_cache_dir(), Path(tempfile.gettempdir()) / "tinychat-kernels"):
-        so = d / f"tc_native_{key}.so"
-        if so.is_file():
-            return so
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            continue
-        with tempfile.TemporaryDirectory(dir=d) as tmp:
-            c = Path(tmp) / "tc_native.c"
-            c.write_text(SOURCE)
-            out = Path(tmp) / so.name
-            base = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(out), str(c), "-lm"]
-            err = ""
-            for extra in (["-fopenmp"], []):         # without OpenMP: the pragmas are ignored, one thread
-                r = subprocess.run(base[:1] + extra + base[1:], capture_output=True, text=True, timeout=300)
-                if r.returncode == 0:
-                    break
-                err = r.stderr.strip().splitlines()[-1:] if r.stderr.strip() else [f"exit {r.returncode}"]
-            else:
-                raise RuntimeError(f"compiling the native kernels failed: {err[0][:200]}")
-            os.replace(out, so)
-        return so
-    raise RuntimeError("no writable folder for the native kernels")
+    """The kernels' shared object (tinychat/nativebuild.py: cached, keyed by source, compiler, CPU and torch)."""
+    return build_shared(SOURCE, "tc_native", (["-fopenmp", "-O3", "-march=native"], ["-O3", "-march=native"]),
+                        cc=cc, key_extra=(torch.__version__,))   # without OpenMP: the pragmas are ignored, one thread
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int

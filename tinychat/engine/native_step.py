@@ -1,6 +1,6 @@
 """The int8 decode step in native kernels (engine/native.c through engine/native.py): `_NativeStep`, the kernels'
 view of an int8 model (raw weight pointers, fp32 / int16 buffers, the Engram hashing tables, tc_step's plan), and
-`_decode_native`, quant._decode_fast's native path. Kept beside the PyTorch lean step it must equal (quant.py)."""
+`_decode_native`, the native path of the lean CPU step (cpu_step.py, the PyTorch step it must equal, builds it)."""
 from __future__ import annotations
 
 import ctypes
@@ -10,10 +10,8 @@ import weakref
 import torch
 
 from .cache import KVCache
-from .quant import Int8Linear, _CpuFast
+from .quant import Int8Linear
 from .threads import ThreadTuner
-
-STEP_IN_C = True   # the native step as one tc_step call (False: the same kernels called from Python, as reference)
 
 
 def _no_native():
@@ -210,11 +208,11 @@ class _NativeStep:
         return out
 
 
-def _decode_native(model, cache: KVCache, tok: int, L: int, fs: _CpuFast, nat: _NativeStep):
+def _decode_native(model, cache: KVCache, tok: int, L: int, fs, nat: _NativeStep, step_in_c: bool = True):
     """_decode_fast in native kernels (engine/native.py). With an fp32 cache, one tc_layers call per run of layers
     between Engram blocks (per layer: tc_attn = q/k norms, RoPE, the cache writes, one softmax over [global | local]
     keys; tc_tail = w_o + residual, norm, MLP + residual, next norm, next fused QKV), tc_engram for an Engram block,
-    the softcap in C; when every piece is native (nat.plan), all of that is one tc_step call (STEP_IN_C), else the
+    the softcap in C; when every piece is native (nat.plan), all of that is one tc_step call (step_in_c), else the
     calls are made from here. Other caches (bf16): PyTorch attention ops between tc_tail calls. Same math as
     _decode_fast; the activations enter the int8 products as int16 (per-vector scale) instead of bf16."""
     c = model.cfg
@@ -232,7 +230,7 @@ def _decode_native(model, cache: KVCache, tok: int, L: int, fs: _CpuFast, nat: _
         need = max(nt, ceiling) * (cache.max_len + 1 + W)
         if nat.sc.numel() < need:
             nat.sc = torch.empty(need)
-        plan = nat.plan(model, cache) if STEP_IN_C else None
+        plan = nat.plan(model, cache) if step_in_c else None
         if plan is not None:                                 # the whole step in one native call
             lib.tc_step(plan, tok, L, inv, c.logit_softcap, nt)
             nat.tuner.record(time.perf_counter() - t0, ceiling)
