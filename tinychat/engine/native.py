@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 ENV = "TINYCHAT_NATIVE"
+INT8_STEP_VERSION = 1   # sessions record "native-int8-v<this>": bump it when the native step's rounding changes
 _lock = threading.Lock()
 _lib = None
 _tried = False
@@ -67,13 +68,17 @@ def _build(cc: str) -> Path:
     key = hashlib.sha256("\0".join([SOURCE, ver, _cpu_flags(), torch.__version__]).encode()).hexdigest()[:16]
     for d in (_cache_dir(), Path(tempfile.gettempdir()) / "tinychat-kernels"):
         so = d / f"tc_native_{key}.so"
-        if so.is_file():
+        if so.is_file() and _cached_ok(so):
             return so
         try:
             d.mkdir(parents=True, exist_ok=True)
         except OSError:
             continue
-        with tempfile.TemporaryDirectory(dir=d) as tmp:
+        try:
+            tmpdir = tempfile.TemporaryDirectory(dir=d)
+        except OSError:                              # a read-only cache folder: the next one
+            continue
+        with tmpdir as tmp:
             c = Path(tmp) / "tc_native.c"
             c.write_text(SOURCE)
             out = Path(tmp) / so.name
@@ -86,9 +91,36 @@ def _build(cc: str) -> Path:
                 err = r.stderr.strip().splitlines()[-1:] if r.stderr.strip() else [f"exit {r.returncode}"]
             else:
                 raise RuntimeError(f"compiling the native kernels failed: {err[0][:200]}")
+            digest = _stamp(out)
             os.replace(out, so)
+            _write_stamp(so, digest)
         return so
     raise RuntimeError("no writable folder for the native kernels")
+
+
+# A cached .so is only loaded when it matches the size and sha256 recorded beside it when it was built: dlopen maps
+# the file, and a truncated one (a full disk, a killed copy) dies with SIGBUS on first use, which no try/except can
+# catch. A missing or different record means: build it again.
+def _stamp(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return f"{path.stat().st_size} {h.hexdigest()}"
+
+
+def _write_stamp(so: Path, digest: str) -> None:
+    tmp = so.with_name(so.name + ".sha256.tmp")
+    tmp.write_text(digest + "\n", encoding="ascii")
+    os.replace(tmp, so.with_name(so.name + ".sha256"))
+
+
+def _cached_ok(so: Path) -> bool:
+    try:
+        recorded = so.with_name(so.name + ".sha256").read_text(encoding="ascii").strip()
+        return recorded == _stamp(so)
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int

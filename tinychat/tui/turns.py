@@ -82,6 +82,8 @@ class TurnsMixin:
             self.post_message(JobDone("set", applied, chat.status()))
         elif kind == "open":
             new = self.backend.open(arg)
+            if new is not chat:
+                chat.close()                # its session's lock: another process may open it now
             note = f"session {new.session.id}: {new.session.title or 'untitled'} ({new.session.n_turns} turns)" \
                 if arg else ""
             self.post_message(ChatOpened(new, note, new.status()))
@@ -139,6 +141,8 @@ class TurnsMixin:
             self.inspector.show_trace(last, self.strings, m.stats, f"token #{last.index} · last of the reply")
         if r.dropped_turns:
             self.notify(f"context full: dropped the {r.dropped_turns} oldest turn(s)", severity="warning")
+        if getattr(r, "save_warning", None):
+            self.notify(r.save_warning, severity="warning", timeout=10)
         await self._apply_pending()
 
     async def _trim_to_session(self) -> None:
@@ -188,6 +192,8 @@ class TurnsMixin:
                 self.prompt.set_input(msg.value)
             self.inspector.show_text("The last turn was taken back.")
             self.notify("took back the last turn (its text is back in the input)")
+            if getattr(self.chat, "save_warning", None):
+                self.notify(self.chat.save_warning, severity="warning", timeout=10)
         elif msg.kind == "new":
             await self._show_history()
             self.notify(f"new chat · session {self.chat.session.id}")
