@@ -44,7 +44,6 @@ from typing import Any
 from tinychat import paths, session_lock
 from tinychat.fsutil import atomic_write
 from tinychat.session_check import order_problem, sampler_problem, seed_ok, vocab_problem
-from tinychat.session_lock import SessionLocked
 from tinychat.textsafe import safe_line, strip_controls
 
 SCHEMA = "tinychat.session"
@@ -70,6 +69,21 @@ class SessionError(ValueError):
 
 class SessionConflict(SessionError):
     """The file on disk changed since this copy was read (another copy was saved over it): not overwritten."""
+
+
+class SessionLocked(SessionError):
+    """Another process has the session open (holds its lock)."""
+
+    def __init__(self, held: session_lock.LockHeld):
+        super().__init__(str(held))
+        self.session_id, self.pid = held.session_id, held.pid
+
+
+def _lock(folder: Path, session_id: str) -> session_lock.SessionLock:
+    try:
+        return session_lock.acquire(folder, session_id)
+    except session_lock.LockHeld as e:
+        raise SessionLocked(e) from None
 
 
 class SnapshotError(SessionError):
@@ -239,7 +253,7 @@ def save(session: Session, dir: str | Path | None = None, *, touch: bool = True)
         if default_title(first_user):
             overrides["title"] = default_title(first_user)
     payload = _serialize(session, str(target), **overrides).encode("utf-8")
-    with session_lock.acquire(target.parent, session.id):
+    with _lock(target.parent, session.id):
         session_lock.clean_stale_temps(target.parent)
         _check_current(session, target)
         atomic_write(target, lambda tmp: tmp.write_bytes(payload))
@@ -288,7 +302,7 @@ def _check_current(session: Session, target: Path) -> None:
 def check_current(session: Session, dir: str | Path | None = None) -> None:
     """Raise SessionConflict now if saving `session` would be refused (a chat checks this when it opens a copy)."""
     target = session_path(session.id, dir)
-    with session_lock.acquire(target.parent, session.id):
+    with _lock(target.parent, session.id):
         _check_current(session, target)
 
 
@@ -305,7 +319,7 @@ def adopt_revision(session: Session, dir: str | Path | None = None) -> None:
 
 def lock(session_id: str, dir: str | Path | None = None) -> session_lock.SessionLock:
     """Hold a session's lock (a chat, while it has the session open). SessionLocked when another process has it."""
-    return session_lock.acquire(session_path(session_id, dir).parent, session_id)
+    return _lock(session_path(session_id, dir).parent, session_id)
 
 
 def _resolve(id_or_path: str | Path, dir: str | Path | None) -> tuple[Path, str | None]:
@@ -539,7 +553,7 @@ def delete(session_id: str, dir: str | Path | None = None) -> bool:
     target = session_path(session_id, dir)
     if not target.parent.is_dir():
         return False
-    with session_lock.acquire(target.parent, session_id):
+    with _lock(target.parent, session_id):
         snapshot_path(session_id, dir).unlink(missing_ok=True)
         try:
             target.unlink()

@@ -2,7 +2,8 @@
 
 A chat that has a session open holds `<sessions dir>/.<id>.lock` with `fcntl.flock(LOCK_EX | LOCK_NB)` for as long
 as it is open; every save takes it too (briefly, when no chat holds it). A second process that wants to write the
-same session gets `SessionLocked` at once, with the holder's pid, instead of a silent last-writer-wins.
+same session gets `LockHeld` at once (session.py raises it as SessionLocked, a SessionError), with the holder's
+pid, instead of a silent last-writer-wins.
 
 Rules:
 - Within one process locks are shared and counted (`_held`): the app's sessions screen may rename the chat it has
@@ -33,7 +34,7 @@ _held: dict[str, list] = {}  # resolved lock path -> [fd, count]
 _cleaned: set[str] = set()   # folders whose stale temp files this process has swept
 
 
-class SessionLocked(OSError):
+class LockHeld(OSError):
     """Another process holds the session. `str(e)` is one line for the user."""
 
     def __init__(self, session_id: str, pid: int | None):
@@ -96,7 +97,7 @@ class SessionLock:
 
 
 def acquire(folder: Path, session_id: str) -> SessionLock:
-    """Take the session's lock (without waiting); raise SessionLocked when another process holds it, OSError when
+    """Take the session's lock (without waiting); raise LockHeld when another process holds it, OSError when
     the folder cannot hold a lock file (then a save would fail the same way)."""
     folder = Path(folder)
     path = lock_path(folder, session_id)
@@ -120,7 +121,7 @@ def _lock_file(folder: Path, path: Path, session_id: str) -> int:
         except OSError as e:
             os.close(fd)
             if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise SessionLocked(session_id, _holder_pid(path)) from None
+                raise LockHeld(session_id, _holder_pid(path)) from None
             raise
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
@@ -138,7 +139,7 @@ def is_locked_elsewhere(folder: Path, session_id: str) -> bool:
     """Does another process hold this session's lock? (Takes and drops it when free.)"""
     try:
         acquire(folder, session_id).release()
-    except SessionLocked:
+    except LockHeld:
         return True
     except OSError:
         return False

@@ -379,3 +379,23 @@ def test_a_turn_is_shown_before_it_is_saved():
     seen = []
     r = chat.send("hello there", on_reply=lambda res: seen.append((res.text, S.session_path(chat.session.id).exists())))
     assert seen == [(r.text, False)] and S.load(chat.session.id).n_turns == 1
+
+
+def test_plain_load_of_a_session_open_elsewhere_is_one_error_line_and_the_chat_goes_on():
+    import io
+
+    from tinychat.plain import PlainREPL
+    chat = _two_turn_chat()
+    sid, folder = chat.session.id, _file(chat).parent
+    chat.close()
+    holder = _hold_in_another_process(sid, folder)
+    try:
+        out, err = io.StringIO(), io.StringIO()
+        repl = PlainREPL(make_chat(max_new=5, seed=1), stdin=io.StringIO(f"/load {sid}\nhello\n"), stdout=out,
+                         stderr=err, restore=lambda ref: Chat.restore(ref, make_chat_model(), tokenizer(), max_len=512))
+        assert repl.run() == 2
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=20)
+    assert err.getvalue().count("\n") == 1 and f"error: session {sid} is open in another tinychat" in err.getvalue()
+    assert out.getvalue().strip() and repl.chat.session.id != sid and repl.chat.session.n_turns == 1

@@ -235,7 +235,9 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         text = (str(err).strip().splitlines() or [type(err).__name__])[0]
         name = event.worker.name
         if name == "load":
-            self.load_error = f"could not load the model: {text}"
+            from ..session import SessionError
+            what = "open the session" if isinstance(err, SessionError) else "load the model"
+            self.load_error = f"could not {what}: {text}"
             self.view.loading = False
             await self.view.mount(NoticeMessage(f"✗ {self.load_error}\n\nCheck --model (a folder with config.json, "
                                                 f"model.safetensors and tokenizer.json). Ctrl+Q quits.",
