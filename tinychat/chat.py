@@ -179,12 +179,14 @@ class Chat:
         chat = cls(model, tokenizer, settings, session=sess, rebuild=False, **kw)
         chat.check_identity()
         if chat.autosave:                   # one writer per session; never save over a newer copy
-            chat.hold_lock()
             try:
+                chat.hold_lock()
                 S.check_current(sess, chat.sessions_dir)
             except S.SessionError:
                 chat.close()
                 raise
+            except OSError:                 # a folder that cannot hold a lock file cannot hold a save either:
+                chat.close()                # the chat goes on and each save warns
         if not (use_snapshot and chat._load_snapshot()):
             chat._rebuild()
         return chat

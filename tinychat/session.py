@@ -74,16 +74,16 @@ class SessionConflict(SessionError):
 class SessionLocked(SessionError):
     """Another process has the session open (holds its lock)."""
 
-    def __init__(self, held: session_lock.LockHeld):
-        super().__init__(str(held))
-        self.session_id, self.pid = held.session_id, held.pid
+    def __init__(self, message: str, session_id: str = "", pid: int | None = None):
+        super().__init__(message)
+        self.session_id, self.pid = session_id, pid
 
 
 def _lock(folder: Path, session_id: str) -> session_lock.SessionLock:
     try:
         return session_lock.acquire(folder, session_id)
     except session_lock.LockHeld as e:
-        raise SessionLocked(e) from None
+        raise SessionLocked(str(e), e.session_id, e.pid) from None
 
 
 class SnapshotError(SessionError):

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from support import make_chat_model, tokenizer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ import random
 import time
 
 import torch
-
 from support import make_chat, make_chat_model, tokenizer
+
 from tinychat import session as S
 from tinychat.chat import Chat, ChatError
 from tinychat.replay import replay
