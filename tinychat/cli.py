@@ -154,14 +154,16 @@ def sessions_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--js
         if not infos:
             typer.echo("no saved sessions", err=True)
     for e in errors:
-        typer.echo(f"skipped: {e}", err=True)
+        from .textsafe import safe_line
+        typer.echo(safe_line(f"skipped: {e}"), err=True)
 
 
 @sessions_app.command("show")
 def sessions_show(ref: str = typer.Argument(..., metavar="ID|PATH")):
     """Print a session as markdown."""
     from . import session as S
-    typer.echo(S.export_markdown(S.load(ref)))
+    from .textsafe import safe_text
+    typer.echo(safe_text(S.export_markdown(S.load(ref))))
 
 
 @sessions_app.command("export")
@@ -174,7 +176,8 @@ def sessions_export(ref: str = typer.Argument(..., metavar="ID|PATH"),
     sess = S.load(ref)
     text = S.export_markdown(sess) if fmt == "md" else S.export_json(sess)
     if out is None:
-        typer.echo(text)
+        from .textsafe import safe_text
+        typer.echo(safe_text(text))
     else:
         from .fsutil import atomic_write
         atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
@@ -222,8 +225,11 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH", help="A saved sessi
             typer.echo(f"turn {t.turn}: {len(t.recorded)} tokens, {status}")
 
     report = run(chat_, sess, on_turn=on_turn)
+    from .textsafe import safe_line
     for d in report.divergences:
-        typer.echo(f"divergence: {d.describe()}")
+        typer.echo(safe_line(f"divergence: {d.describe()}"))
+    if report.step_note():
+        typer.echo(safe_line(report.step_note()))
     if report.ok:
         typer.echo(f"replay: {len(report.turns)} turns, {report.n_tokens} tokens, token-exact")
         raise typer.Exit(0)
@@ -291,6 +297,7 @@ def main() -> None:
             sys.exit(2)
         if _debug():
             raise
+        from .textsafe import safe_line
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"tinychat: error: {msg}", file=sys.stderr)
+        print(f"tinychat: error: {safe_line(msg)}", file=sys.stderr)
         sys.exit(2)

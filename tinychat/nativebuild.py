@@ -4,7 +4,10 @@ kernels (engine/native.py) and the training's attention kernel (training/fastatt
 The object is cached under the user cache folder ($TINYCHAT_HOME/cache when set), in a file named by a hash of
 the source, the compiler's version, this CPU's flags, the compiler flags and any extra key parts: code built with
 -march=native must not be reused on another CPU, nor after the source or the compiler changed. A build goes to a
-temporary file in the same folder first and is renamed into place, so a reader never sees half an object."""
+temporary file in the same folder first and is renamed into place, so a reader never sees half an object; a cached
+object is only used when it matches the size and sha256 recorded beside it when it was built (dlopen maps the file,
+and a truncated one, from a full disk or a killed copy, dies with SIGBUS on first use, which no try/except can
+catch): a missing or different record means build it again."""
 from __future__ import annotations
 
 import hashlib
@@ -69,7 +72,7 @@ def build_shared(source: str, name: str, flag_sets: Sequence[Sequence[str]], cc:
     key = build_key(source, cc, key_extra)
     for d in dirs or (cache_dir(), Path(tempfile.gettempdir()) / "tinychat-kernels"):
         so = d / f"{name}_{key}.so"
-        if so.is_file():
+        if so.is_file() and _cached_ok(so):
             return so
         try:
             d.mkdir(parents=True, exist_ok=True)
@@ -88,6 +91,31 @@ def build_shared(source: str, name: str, flag_sets: Sequence[Sequence[str]], cc:
                 err = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"
             else:
                 raise BuildError(f"compiling {name} failed: {err[:200]}")
+            digest = _stamp(out)
             os.replace(out, so)
+            _write_stamp(so, digest)
         return so
     raise BuildError(f"no writable folder for {name}")
+
+
+def _stamp(path: Path) -> str:
+    """"SIZE SHA256" of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return f"{path.stat().st_size} {h.hexdigest()}"
+
+
+def _write_stamp(so: Path, digest: str) -> None:
+    tmp = so.with_name(so.name + ".sha256.tmp")
+    tmp.write_text(digest + "\n", encoding="ascii")
+    os.replace(tmp, so.with_name(so.name + ".sha256"))
+
+
+def _cached_ok(so: Path) -> bool:
+    """The object matches the record written when it was built."""
+    try:
+        return so.with_name(so.name + ".sha256").read_text(encoding="ascii").strip() == _stamp(so)
+    except (OSError, UnicodeDecodeError):
+        return False

@@ -27,6 +27,7 @@ from ..nativebuild import build_shared
 from ..nativebuild import compiler as _compiler
 
 ENV = "TINYCHAT_NATIVE"
+INT8_STEP_VERSION = 1   # sessions record "native-int8-v<this>": bump it when the native step's rounding changes
 _lock = threading.Lock()
 _lib = None
 _tried = False

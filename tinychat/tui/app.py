@@ -147,6 +147,8 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         if chat.session.n_turns:
             note = f"continuing session {chat.session.id}: {chat.session.title or 'untitled'} " \
                    f"({chat.session.n_turns} turns)"
+        if getattr(chat, "notice", None):
+            note += f" · {chat.notice}"
         self.post_message(RuntimeReady(chat, strings, note, chat.status()))
 
     async def on_runtime_ready(self, msg: RuntimeReady) -> None:
@@ -239,7 +241,9 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         text = (str(err).strip().splitlines() or [type(err).__name__])[0]
         name = event.worker.name
         if name == "load":
-            self.load_error = f"could not load the model: {text}"
+            from ..session import SessionError
+            what = "open the session" if isinstance(err, SessionError) else "load the model"
+            self.load_error = f"could not {what}: {text}"
             self.view.loading = False
             await self.view.mount(NoticeMessage(f"✗ {self.load_error}\n\nCheck --model (a folder with config.json, "
                                                 f"model.safetensors and tokenizer.json). Ctrl+Q quits.",
@@ -393,6 +397,8 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
     def _renamed(self, sid: str, title: str) -> None:
         if self.chat is not None and self.chat.session.id == sid:
             self.chat.session.title = title      # the next autosave keeps the new title
+            from .. import session as S          # ... over the renamed file: take its revision
+            S.adopt_revision(self.chat.session, getattr(self.chat, "sessions_dir", None))
 
     def _sessions_done(self, result: tuple | None) -> None:
         if not result:

@@ -95,6 +95,8 @@ class TurnsMixin:
     @work(thread=True, exclusive=True, group="chat", exit_on_error=False, name="chat")
     def _job_open(self, session_ref: str | None) -> None:
         new = self.backend.open(session_ref)
+        if self.chat is not None and new is not self.chat:
+            self.chat.close()               # its session's lock: another process may open it now
         note = f"session {new.session.id}: {new.session.title or 'untitled'} ({new.session.n_turns} turns)" \
             if session_ref else ""
         self.post_message(ChatOpened(new, note, new.status()))
@@ -147,6 +149,8 @@ class TurnsMixin:
             self.inspector.show_trace(last, self.strings, m.stats, f"token #{last.index} · last of the reply")
         if r.dropped_turns:
             self.notify(f"context full: dropped the {r.dropped_turns} oldest turn(s)", severity="warning")
+        if getattr(r, "save_warning", None):
+            self.notify(r.save_warning, severity="warning", timeout=10)
         await self._apply_pending()
 
     async def _trim_to_session(self) -> None:
@@ -196,6 +200,8 @@ class TurnsMixin:
                 self.prompt.set_input(msg.value)
             self.inspector.show_text("The last turn was taken back.")
             self.notify("took back the last turn (its text is back in the input)")
+            if getattr(self.chat, "save_warning", None):
+                self.notify(self.chat.save_warning, severity="warning", timeout=10)
         elif msg.kind is Busy.NEW:
             await self._show_history()
             self.notify(f"new chat · session {self.chat.session.id}")
