@@ -22,6 +22,27 @@ static int check(int64_t N, int64_t K, int spiky) {
     if (spiky && K > 40) for (int64_t k = 32; k < 40; k++) x[k] = 0.f;   /* part of a block zero */
     tc_act8 a = tc_quant8(x, buf, K);
     int bad = 0;
+    for (int64_t b = 0; b < K; b += TC_QB) {             /* bit for bit the plain C rounding (every path) */
+        float m = 0.f;
+        for (int64_t k = b; k < b + TC_QB && k < K; k++) m = fabsf(x[k]) > m ? fabsf(x[k]) : m;
+        float r = 127.f / m;
+        int32_t g = 0;
+        for (int64_t k = b; k < b + TC_QB && k < K; k++) {
+            float t = x[k] * r;
+            int8_t v = m > 0.f ? (int8_t)(int32_t)((t + 12582912.0f) - 12582912.0f) : 0;
+            g += v;
+            if (a.q[k] != v) bad = 1;
+            if ((k & 3) == 3) {
+                if (a.c[k / 4] != -128 * g) bad = 1;
+                g = 0;
+            }
+        }
+        if (a.s[b / 4] != (m > 0.f ? m / 127.f : 0.f)) bad = 1;
+    }
+    if (bad) {
+        printf("N=%ld K=%ld: activation bytes differ from the plain C rounding\n", (long)N, (long)K);
+        return 1;
+    }
     for (int64_t b = 0; b < K; b += TC_QB) {             /* the rounding: xq = round(x / sx), |xq| <= 127 */
         float m = 0.f;
         for (int64_t k = b; k < b + TC_QB && k < K; k++) m = fabsf(x[k]) > m ? fabsf(x[k]) : m;
