@@ -29,6 +29,11 @@ def _load(model_path, config, seed: int = 0):
     return load_model_for(Path(model_path) if model_path is not None else None, config, seed=seed)
 
 
+def _int8_kernels(nat):
+    """The int8 kernel path of the native step that ran (engine/native_q8.h), None where none ran."""
+    return None if nat is None else nat.lib.tc_kernel_path().decode()
+
+
 def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = None, quant: str = "none",
               device: str = "cpu", prompt_len: int = 100, gen_len: int = 64, repeats: int = 3,
               progress: Optional[Progress] = None, *, warmup: int = 1, graph=None, compile: bool = False,
@@ -170,6 +175,7 @@ def _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup
         "device": device,
         "mode": dec.mode,
         "native": nat is not None,
+        "int8_kernels": _int8_kernels(nat),   # which native int8 path ran (avx512-vnni, avx2-vnni, ...), else None
         "threads": torch.get_num_threads() if device == "cpu" else None,
         # the int8 native step picks 1..threads by measurement unless pinned (--threads); its choice at the end
         "threads_auto": tuned,
@@ -227,5 +233,7 @@ def render_table(result: dict):
     if r.get("threads"):
         t.add_row("threads", f"{r['threads']}" + (f" (auto: the int8 step ran on {r['threads_used']})"
                                                    if r.get("threads_auto") else ""))
+    if r.get("int8_kernels"):
+        t.add_row("int8 kernels", r["int8_kernels"])
     t.add_row("medians over", f"{r['repeats']} repeats")
     return t

@@ -436,8 +436,8 @@ class Chat:
         round differently, so a session records it per turn and replay can say why tokens differ."""
         if self.quant != "int8" or self.device.type != "cpu":
             return None
-        fast = getattr(self.model, "_cpu_fast", None)
-        if fast is not None and getattr(fast, "nat", None) is not None:
+        step = self.decoder.cpu_step
+        if step is not None and step.nat is not None:
             from .engine.native import INT8_STEP_VERSION
             return f"native-int8-v{INT8_STEP_VERSION}"
         return "torch-int8"

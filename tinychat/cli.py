@@ -89,6 +89,14 @@ def chat(ctx: typer.Context,
     raise typer.Exit(PlainREPL(chat_, json_out=json_out, restore=restore).run())
 
 
+def _int8_kernels() -> str:
+    """The int8 kernel path this machine runs (engine/native.py: e.g. avx512-vnni, avx2-vnni, neon-dotprod; "pytorch"
+    where the native kernels are off), with why when off."""
+    from .engine import native
+    path = native.kernel_path()
+    return path if native.why_not is None else f"{path} ({native.why_not})"
+
+
 @app.command()
 def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help="Model folder (default: the shipped model)."),
          config: Optional[str] = typer.Option(None, "--config", help="A named size with random weights: tiny, demo, full."),
@@ -103,6 +111,7 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help="Model
         "max_seq_len": c.max_seq_len, "engram_layers": list(c.engram_layers), "engram_orders": list(c.engram_orders),
         "kv_bytes_per_token": c.kv_bytes_per_token(2), "gqa_kv_bytes_per_token": c.gqa_kv_bytes_per_token(2),
         "ring_bytes": c.ring_bytes(2),
+        "int8_kernels": _int8_kernels(),
     }
     if json_out:
         import json
@@ -121,6 +130,7 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help="Model
     t.add_row("vocab / context", f"{c.vocab_size} / {c.max_seq_len}")
     t.add_row("local window", f"{c.swa_window}")
     t.add_row("Engram", f"layers {list(c.engram_layers)}, orders {list(c.engram_orders)}" if c.has_engram else "none")
+    t.add_row("int8 kernels (--quant int8)", facts["int8_kernels"])
     t.add_row("KV bytes / token (bf16)", f"{facts['kv_bytes_per_token']:,}")
     t.add_row("standard GQA cache / token", f"{facts['gqa_kv_bytes_per_token']:,} "
               f"({facts['gqa_kv_bytes_per_token'] / facts['kv_bytes_per_token']:.1f}x)")

@@ -15,9 +15,13 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
+
+
+SUFFIX = ".dylib" if sys.platform == "darwin" else ".dll" if sys.platform == "win32" else ".so"
 
 
 class BuildError(RuntimeError):
@@ -60,18 +64,19 @@ def build_key(source: str, cc: str, extra: Sequence[str] = ()) -> str:
 
 def build_shared(source: str, name: str, flag_sets: Sequence[Sequence[str]], cc: str | None = None,
                  key_extra: Sequence[str] = (), libs: Sequence[str] = ("-lm",), timeout: float = 300,
-                 dirs: Sequence[Path] | None = None) -> Path:
-    """The path of `source` built as <name>_<key>.so: the cached object when there is one, else compiled with the
-    first of flag_sets that works (e.g. with -fopenmp, then without). The key covers source, compiler and CPU;
-    key_extra adds what else must force a rebuild (flags, a library version). dirs: where to look and build, in order
-    (default: cache_dir(), then a folder in the system temp dir). BuildError when nothing compiles or no folder
-    is writable."""
+                 dirs: Sequence[Path] | None = None, headers: Mapping[str, str] | None = None) -> Path:
+    """The path of `source` built as <name>_<key><SUFFIX>: the cached object when there is one, else compiled with
+    the first of flag_sets that works (e.g. with -fopenmp, then without). The key covers source, headers, compiler
+    and CPU; key_extra adds what else must force a rebuild (flags, a library version). headers: {file name: text}
+    the source includes, written beside it. dirs: where to look and build, in order (default: cache_dir(), then a
+    folder in the system temp dir). BuildError when nothing compiles or no folder is writable."""
+    headers = dict(headers or {})
     cc = cc or compiler()
     if cc is None:
         raise BuildError("no C compiler (cc, gcc, clang) on PATH")
-    key = build_key(source, cc, key_extra)
+    key = build_key("\0".join([source, *headers.values()]) if headers else source, cc, key_extra)
     for d in dirs or (cache_dir(), Path(tempfile.gettempdir()) / "tinychat-kernels"):
-        so = d / f"{name}_{key}.so"
+        so = d / f"{name}_{key}{SUFFIX}"
         if so.is_file() and _cached_ok(so):
             return so
         try:
@@ -81,6 +86,8 @@ def build_shared(source: str, name: str, flag_sets: Sequence[Sequence[str]], cc:
         with tempfile.TemporaryDirectory(dir=d) as tmp:       # same file system: an atomic rename
             c = Path(tmp) / f"{name}.c"
             c.write_text(source)
+            for fname, text in headers.items():
+                (Path(tmp) / fname).write_text(text)
             out = Path(tmp) / so.name
             err = ""
             for flags in flag_sets:

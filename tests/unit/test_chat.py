@@ -329,3 +329,18 @@ def test_chat_options_reach_its_decoder_and_the_quantized_layers():
     assert chat.model.blocks[0].mlp.up.prefill_bf16 is False
     r = chat.send("hello there", trace=False)
     assert r.mode in ("fast-int8", "fast-bf16") and r.n_tokens > 0
+
+
+def test_an_int8_turn_records_which_step_made_it():
+    from tinychat.engine import native
+    from tinychat.options import EngineOptions
+    chat = make_chat(quant="int8", max_new=4, seed=1, autosave=False)
+    chat.send("hello there")
+    step = chat.session.messages[-1].settings["step"]
+    if native.load() is not None:
+        assert step == f"native-int8-v{native.INT8_STEP_VERSION}"
+    else:
+        assert step == "torch-int8"
+    off = make_chat(quant="int8", max_new=4, seed=1, autosave=False, options=EngineOptions(native=False))
+    off.send("hello there")
+    assert off.session.messages[-1].settings["step"] == "torch-int8"
