@@ -75,13 +75,15 @@ def test_sessions_show_export_rename_rm(model_dir, tmp_path):
 
 
 def test_replay_check_exit_codes(model_dir, capsys):
-    _run(["--model", model_dir, "--plain", "--max-new", "10"], input="hello there\nwhy the cat?\n")
+    # a fixed seed: the tampered position below must be one of the reply's content tokens, not its end frame
+    _run(["--model", model_dir, "--plain", "--max-new", "10", "--seed", "3"], input="hello there\nwhy the cat?\n")
     (info,) = _sessions()
     r = _run(["replay", info["id"], "--check", "--model", model_dir])
     assert r.exit_code == 0 and "token-exact" in r.stdout
     data = json.loads(open(info["path"]).read())
     reply = data["messages"][-1]["token_ids"]
     head = len(tokenizer().generation_prompt_ids())
+    assert len(reply) - head - len(tokenizer().end_ids()) > 2
     reply[head + 2] = (reply[head + 2] + 7) % tokenizer().vocab_size
     open(info["path"], "w").write(json.dumps(data))
     r = _run(["replay", info["path"], "--check", "--model", model_dir])
