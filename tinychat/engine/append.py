@@ -15,7 +15,7 @@ CHUNK = 64  # append_chunked: max new tokens per row processed at once (bounds t
 
 # Queries per attention block in append(): bounds the mask / key copies of a long prefill. Attention itself is fused
 # (scaled_dot_product_attention), so this is about speed: CPU likes small blocks, GPUs fewer launches.
-QUERY_BLOCK = {"cpu": 256}
+QUERY_BLOCK = {"cpu": 128}
 QUERY_BLOCK_DEFAULT = 1024
 KEY_ROUND = 256        # GPUs: global key ranges rounded up to this (stable shapes; the extra keys are masked)
 EXPLICIT_ATTN_MAX = 256   # GPUs: chunks up to this many tokens use matmul + softmax attention (no per-shape kernels)
