@@ -164,14 +164,15 @@ def quantize_cpu(model, mode: str, head: bool = True):
     Hk, D = model.cfg.n_kv_heads, model.cfg.head_dim
     for blk in model.blocks:   # [q | k_local | k_global | v_local | v_global]: per-row formats, so fusing is exact
         a = blk.attn
-        wl = a.w_kv_local.weight.detach()
-        ks, vs = [wl[:Hk * D]], [wl[Hk * D:]]
-        if a.mode == "full":
-            wg = a.w_kv_global.weight.detach()
-            ks.append(wg[:Hk * D])
-            vs.append(wg[Hk * D:])
+        kv = [m for m in (a.w_kv_local, a.w_kv_global) if m is not None]   # the llama family: no local K/V
         lin = torch.nn.Linear(model.cfg.d_model, 1, bias=False)
-        lin.weight = torch.nn.Parameter(torch.cat([a.w_q.weight.detach()] + ks + vs).float(), requires_grad=False)
+        lin.weight = torch.nn.Parameter(torch.cat([a.w_q.weight.detach()] + [m.weight.detach()[:Hk * D] for m in kv]
+                                                  + [m.weight.detach()[Hk * D:] for m in kv]).float(),
+                                        requires_grad=False)
+        if a.w_q.bias is not None:
+            lin.bias = torch.nn.Parameter(torch.cat([a.w_q.bias.detach()] + [m.bias.detach()[:Hk * D] for m in kv]
+                                                    + [m.bias.detach()[Hk * D:] for m in kv]).float(),
+                                          requires_grad=False)
         fused.append(cls(lin))
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)
                and (head or name != "head")]
@@ -195,7 +196,7 @@ class _CpuFast:
         self.qkv = fused
         self.nqk, self.ndiv = [], []
         for blk in model.blocks:
-            nk = 2 if blk.attn.mode == "full" else 1
+            nk = sum(m is not None for m in (blk.attn.w_kv_local, blk.attn.w_kv_global))
             self.nqk.append(H + Hk * nk)
             # q heads: divide by |q| (= rms_norm(q) / sqrt(D): the attention's 1/sqrt(D) folded in);
             # k heads: by |k| / sqrt(D) (= rms_norm(k), what the cache holds)
@@ -211,7 +212,9 @@ class _CpuFast:
         self.P = P
         self.act = getattr(type(fused[0]), "ACT_DTYPE", torch.bfloat16)   # what mm() takes (tests: float64)
         self.hb = torch.empty(1, c.d_model, dtype=self.act)
-        self.nat = _NativeStep.build(model, self) if NATIVE else None
+        # the native kernels express TinyAgentLM only (QK-norm, ReLU^2, local rings, softcap): other configs (the
+        # llama family) run the PyTorch lean step (lean_step.py)
+        self.nat = _NativeStep.build(model, self) if NATIVE and c.is_tinyagent else None
 
 
 NATIVE = True   # int8 models: run _decode_fast's GEMVs and everything after attention through the native kernels
@@ -229,6 +232,8 @@ def _decode_fast(model, cache: KVCache, idx, L: int, fs: _CpuFast, tok: int | No
     nat = fs.nat
     if nat is not None and NATIVE:
         return _decode_native(model, cache, int(idx[0, 0]) if tok is None else tok, L, fs, nat)
+    if not model.cfg.is_tinyagent:
+        return _decode_lean(model, cache, idx, L, fs, tok)
     if tok is not None:
         idx.fill_(tok)
     c = model.cfg
@@ -294,4 +299,5 @@ def _decode_fast(model, cache: KVCache, idx, L: int, fs: _CpuFast, tok: int | No
 
 
 # the native step reads this module's Int8Linear: imported after it is defined
+from .lean_step import _decode_lean  # noqa: E402
 from .native_step import _decode_native, _NativeStep  # noqa: E402

@@ -1,0 +1,80 @@
+"""The lean batch-1 CPU decode step for configs the TinyAgentLM step (quant._decode_fast) and the native kernels do
+not express: the llama family (every layer global with no local ring, no QK-norm, SwiGLU, q/k/v biases, a norm
+epsilon, no softcap), and any mix of those options with TinyAgentLM's own.
+
+Same plan as _decode_fast: one fused QKV weight per layer (quantize_cpu's, biases included), bf16 activations into
+the quant Linears' mm(), the token's K/V written into the cache first so attention reads the cache directly, the
+residual stream, norms, softmax and the cache in fp32. Same math as _decode_one up to float rounding."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..model import mlp_act, softcap
+from .append import _engram_addrs
+from .cache import KVCache
+
+
+def _decode_lean(model, cache: KVCache, idx, L: int, fs, tok: int | None = None):
+    """_decode_one for a quantize_cpu model of any config (fs: quant._CpuFast). Returns logits (1, V) fp32."""
+    if tok is not None:
+        idx.fill_(tok)
+    c = model.cfg
+    H, Hk, D, W = c.n_heads, c.n_kv_heads, c.head_dim, c.swa_window
+    rep, eps, local = H // Hk, c.norm_eps, c.has_local
+    bf, hb = fs.act, fs.hb
+    scale = D ** -0.5
+    addrs = _engram_addrs(model, cache.tokens[:1], torch.tensor([L], device=idx.device), idx)
+    cache.tokens[0, L] = idx[0, 0]
+    lbias = None
+    if local:
+        slot = L % W
+        cache.lpos[0, slot] = L
+        lp = cache.lpos[0, :W]
+        ok = (lp >= 0) & (L - lp < W)                 # ring slots holding a position of this token's window
+        lbias = None if bool(ok.all()) else torch.zeros(W).masked_fill_(~ok, float("-inf"))
+    cs, sn = model.rope.cos[L], model.rope.sin[L]
+    R = fs.eye * torch.cat([cs, cs]) + fs.P * torch.cat([sn, sn])   # x @ R == RoPE(x) at position L
+    gk, gv = cache.gk[:, 0], cache.gv[:, 0]
+    KgT_all, Vg_all = gk[:, :, :L + 1].transpose(-1, -2), gv[:, :, :L + 1]
+    kdt = cache.gk.dtype
+    x = model.embed.weight[idx[0]].float()                                       # (1, d), a copy
+    if R.dtype != x.dtype:
+        R = R.to(x.dtype)
+    group = -1
+    for li, blk in enumerate(model.blocks):
+        if blk.engram is not None:
+            x = x + blk.engram(x[None], addrs[li])[0]
+        hb.copy_(F.rms_norm(x, (x.size(-1),), eps=eps))
+        heads = fs.qkv[li].mm(hb).view(-1, D)                                    # (nqk + nv, D), act dtype
+        nqk = fs.nqk[li]
+        qk = heads[:nqk].to(x.dtype)
+        if c.qk_norm:
+            qk = F.rms_norm(qk, (D,), eps=eps)
+        qk = qk @ R                                                              # rotated q / k heads
+        q = qk[:H].view(Hk, rep, D).to(kdt)
+        if blk.attn.mode == "full":
+            group += 1
+            gk[group, :, L].copy_(qk[nqk - Hk:nqk])
+            gv[group, :, L].copy_(heads[nqk + (Hk if local else 0):])
+            KgT, Vg = KgT_all[group], Vg_all[group]
+        s = torch.bmm(q, KgT)                                                    # (Hk, rep, L + 1) global
+        if local:
+            cache.lk[li, 0, :, slot].copy_(qk[H:H + Hk])
+            cache.lv[li, 0, :, slot].copy_(heads[nqk:nqk + Hk])
+            sl = torch.bmm(q, cache.lk[li, 0, :, :W].transpose(-1, -2))          # (Hk, rep, W) local ring
+            if lbias is not None:
+                sl.add_(lbias)
+            s = torch.cat([s, sl], dim=-1)
+        p = torch.softmax(s.mul_(scale), dim=-1, dtype=torch.float32).to(kdt)
+        y = torch.bmm(p[..., :L + 1], Vg)                                        # (Hk, rep, D)
+        if local:
+            y.baddbmm_(p[..., L + 1:], cache.lv[li, 0, :, :W])
+        x.add_(blk.attn.w_o.mm(y.view(1, H * D).to(bf)))
+        hb.copy_(F.rms_norm(x, (x.size(-1),), eps=eps))
+        u = blk.mlp.up.mm(hb)
+        x.add_(blk.mlp.down.mm(mlp_act(blk.mlp.kind, u.float()).to(bf)))
+    cache.lens[0] += 1
+    cache.lens_cpu[0] += 1
+    hb.copy_(F.rms_norm(x, (x.size(-1),), eps=eps))
+    return softcap(fs.head.mm(hb).float(), c.logit_softcap)
