@@ -34,6 +34,11 @@ def sessions_dir() -> Path:
     return home() / "sessions"
 
 
+def models_dir() -> Path:
+    """Imported models (`tinychat import`), one folder each, named by the model's name."""
+    return home() / "models"
+
+
 def config_dir() -> Path:
     """User settings: `$TINYCHAT_HOME/config` if set, else the platform's per-user config dir."""
     env = _env_home()
