@@ -4,8 +4,14 @@ epsilon, no softcap), and any mix of those options with TinyAgentLM's own.
 
 Same plan as _decode_fast: one fused QKV weight per layer (quantize_cpu's, biases included), bf16 activations into
 the quant Linears' mm(), the token's K/V written into the cache first so attention reads the cache directly, the
-residual stream, norms, softmax and the cache in fp32. Same math as _decode_one up to float rounding."""
+residual stream, norms, softmax and the cache in fp32. Same math as _decode_one up to float rounding.
+
+Threads: like the native step, the count is picked by measurement (threads.ThreadTuner): on a 2-vCPU machine with
+the other core busy, PyTorch's two-thread GEMVs stall at every barrier (SmolLM2-135M int8: ~3 tok/s at 2 threads,
+~30 at 1, measured in one process), so a step runs at the tuner's choice and torch's count is restored after."""
 from __future__ import annotations
+
+import time
 
 import torch
 import torch.nn.functional as F
@@ -13,10 +19,28 @@ import torch.nn.functional as F
 from ..model import mlp_act, softcap
 from .append import _engram_addrs
 from .cache import KVCache
+from .threads import ThreadTuner
 
 
 def _decode_lean(model, cache: KVCache, idx, L: int, fs, tok: int | None = None):
     """_decode_one for a quantize_cpu model of any config (fs: quant._CpuFast). Returns logits (1, V) fp32."""
+    tuner = fs.__dict__.get("lean_tuner")
+    if tuner is None:
+        tuner = fs.lean_tuner = ThreadTuner()
+    ceiling = torch.get_num_threads()
+    nt = tuner.threads(ceiling)
+    if nt != ceiling:
+        torch.set_num_threads(nt)
+    t0 = time.perf_counter()
+    try:
+        return _step(model, cache, idx, L, fs, tok)
+    finally:
+        if nt != ceiling:
+            torch.set_num_threads(ceiling)
+        tuner.record(time.perf_counter() - t0, ceiling)
+
+
+def _step(model, cache: KVCache, idx, L: int, fs, tok: int | None):
     if tok is not None:
         idx.fill_(tok)
     c = model.cfg
