@@ -3,6 +3,7 @@
 equal through the eager, static and int8 paths; unsupported checkpoints refused with one line."""
 import json
 import math
+import re
 import sys
 
 import pytest
@@ -64,12 +65,12 @@ def _weights(cfg, seed=0, qk_std=0.4):
     return w
 
 
-def write_hf(folder, cfg, weights, template=CHATML):
+def write_hf(folder, cfg, weights, template=CHATML, tok=None, eos="<|im_end|>"):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg))
     save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
-    tokenizer().save(folder / "tokenizer.json")
-    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": "<|im_end|>"}))
+    (tok or tokenizer()).save(folder / "tokenizer.json")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": eos}))
     return folder
 
 
@@ -309,8 +310,8 @@ def test_unsupported_checkpoints_are_refused_with_one_line_and_exit_2(case, tmp_
 def test_other_sources_are_refused_with_what_is_missing(tmp_path):
     cfg = VARIANTS["llama-tied"]
     cases = []
-    llama3 = write_hf(tmp_path / "l3", cfg, _weights(cfg), template="{{ '<|start_header_id|>' }}")
-    cases.append((llama3, "Llama 3 (header tokens) is not supported yet"))
+    mistral = write_hf(tmp_path / "m", cfg, _weights(cfg), template="{{ '[INST] ' + message['content'] }}")
+    cases.append((mistral, "Mistral / Llama 2 ([INST]) is not supported yet"))
     pickled = tmp_path / "pickled"
     pickled.mkdir()
     (pickled / "config.json").write_text(json.dumps(cfg))
@@ -322,5 +323,55 @@ def test_other_sources_are_refused_with_what_is_missing(tmp_path):
     cases.append((junk, "neither a Hugging Face model folder nor a GGUF file"))
     cases.append((tmp_path / "nope", "no such file or folder"))
     for src, words in cases:
-        with pytest.raises(ImportRefused, match=words.replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(ImportRefused, match=re.escape(words)):
             import_model(src, name="x")
+
+
+# Llama 3.0's chat template (3.1 / 3.2 add tool and date blocks around the same framing)
+LLAMA3_TEMPLATE = ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+                   "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + "
+                   "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+                   "{{ content }}{% endfor %}{% if add_generation_prompt %}"
+                   "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+
+
+def _llama3_tokenizer():
+    from tokenizers import AddedToken
+    tok = Tokenizer.from_str(tokenizer().to_str())
+    tok.hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in LLAMA3_SPECIALS])
+    return tok
+
+
+def test_llama3_chat_template_frames_turns_as_the_template_renders_them(tmp_path, capsys):
+    jinja2 = pytest.importorskip("jinja2")
+    tok = _llama3_tokenizer()
+    cfg = _config("llama", vocab_size=tok.vocab_size)
+    dest = import_model(write_hf(tmp_path / "l3", cfg, _weights(cfg), template=LLAMA3_TEMPLATE, tok=tok,
+                                 eos="<|eot_id|>"), name="l3")
+    fmt = json.loads((dest / "chat_format.json").read_text())
+    assert fmt["format"] == "llama3" and fmt["stop_tokens"][0] == "<|eot_id|>"
+    t3 = Tokenizer.from_file(dest / "tokenizer.json")               # picks the format up from chat_format.json
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "the cat and the moon"},
+            {"role": "assistant", "content": "a river"}, {"role": "user", "content": "why?"}]
+    text = jinja2.Template(LLAMA3_TEMPLATE).render(messages=msgs, bos_token="<|begin_of_text|>",
+                                                   add_generation_prompt=True)
+    assert t3.format_messages(msgs) == t3.encode(text, allow_special=True)
+    assert t3.eos_id == t3.hf.token_to_id("<|eot_id|>") and t3.chat.name == "llama3"
+    code, _, err = _main(["--plain", "--model", "l3", "--max-new", "6", "--temperature", "0", "--system", "Be brief."],
+                         capsys, stdin="hello\nmore\n")
+    assert code == 0, err
+    code, out, _ = _main(["sessions", "--json"], capsys)
+    from tinychat.session import load
+    sess = load(json.loads(out)[0]["id"])
+    ctx = sess.context_ids()
+    assert ctx[:len(t3.header_ids("system"))] == t3.header_ids("system")     # <|begin_of_text|> first
+    assert ctx.count(t3.hf.token_to_id("<|begin_of_text|>")) == 1
+    replies = [m for m in sess.messages if m.role == "assistant"]
+    assert len(replies) == 2 and all(m.token_ids[-1] == t3.eos_id for m in replies)   # turns end in <|eot_id|>
+
+
+def test_a_chatml_tokenizer_without_a_chat_format_file_stays_chatml(tmp_path):
+    tokenizer().save(tmp_path / "tokenizer.json")
+    t = Tokenizer.from_file(tmp_path / "tokenizer.json")
+    assert t.chat.name == "chatml" and t.header_ids("user") == tokenizer().header_ids("user")

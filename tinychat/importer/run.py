@@ -11,7 +11,7 @@ import torch
 
 from ..fsutil import atomic_write
 from ..model import TOKENIZER_FILE
-from ..tokenizer import Tokenizer, TokenizerError
+from ..tokenizer import CHAT_FORMATS, Tokenizer, TokenizerError
 from . import chat_format
 from .errors import ImportRefused
 from .store import CHAT_FORMAT_FILE, IMPORT_FILE, TEMPLATE_FILE, check_name, model_path
@@ -62,7 +62,7 @@ def import_model(src, name: str | None = None, context: int | None = None, dtype
     build_config(cfg, tensors, context, name)            # refuse unsupported architectures before any heavy work
     fmt = chat_format.detect(template, stops)
     try:
-        tok = Tokenizer.from_str(tok_text, source=f"{src} (tokenizer)")
+        tok = Tokenizer.from_str(tok_text, source=f"{src} (tokenizer)", chat=CHAT_FORMATS[fmt["format"]])
     except TokenizerError as e:
         raise ImportRefused(str(e)) from None
     model = build_model(cfg, tensors, context, name)
