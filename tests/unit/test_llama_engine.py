@@ -1,6 +1,7 @@
 """The llama-family options of ModelConfig (every layer global, SwiGLU, no QK-norm, no softcap, norm epsilon, q/k/v
 biases, RoPE scaling) through every decode path: append / append_chunked / _decode_one against the full forward,
 the static step against the eager loop, the lean int8 / bf16 CPU step against _decode_one."""
+import importlib
 import json
 
 import pytest
@@ -47,6 +48,14 @@ def test_llama_config_append_paths_match_the_full_forward(fn, bias):
 
 def test_llama_config_append_with_small_query_blocks_matches_the_full_forward():
     assert _feed(make_llama_model(), append, SCHEDULE, B=3, block=16) < TOL
+
+
+def test_llama_config_padded_shapes_match_the_full_forward(monkeypatch):
+    # the GPU padding (power-of-two chunk, rounded key ranges) exercised on the CPU
+    A = importlib.import_module("tinychat.engine.append")
+    monkeypatch.setattr(A, "PAD_SHAPES", True)
+    monkeypatch.setattr(A, "KEY_ROUND", 16)
+    assert _feed(make_llama_model(), append, SCHEDULE, B=3) < TOL
 
 
 def _walk(model, tokens, graph=False, fast=True):
@@ -147,3 +156,16 @@ def test_llama3_rope_scaling_keeps_short_wavelengths_and_divides_long_ones():
     assert torch.equal(scaled[:4], base[:4])                     # high frequencies unchanged
     assert torch.allclose(scaled[-4:], base[-4:] / 32)           # low frequencies divided by the factor
     assert ((scaled <= base) & (scaled >= base / 32)).all()      # the blend stays between
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_llama_config_captured_graph_greedy_equals_static_on_cuda():
+    model = make_llama_model().cuda()
+    outs = []
+    for graph in ("static", True):
+        cache = KVCache(model, 1, 256, "cuda", dtype=torch.float32)
+        dec = Decoder(model, cache, graph=graph)
+        logits = append(model, cache, TOKENS[:, :24].cuda(), [24])
+        outs.append((dec.mode, dec.generate(logits, 50, stop=511, temperature=0)))
+    assert outs[1][0] == "graph" and outs[0][1] == outs[1][1]
