@@ -40,9 +40,9 @@ def check_supported(cfg: dict) -> None:
     if cfg.get("mlp_bias"):
         raise ImportRefused(f"{mt}: MLP biases are not supported")
     scaling = cfg.get("rope_scaling")
-    if scaling:
-        try:
-            rope_inv_freq(8, 10000.0, scaling) if scaling.get("rope_type") != "factors" else None
+    if scaling and not (isinstance(scaling, dict) and scaling.get("rope_type") == "factors"):   # factors: checked
+        try:                                                                                   # with the head dim
+            rope_inv_freq(8, 10000.0, scaling)
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise ImportRefused(f"{mt}: rope_scaling {e}") from None
 
