@@ -169,3 +169,41 @@ def test_llama_config_captured_graph_greedy_equals_static_on_cuda():
         logits = append(model, cache, TOKENS[:, :24].cuda(), [24])
         outs.append((dec.mode, dec.generate(logits, 50, stop=511, temperature=0)))
     assert outs[1][0] == "graph" and outs[0][1] == outs[1][1]
+
+
+
+@pytest.mark.parametrize("mode", ["int8", "bf16"])
+def test_rescore_top_writes_the_quantized_heads_fp32_logits_for_the_best_candidates(mode):
+    from tinychat.engine.append import rescore_top
+    g = torch.Generator().manual_seed(4)
+    lin = torch.nn.Linear(64, 300, bias=False)
+    lin.weight.data = torch.randn(300, 64, generator=g)
+    head = Q.QUANT_CLASSES[mode](lin)
+    W = head.qweight.float() * head.scale.float()[:, None] if mode == "int8" else head.weight.float()
+    h = torch.randn(2, 64, generator=g)
+    raw = torch.nn.functional.linear(h.to(torch.bfloat16), W.to(torch.bfloat16)).float()   # bf16-rounded logits
+    out = rescore_top(head, h, raw.clone(), k=5)
+    ids = raw.topk(5, dim=-1).indices
+    exact = h @ W.t()
+    assert torch.allclose(out.gather(1, ids), exact.gather(1, ids), atol=1e-4, rtol=0)
+    rest = torch.ones_like(raw, dtype=torch.bool).scatter_(1, ids, False)
+    assert torch.equal(out[rest], raw[rest])                  # everything else untouched
+    assert not torch.equal(out.gather(1, ids), raw.gather(1, ids))
+
+
+def test_quantized_llama_paths_rescore_their_head_and_tinyagent_paths_do_not(monkeypatch):
+    A = importlib.import_module("tinychat.engine.append")       # the package attribute is the function
+    LS = importlib.import_module("tinychat.engine.lean_step")
+    calls = []
+    real = A.rescore_top
+    spy = lambda *a, **k: calls.append(1) or real(*a, **k)  # noqa: E731
+    monkeypatch.setattr(A, "rescore_top", spy)
+    monkeypatch.setattr(LS, "rescore_top", spy)
+    for model, want in ((quantize_cpu(make_llama_model(), "bf16"), 5), (quantize_cpu(make_model(), "bf16"), 0)):
+        calls.clear()
+        cache = KVCache(model, 1, 64, "cpu", dtype=torch.float32)
+        dec = Decoder(model, cache, graph=False)
+        append(model, cache, TOKENS[:, :10], [10])
+        for t in TOKENS[0, 10:14].tolist():
+            dec.step(t)
+        assert len(calls) == want

@@ -44,7 +44,34 @@ def _mlp(mlp, x):
 
 def _softcap(model, x):
     """Logits (fp32) at the hidden states x: final norm, head, softcap (none when the config has it off)."""
-    return softcap(model.head(rms_norm(x, model.cfg.norm_eps)).float(), model.cfg.logit_softcap)
+    h = rms_norm(x, model.cfg.norm_eps)
+    logits = model.head(h).float()
+    if not model.cfg.is_tinyagent:
+        logits = rescore_top(model.head, h, logits)
+    return softcap(logits, model.cfg.logit_softcap)
+
+
+RESCORE_K = 16   # head candidates recomputed in fp32 (rescore_top)
+
+
+def rescore_top(head, h, logits, k: int = RESCORE_K):
+    """A quantized head (int8 / bf16 weights) returns bf16 logits: steps of 0.125 near 25, coarser than the margin
+    between a large vocabulary's top tokens (SmolLM2's first token for "the capital of France": 0.08). So the k best
+    candidates are recomputed in fp32 from their weight rows against the fp32 hidden state h (B, d) and written
+    back into logits (B, V): greedy and the sampler's head then see the quantized weights' exact logits. Only the
+    llama family's configs (TinyAgentLM's softcapped logits keep the step they were tuned with). A full-precision
+    head returns logits unchanged."""
+    w = getattr(head, "qweight", None)
+    if w is None and (getattr(head, "weight", None) is None or head.weight.dtype == torch.float32):
+        return logits
+    h2 = h.reshape(-1, h.size(-1)).float()
+    lg = logits.view(h2.size(0), -1)
+    ids = lg.topk(min(k, lg.size(-1)), dim=-1).indices                          # (B, k)
+    rows = (w[ids].float() * head.scale[ids].float()[..., None]) if w is not None else head.weight[ids].float()
+    exact = torch.bmm(rows, h2[:, :, None])[..., 0]                              # (B, k, d) @ (B, d, 1)
+    if getattr(head, "bias", None) is not None:
+        exact = exact + head.bias.float()[ids]
+    return lg.scatter(1, ids, exact).view_as(logits)
 
 
 def _qkn(cfg):

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import mlp_act, softcap
-from .append import _engram_addrs
+from .append import _engram_addrs, rescore_top
 from .cache import KVCache
 from .threads import ThreadTuner
 
@@ -100,5 +100,9 @@ def _step(model, cache: KVCache, idx, L: int, fs, tok: int | None):
         x.add_(blk.mlp.down.mm(mlp_act(blk.mlp.kind, u.float()).to(bf)))
     cache.lens[0] += 1
     cache.lens_cpu[0] += 1
-    hb.copy_(F.rms_norm(x, (x.size(-1),), eps=eps))
-    return softcap(fs.head.mm(hb).float(), c.logit_softcap)
+    h = F.rms_norm(x, (x.size(-1),), eps=eps)
+    hb.copy_(h)
+    logits = fs.head.mm(hb).float()
+    if not c.is_tinyagent:
+        logits = rescore_top(fs.head, h, logits)       # exact fp32 logits for the best candidates (append.py)
+    return softcap(logits, c.logit_softcap)
