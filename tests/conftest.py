@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("tinychat", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("tinychat")
 
-from support import make_model
+from support import make_model  # noqa: E402  after the hypothesis profile
 
 
 @pytest.fixture

@@ -25,26 +25,33 @@ def _peak_rss_mb() -> float:
 
 
 def _load(model_path, config, seed: int = 0):
-    from .cli import load_model_for
+    from .loading import load_model_for
     return load_model_for(Path(model_path) if model_path is not None else None, config, seed=seed)
+
+
+def _int8_kernels(nat):
+    """The int8 kernel path of the native step that ran (engine/native_q8.h), None where none ran."""
+    return None if nat is None else nat.lib.tc_kernel_path().decode()
 
 
 def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = None, quant: str = "none",
               device: str = "cpu", prompt_len: int = 100, gen_len: int = 64, repeats: int = 3,
               progress: Optional[Progress] = None, *, warmup: int = 1, graph=None, compile: bool = False,
-              seed: int = 0, threads: Optional[int] = None, prefill_lens: tuple = ()) -> dict:
+              seed: int = 0, threads: Optional[int] = None, prefill_lens: tuple = (), options=None) -> dict:
     """Measure one model. model_path / config: a checkpoint folder or a named size with random weights (neither: the
     shipped model). quant: none | int8 | bf16 (CPU weight-only modes, quantize_cpu). device: cpu | cuda.
     Each repeat prefills prompt_len random tokens into an emptied cache (append), samples the first token (TTFT =
     prefill + that draw) and decodes gen_len more through Decoder.generate. Medians over `repeats`, after `warmup`
     untimed repeats. graph / compile: Decoder options (GPU modes; None = the Decoder's default for the device).
     progress(done, total, what) is called as repeats finish. prefill_lens: more prompt lengths whose prefill alone
-    is timed the same way (result["prefill_by_len"]: {length: tok/s}). threads: torch.set_num_threads first (None: as is).
+    is timed the same way (result["prefill_by_len"]: {length: tok/s}). threads: torch.set_num_threads first (None: as is)
+    and the int8 step's thread tuning off. options: EngineOptions (default: EngineOptions.from_env()).
     On a CPU that other processes keep busy, fewer threads than cores is often faster: a descheduled worker stalls
     every op's barrier."""
     import torch
 
-    from .engine.quant import QUANT_MODES
+    from .choices import QUANT_MODES
+    from .engine import EngineOptions
 
     if quant not in QUANT_MODES:
         raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)} (got {quant!r})")
@@ -58,24 +65,20 @@ def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = N
     if prompt_len < 1 or gen_len < 1 or repeats < 1:
         raise ValueError("prompt-len, gen-len and repeats must be positive")
 
-    from .engine import threads as TT
-    auto = TT.AUTO
+    options = options or EngineOptions.from_env()
     if threads:
         torch.set_num_threads(int(threads))
-        TT.AUTO = False             # pinned: the int8 step's thread tuner stays off for this run
-    try:
-        return _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup, progress, graph,
-                    compile, seed, prefill_lens)
-    finally:
-        TT.AUTO = auto
+        options = options.replace(tune_threads=False)     # pinned: the int8 step's thread tuner stays off
+    return _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup, progress, graph,
+                compile, seed, prefill_lens, options)
 
 
 def _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup, progress, graph, compile, seed,
-         prefill_lens) -> dict:
+         prefill_lens, options) -> dict:
     import torch
 
     from .engine import Decoder, KVCache, append, quantize_cpu, sample_top_p
-    from .engine import threads as TT
+    from .engine.quant import quant_mode
     total = 2 + warmup + repeats + len(prefill_lens)
     done = 0
 
@@ -98,19 +101,19 @@ def _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup
 
     dev = torch.device(device)
     if device == "cpu":
-        quantize_cpu(model, quant)
+        quantize_cpu(model, quant, options=options)
         kv_dtype = torch.float32            # what the CPU speed modes run with (fp32 attention / softmax)
     else:
         if quant == "bf16":
             model = model.to(torch.bfloat16)
         model = model.to(dev)
         kv_dtype = torch.bfloat16
-    quant_eff = getattr(model, "_quant", None) or ("bf16" if quant == "bf16" else "none")
+    quant_eff = quant_mode(model) if device == "cpu" else ("bf16" if quant == "bf16" else "none")
     model.eval()
 
     max_len = max([prompt_len + gen_len + 2, *prefill_lens])
     cache = KVCache(model, 1, max_len, dev, dtype=kv_dtype)
-    dec = Decoder(model, cache, graph=graph, compile=compile)
+    dec = Decoder(model, cache, graph=graph, compile=compile, options=options)
     V = cfg.vocab_size
     stop = V - 1                      # banned: never sampled, so every repeat decodes gen_len tokens
     gen = torch.Generator().manual_seed(seed)
@@ -131,7 +134,7 @@ def _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup
             idx = prompts[r:r + 1].to(dev)
             sync()
             t0 = time.perf_counter()
-            logits = append(model, cache, idx, [prompt_len])
+            logits = append(model, cache, idx, [prompt_len], pad_shapes=options.pad_shapes)
             sync()
             t1 = time.perf_counter()
             first = sample_top_p(logits, 0.0, 1.0)
@@ -155,7 +158,7 @@ def _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup
                 idx = torch.randint(0, V - 1, (1, n), generator=gen).to(dev)
                 sync()
                 t0 = time.perf_counter()
-                append(model, cache, idx, [n])
+                append(model, cache, idx, [n], pad_shapes=options.pad_shapes)
                 sync()
                 if r >= warmup:
                     ts.append(n / (time.perf_counter() - t0))
@@ -163,7 +166,8 @@ def _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup
             tick(f"prefill {n}")
 
     kv_bytes = torch.empty(0, dtype=kv_dtype).element_size()
-    nat = getattr(getattr(model, "_cpu_fast", None), "nat", None)
+    nat = dec.cpu_step.nat if dec.cpu_step is not None else None
+    tuned = nat is not None and options.tune_threads
     return {
         "model": desc,
         "config": cfg.name or None,
@@ -171,10 +175,11 @@ def _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup
         "device": device,
         "mode": dec.mode,
         "native": nat is not None,
+        "int8_kernels": _int8_kernels(nat),   # which native int8 path ran (avx512-vnni, avx2-vnni, ...), else None
         "threads": torch.get_num_threads() if device == "cpu" else None,
         # the int8 native step picks 1..threads by measurement unless pinned (--threads); its choice at the end
-        "threads_auto": bool(nat is not None and TT.AUTO),
-        "threads_used": (nat.tuner.choice or torch.get_num_threads()) if nat is not None and TT.AUTO else
+        "threads_auto": tuned,
+        "threads_used": (nat.tuner.choice or torch.get_num_threads()) if tuned else
         (torch.get_num_threads() if device == "cpu" else None),
         "linear_params": linear_params,
         "params": sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers()),
@@ -228,5 +233,7 @@ def render_table(result: dict):
     if r.get("threads"):
         t.add_row("threads", f"{r['threads']}" + (f" (auto: the int8 step ran on {r['threads_used']})"
                                                    if r.get("threads_auto") else ""))
+    if r.get("int8_kernels"):
+        t.add_row("int8 kernels", r["int8_kernels"])
     t.add_row("medians over", f"{r['repeats']} repeats")
     return t

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from . import session as S
-from .engine import Decoder, KVCache, append, quantize_cpu
+from .engine import Decoder, EngineOptions, KVCache, append, quantize_cpu
+from .engine.quant import effective_mode, quant_mode
 from .model import TinyAgentLM
 from .sampler import Cancelled, TokenTrace, TurnHook, TurnStats, ngram_table, penalty_ids
 from .settings import ChatError, ChatSettings
@@ -39,6 +40,7 @@ class TurnResult:
     dropped_turns: int = 0          # oldest turns dropped to make room (context full)
     mode: str = "eager"
     probs: list = field(default_factory=list, repr=False)   # replay only: each step's final distribution
+    save_warning: str | None = None  # one line when the autosave after this turn failed (the turn stays in the chat)
 
     @property
     def n_tokens(self) -> int:
@@ -66,22 +68,31 @@ class Chat:
     """One conversation with one model. Not thread-safe except `cancel()`: run turns on one thread."""
 
     def __init__(self, model: TinyAgentLM, tokenizer: Tokenizer, settings: ChatSettings | None = None, *,
-                 quant: str = "none", device: str = "cpu", max_len: int | None = None, model_name: str = "",
+                 quant: str | None = None, device: str = "cpu", max_len: int | None = None, model_name: str = "",
                  model_hash: str | None = None, autosave: bool = True, sessions_dir: Path | None = None,
-                 graph=None, session: S.Session | None = None, rebuild: bool = True):
+                 graph=None, session: S.Session | None = None, rebuild: bool = True,
+                 options: EngineOptions | None = None):
+        """quant: the weights' mode (none, int8, bf16; None: the model's as it is). An fp32 model is quantized in
+        place (quantize_cpu); a model already quantized to another mode is a ChatError, never a silent switch.
+        options: EngineOptions for the decoder and the quantization (default: EngineOptions.from_env())."""
         self.model, self.tok = model, tokenizer
         self.settings = settings or ChatSettings()
-        self.quant, self.device = quant, torch.device(device)
+        self.device = torch.device(device)
+        self.options = options or EngineOptions.from_env()
         self.model_name = model_name
         self.model_hash = model_hash or model_identity(model)
-        done = getattr(model, "_quant", None)     # already quantized in place (a second chat on the same model)
-        if done is None and quant not in (None, "", "none"):
-            quantize_cpu(model, quant)
-        self.quant = getattr(model, "_quant", None) or "none"
+        have = quant_mode(model)
+        want = have if quant is None else effective_mode(quant)
+        if want != have:
+            if have != "none":
+                raise ChatError(f"the model is already loaded as --quant {have}; --quant {want} needs it loaded "
+                                "again")
+            quantize_cpu(model, want, options=self.options)
+        self.quant = quant_mode(model)
         self.max_len = min(max_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
         self.cache = KVCache(model, 1, self.max_len, self.device, dtype=dtype)
-        self.decoder = Decoder(model, self.cache, graph=graph)
+        self.decoder = Decoder(model, self.cache, graph=graph, options=self.options)
         self.autosave, self.sessions_dir = autosave, sessions_dir
         self.stop_id = tokenizer.im_end
         self._special = set(tokenizer.special_ids)
@@ -91,6 +102,9 @@ class Chat:
         self.session = session or self._new_session()
         self._pending: list[int] = []
         self.used_snapshot = False
+        self.notice: str | None = None        # one line for the user about the restore (a snapshot not used, why)
+        self.save_warning: str | None = None  # the last autosave's failure, one line (None: saved)
+        self._lock = None                     # the session's lock while this chat writes it (session_lock.py)
         if rebuild:
             self._rebuild()
 
@@ -106,23 +120,53 @@ class Chat:
 
     def new_session(self) -> None:
         """Start a fresh conversation (the current one stays saved)."""
+        self.close()
         self.session = self._new_session()
         self._marks.clear()
         self._rebuild()
 
     def save(self, title: str | None = None) -> Path | None:
-        """Write the session (atomic) and its KV snapshot. Nothing to save before the first turn."""
+        """Write the session (atomic) and then its KV snapshot, whose checksum the session records. Nothing to save
+        before the first turn. Raises what the save raises (OSError, SessionError: SessionLocked, SessionConflict,
+        SnapshotError when only the snapshot failed)."""
         if title:
             self.session.title = title
         if self.session.n_turns == 0 and not title:
             return None
+        self.hold_lock()
+        tensors = self.cache.state_dict()
+        self.session.kv_sha256 = S.tensors_sha256(tensors)
         path = S.save(self.session, self.sessions_dir)
-        S.save_snapshot(self.session.id, self.cache.state_dict(), self._snapshot_meta(), self.sessions_dir)
+        S.save_snapshot(self.session.id, tensors, self._snapshot_meta(), self.sessions_dir)
         return path
 
-    def _autosave(self) -> None:
-        if self.autosave:
+    def hold_lock(self) -> None:
+        """Hold the session's lock from now until close() (SessionLocked when another process has it open)."""
+        if self._lock is None or self._lock.session_id != self.session.id:
+            self.close()
+            self._lock = S.lock(self.session.id, self.sessions_dir)
+
+    def close(self) -> None:
+        """Let go of the session's lock (another process may then open it). The chat may save again later."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def _autosave(self) -> str | None:
+        """Save after a change; never raises. Returns (and keeps in `save_warning`) one line when it failed: the
+        turn stays in the chat and the next save writes it."""
+        self.save_warning = None
+        if not self.autosave:
+            return None
+        try:
             self.save()
+        except S.SnapshotError as e:
+            self.save_warning = f"saved the chat, but not its KV snapshot ({e}); it is rebuilt from the tokens " \
+                                f"when continued"
+        except (OSError, S.SessionError, RuntimeError) as e:
+            what = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            self.save_warning = f"not saved: {what} (the turn is kept here and saved with the next one)"
+        return self.save_warning
 
     def _snapshot_meta(self) -> dict[str, str]:
         ids = self._cached_ids()
@@ -137,12 +181,23 @@ class Chat:
     @classmethod
     def restore(cls, session_ref, model: TinyAgentLM, tokenizer: Tokenizer, *, use_snapshot: bool = True,
                 **kw) -> "Chat":
-        """Continue a saved session: load its KV snapshot when it matches this model and context exactly (fast),
-        else rebuild the cache by replaying the recorded feed schedule (always exact)."""
-        sess = S.load(session_ref, kw.get("sessions_dir"))
+        """Continue a saved session (a Session, or an id or path as tinychat.session.load reads it): load its KV
+        snapshot when it matches this model and context exactly (fast), else rebuild the cache by replaying the
+        recorded feed schedule (always exact)."""
+        sess = session_ref if isinstance(session_ref, S.Session) else S.load(session_ref, kw.get("sessions_dir"))
+        S.check_vocab(sess, model.cfg.vocab_size)
         settings = kw.pop("settings", None) or settings_from_session(sess)
         chat = cls(model, tokenizer, settings, session=sess, rebuild=False, **kw)
         chat.check_identity()
+        if chat.autosave:                   # one writer per session; never save over a newer copy
+            try:
+                chat.hold_lock()
+                S.check_current(sess, chat.sessions_dir)
+            except S.SessionError:
+                chat.close()
+                raise
+            except OSError:                 # a folder that cannot hold a lock file cannot hold a save either:
+                chat.close()                # the chat goes on and each save warns
         if not (use_snapshot and chat._load_snapshot()):
             chat._rebuild()
         return chat
@@ -156,13 +211,21 @@ class Chat:
             raise ChatError(f"session {self.session.id} was recorded with another tokenizer")
 
     def _load_snapshot(self) -> bool:
+        """Use the KV snapshot when it is the one the session recorded (its checksum) and fits this chat."""
+        if not self.session.kv_sha256:       # none recorded (a file from before checksums): not verifiable
+            return False
         try:
             snap = S.load_snapshot(self.session.id, self.sessions_dir)
         except S.SessionError:              # a damaged snapshot only costs the fast path
+            self.notice = "the KV snapshot could not be read: rebuilt the cache from the token ids"
             return False
         if snap is None:
             return False
         tensors, meta = snap
+        if S.tensors_sha256(tensors) != self.session.kv_sha256:
+            self.notice = "the KV snapshot does not match the checksum the session recorded: rebuilt the cache " \
+                          "from the token ids"
+            return False
         try:
             self._pending = [int(x) for x in meta.get("pending", "").split(",") if x]
         except ValueError:
@@ -223,7 +286,11 @@ class Chat:
         return sys_ids + [t for m in msgs[start:upto] for t in m.token_ids]
 
     def _feed(self, ids: list[int]):
-        return append(self.model, self.cache, torch.tensor([ids], dtype=torch.long, device=self.device), [len(ids)])
+        if ids and not 0 <= min(ids) <= max(ids) < self.model.cfg.vocab_size:   # the kernels index tables by id
+            raise ChatError(f"token id {max(ids) if max(ids) >= 0 else min(ids)} is outside the model's vocabulary "
+                            f"(0..{self.model.cfg.vocab_size - 1})")
+        return append(self.model, self.cache, torch.tensor([ids], dtype=torch.long, device=self.device), [len(ids)],
+                      pad_shapes=self.options.pad_shapes)
 
     # -- turns ----------------------------------------------------------------------------------------------
     def cancel(self) -> None:
@@ -246,18 +313,19 @@ class Chat:
         self.settings = new
         return self.settings
 
-    def send(self, text: str, on_token=None, trace: bool | None = None) -> TurnResult:
+    def send(self, text: str, on_token=None, trace: bool | None = None, on_reply=None) -> TurnResult:
         """One turn: the user's text in, the assistant's reply out. on_token(index, token_id, text_piece, trace,
-        ms) is called as each token is sampled (from this thread)."""
+        ms) is called as each token is sampled (from this thread); on_reply(result) once the turn is complete and
+        before it is saved (a turn is shown, then saved: a failed save never hides the reply)."""
         if not isinstance(text, str) or not text.strip():
             raise ChatError("empty message")
         user = S.Message("user", text, self.tok.message_ids("user", text))
-        return self._turn(user, on_token, self.trace if trace is None else trace)
+        return self._turn(user, on_token, self.trace if trace is None else trace, on_reply=on_reply)
 
-    def regenerate(self, on_token=None, trace: bool | None = None) -> TurnResult:
+    def regenerate(self, on_token=None, trace: bool | None = None, on_reply=None) -> TurnResult:
         """Drop the last reply and sample it again (a new seed unless the settings fix one)."""
         user = self._pop_turn()
-        return self._turn(user, on_token, self.trace if trace is None else trace)
+        return self._turn(user, on_token, self.trace if trace is None else trace, on_reply=on_reply)
 
     def undo(self) -> S.Message:
         """Remove the last user message and its reply; returns the user message (to edit and resend)."""
@@ -284,7 +352,7 @@ class Chat:
         return int(self.cache.lens_cpu[0]) + n_feed + self.settings.max_new + 1 <= self.max_len
 
     def _turn(self, user: S.Message, on_token, trace: bool, keep_probs: bool = False,
-              context_start: int | None = None) -> TurnResult:
+              context_start: int | None = None, on_reply=None) -> TurnResult:
         st = self.settings
         self._cancel.clear()
         gen = self.tok.generation_prompt_ids()
@@ -311,7 +379,7 @@ class Chat:
                 on_token(i, tok, stream.push(tok), tr, ms)
 
         hook = TurnHook(table, st.temperature, st.top_p, st.penalty, pen_ids, self.stop_id, trace=trace,
-                        on_token=emit, cancel=self._cancel, keep_probs=keep_probs)
+                        on_token=emit, cancel=self._cancel, keep_probs=keep_probs, reply=st.ban_reply)
         mark = self.cache.mark()
         if context_start is not None:
             self.cache.reset([0])
@@ -346,6 +414,8 @@ class Chat:
         sampler = {**st.sampler(), "seed": seed}
         if context_start is not None:
             sampler["context_start"] = context_start
+        if self.step_name():
+            sampler["step"] = self.step_name()
         text = self.tok.decode(sampled, skip_special=True)
         reply = S.Message("assistant", text, gen + sampled + self.tok.end_ids(), settings=sampler, seed=seed,
                           finish=finish, timing_ms=[round(ms, 3) for ms in hook.times] or None)
@@ -353,10 +423,24 @@ class Chat:
         self.session.settings = st.sampler()
         self._marks.append(mark if context_start is None else None)
         self._pending = self.tok.end_ids()[1:]
-        self._autosave()
-        return TurnResult(text=text, token_ids=sampled, finish=finish, seed=seed, prefill_tokens=len(feed),
-                          ttft_ms=ttft, decode_tok_s=rate, traces=hook.traces, stats=hook.stats,
-                          dropped_turns=dropped, mode=self.decoder.mode, probs=hook.probs)
+        result = TurnResult(text=text, token_ids=sampled, finish=finish, seed=seed, prefill_tokens=len(feed),
+                            ttft_ms=ttft, decode_tok_s=rate, traces=hook.traces, stats=hook.stats,
+                            dropped_turns=dropped, mode=self.decoder.mode, probs=hook.probs)
+        if on_reply is not None:
+            on_reply(result)
+        result.save_warning = self._autosave()
+        return result
+
+    def step_name(self) -> str | None:
+        """Which int8 decode step runs here ("native-int8-v<N>" or "torch-int8"; None for other modes): the two
+        round differently, so a session records it per turn and replay can say why tokens differ."""
+        if self.quant != "int8" or self.device.type != "cpu":
+            return None
+        step = self.decoder.cpu_step
+        if step is not None and step.nat is not None:
+            from .engine.native import INT8_STEP_VERSION
+            return f"native-int8-v{INT8_STEP_VERSION}"
+        return "torch-int8"
 
     def _shorten(self, user: S.Message, gen: list[int]):
         """Context full: drop the oldest turns (the system prompt stays) until this turn fits; the cache is
@@ -370,16 +454,42 @@ class Chat:
             feed = self._context_ids(start, len(msgs)) + user.token_ids + gen
             if len(feed) + self.settings.max_new + 1 <= self.max_len:
                 return feed, start, dropped
+        sys_n = len(msgs[0].token_ids) if first else 0
+        if sys_n > len(user.token_ids):         # the system prompt is what does not fit, not the message
+            raise ChatError(f"system prompt too long: its {sys_n} tokens, this message's {len(user.token_ids)} and "
+                            f"a {self.settings.max_new}-token reply do not fit the {self.max_len}-token context")
         raise ChatError(f"message too long: {len(user.token_ids)} tokens plus a {self.settings.max_new}-token "
                         f"reply do not fit the {self.max_len}-token context")
 
     def _content(self, m: S.Message) -> list[int]:
-        """A message's content ids, without its ChatML frame."""
-        if m.role == "assistant":
-            gen = self.tok.generation_prompt_ids()
-            return m.token_ids[len(gen):len(m.token_ids) - len(self.tok.end_ids())]
-        head = self.tok.header_ids(m.role)
-        return m.token_ids[len(head):len(m.token_ids) - len(self.tok.end_ids())]
+        return self.tok.content_ids(m.role, m.token_ids)
+
+    # -- replay ---------------------------------------------------------------------------------------------------
+    def start_replay(self, sess: S.Session) -> None:
+        """Start replaying `sess` on this (fresh) chat: the conversation becomes the session's system message alone,
+        the cache rebuilt to it; then replay_turn each recorded turn in order."""
+        msgs = sess.messages
+        self.session.messages = list(msgs[:1] if msgs and msgs[0].role == "system" else [])
+        self._rebuild()
+
+    def replay_turn(self, user: S.Message, recorded: S.Message, on_token=None) -> TurnResult:
+        """Regenerate one recorded turn (user message, recorded reply) with the chat's current settings (a replay
+        sets the recorded ones first), shortening the context where the recorded turn did, with traces and each
+        step's final distribution (TurnResult.probs); then put the recorded turn in place of the regenerated one,
+        in the history and in the cache, so the next turn runs on the recorded context. on_token as in send()."""
+        at = len(self.session.messages)
+        pending, mark = self._pending, self.cache.mark()
+        start = (recorded.settings or {}).get("context_start")
+        res = self._turn(S.Message("user", user.content, list(user.token_ids)), on_token, True, keep_probs=True,
+                         context_start=start)
+        del self.session.messages[at:]
+        if start is None:
+            self.cache.truncate(mark)
+        self._marks.pop()
+        self._pending = pending
+        self.session.messages.extend([user, recorded])
+        self._play(user, recorded, at)
+        return res
 
     # -- facts for the status bar -----------------------------------------------------------------------------
     def status(self) -> dict:

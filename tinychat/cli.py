@@ -9,6 +9,10 @@ from typing import Optional
 
 import typer
 
+from .choices import QUANT_MODES, SIZES
+from .loading import (check_choice, load_model_for, load_runtime, model_path, open_chat, open_replay_chat,
+                      resolve_device)
+
 HELP = """Chat with a small local TinyAgentLM model in the terminal.
 
 With no command, opens the chat app (a line mode with --plain, or when piped: each input line is one turn).
@@ -21,9 +25,6 @@ Errors print one line and exit 2; add --debug for the traceback."""
 app = typer.Typer(add_completion=False, no_args_is_help=False, rich_markup_mode="rich", help=HELP,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
-SIZES = ("tiny", "demo", "full")
-
-
 class UsageError(Exception):
     """A bad flag or argument: one line on stderr, exit 2."""
 
@@ -33,86 +34,11 @@ MODEL_HELP = "Model folder, or the name of an imported model (default: the shipp
 
 def _model_arg(value: Optional[Path]) -> Optional[Path]:
     """--model: a folder, or the name of a model imported with `tinychat import` (an existing path wins)."""
-    if value is None:
-        return None
-    from .importer.store import resolve
-    return resolve(value)
+    return model_path(value)
 
 
 def _debug() -> bool:
     return bool(os.environ.get("TINYCHAT_DEBUG"))
-
-
-def default_model_path() -> Path | None:
-    """The model shipped with tinychat: tinychat/assets (installed) or assets/ beside the package (a checkout)."""
-    here = Path(__file__).resolve().parent
-    for p in (here / "assets", here.parent / "assets"):
-        if (p / "config.json").is_file():
-            return p
-    return None
-
-
-def load_model_for(model: Optional[Path], config: Optional[str], seed: int = 0):
-    """(model, description): a checkpoint folder, a named size with random weights, or the shipped model."""
-    import torch
-
-    from .model import TinyAgentLM, config_for
-    if model is not None and config is not None:
-        raise UsageError("give --model or --config, not both")
-    if config is not None:
-        if config not in SIZES:
-            raise UsageError(f"--config must be one of {', '.join(SIZES)} (got {config!r})")
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            m = TinyAgentLM(config_for(config))
-        return m.eval(), f"{config} (random weights)"
-    path = model if model is not None else default_model_path()
-    if path is None:
-        raise UsageError("no model given and no default model is shipped in this install; "
-                         "use --model PATH (a folder with config.json and model.safetensors)")
-    return TinyAgentLM.from_pretrained(path), str(path)
-
-
-QUANTS = ("none", "int8", "bf16")
-
-
-def _check_choice(name: str, value: str, choices) -> str:
-    if value not in choices:
-        raise UsageError(f"{name} must be one of {', '.join(choices)} (got {value!r})")
-    return value
-
-
-def _device(device: str, resolve: bool = True) -> str:
-    """cpu or cuda; "auto" stays "auto" without `resolve` (the app resolves it on its loading worker, so the window
-    does not wait for torch)."""
-    _check_choice("--device", device, ("auto", "cpu", "cuda"))
-    if device == "cpu" or (device == "auto" and not resolve):
-        return device
-    import torch
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA GPU is available here")
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def load_runtime(model: Optional[Path]):
-    """(model, tokenizer, name, identity hash) for chatting: a checkpoint folder with its tokenizer.json."""
-    from .chat import model_identity
-    from .model import TOKENIZER_FILE, TinyAgentLM
-    from .tokenizer import Tokenizer
-    path = model if model is not None else default_model_path()
-    if path is None:
-        raise UsageError("no model given and no default model is shipped in this install; "
-                         "use --model PATH (a folder with config.json, model.safetensors, tokenizer.json)")
-    m = TinyAgentLM.from_pretrained(path)
-    if not (Path(path) / TOKENIZER_FILE).is_file():
-        raise UsageError(f"{path}: no {TOKENIZER_FILE} (a chat model folder needs its tokenizer)")
-    tok = Tokenizer.from_file(Path(path) / TOKENIZER_FILE)
-    if tok.vocab_size > m.cfg.vocab_size:
-        raise UsageError(f"{path}: tokenizer has {tok.vocab_size} tokens, the model only {m.cfg.vocab_size}")
-    shipped = default_model_path()
-    is_default = model is None or (shipped is not None and Path(path).resolve() == shipped.resolve())
-    name = "default" if is_default else Path(path).resolve().name
-    return m, tok, name, model_identity(m)
 
 
 @app.callback(invoke_without_command=True)
@@ -125,6 +51,8 @@ def chat(ctx: typer.Context,
          top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus mass."),
          penalty: Optional[float] = typer.Option(None, "--penalty", help="Repetition penalty (1: off)."),
          ban: Optional[bool] = typer.Option(None, "--ban/--no-ban", help="Ban 3-grams the assistant already said."),
+         ban_reply: Optional[bool] = typer.Option(None, "--ban-reply/--no-ban-reply",
+                                                  help="Also ban 3-grams the reply itself already said (no loops)."),
          system: Optional[str] = typer.Option(None, "--system", help="System prompt for a new chat."),
          max_new: Optional[int] = typer.Option(None, "--max-new", help="Most tokens per reply."),
          session: Optional[str] = typer.Option(None, "--session", "-s", help="Continue a saved session (id or path)."),
@@ -138,55 +66,44 @@ def chat(ctx: typer.Context,
     input line is one turn. Every chat is saved as a session (see `tinychat sessions`)."""
     if ctx.invoked_subcommand is not None:
         return
-    _check_choice("--quant", quant, QUANTS)
+    check_choice("--quant", quant, QUANT_MODES)
     if json_out and not plain and sys.stdin.isatty() and sys.stdout.isatty():
         raise UsageError("--json goes with --plain")
     from .settings import ChatSettings
     overrides = {k: v for k, v in dict(seed=seed, temperature=temperature, top_p=top_p, penalty=penalty, ban=ban,
-                                       system_prompt=system, max_new=max_new).items() if v is not None}
+                                       ban_reply=ban_reply, system_prompt=system, max_new=max_new).items() if v is not None}
     settings = ChatSettings(**overrides) if session is None else None
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
-    dev = _device(device, resolve=plain or not interactive)
+    dev = resolve_device(device, resolve=plain or not interactive)
+    tune = {}
     if threads is not None:
         if threads < 1:
             raise UsageError("--threads must be at least 1")
         import torch
-
-        from .engine import threads as TT
         torch.set_num_threads(threads)
-        TT.AUTO = False             # an explicit count is used as given (no thread tuning)
-    if not plain and interactive:
-        try:
-            from .tui.app import run_app
-        except ImportError:
-            run_app = None
-        if run_app is not None:     # torch and the model load on the app's worker, behind the window
-            raise typer.Exit(run_app(model=model, quant=quant, device=dev, settings=settings, overrides=overrides,
-                                     session=session))
-        dev = _device(dev)
-    m, tok, name, ident = load_runtime(model)
-    chat_ = _open_chat(m, tok, name, ident, quant, dev, settings, overrides, session)
+        tune = {"tune_threads": False}     # an explicit count is used as given (no thread tuning)
+    from .options import EngineOptions
+    options = EngineOptions.from_env(**tune)
+    if not plain and interactive:   # torch and the model load on the app's worker, behind the window
+        from .tui.app import run_app
+        raise typer.Exit(run_app(model=model, quant=quant, device=dev, settings=settings, overrides=overrides,
+                                 session=session, options=options))
+    rt = load_runtime(model)
+    chat_ = open_chat(rt, quant, dev, settings, overrides, session, options)
     from .plain import PlainREPL
 
     def restore(ref):
-        return _open_chat(m, tok, name, ident, quant, dev, None, {}, ref)
+        return open_chat(rt, quant, dev, None, {}, ref, options)
 
     raise typer.Exit(PlainREPL(chat_, json_out=json_out, restore=restore).run())
 
 
-def _open_chat(m, tok, name, ident, quant, dev, settings, overrides, session_ref):
-    from .chat import Chat, settings_from_session
-    from .session import load
-    kw = dict(quant=quant, device=dev, model_name=name, model_hash=ident)
-    if session_ref is None:
-        return Chat(m, tok, settings, **kw)
-    sess = load(session_ref)
-    st = settings_from_session(sess)
-    for k, v in overrides.items():
-        if k != "system_prompt":
-            st = st.with_value(k, str(v))
-    return Chat.restore(sess.id if "/" not in str(session_ref) else session_ref, m, tok, settings=st,
-                        max_len=sess.model.get("max_len"), **kw)
+def _int8_kernels() -> str:
+    """The int8 kernel path this machine runs (engine/native.py: e.g. avx512-vnni, avx2-vnni, neon-dotprod; "pytorch"
+    where the native kernels are off), with why when off."""
+    from .engine import native
+    path = native.kernel_path()
+    return path if native.why_not is None else f"{path} ({native.why_not})"
 
 
 @app.command()
@@ -203,6 +120,7 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_
         "max_seq_len": c.max_seq_len, "engram_layers": list(c.engram_layers), "engram_orders": list(c.engram_orders),
         "kv_bytes_per_token": c.kv_bytes_per_token(2), "gqa_kv_bytes_per_token": c.gqa_kv_bytes_per_token(2),
         "ring_bytes": c.ring_bytes(2),
+        "int8_kernels": _int8_kernels(),
     }
     if json_out:
         import json
@@ -221,6 +139,7 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_
     t.add_row("vocab / context", f"{c.vocab_size} / {c.max_seq_len}")
     t.add_row("local window", f"{c.swa_window}")
     t.add_row("Engram", f"layers {list(c.engram_layers)}, orders {list(c.engram_orders)}" if c.has_engram else "none")
+    t.add_row("int8 kernels (--quant int8)", facts["int8_kernels"])
     t.add_row("KV bytes / token (bf16)", f"{facts['kv_bytes_per_token']:,}")
     t.add_row("standard GQA cache / token", f"{facts['gqa_kv_bytes_per_token']:,} "
               f"({facts['gqa_kv_bytes_per_token'] / facts['kv_bytes_per_token']:.1f}x)")
@@ -254,14 +173,16 @@ def sessions_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--js
         if not infos:
             typer.echo("no saved sessions", err=True)
     for e in errors:
-        typer.echo(f"skipped: {e}", err=True)
+        from .textsafe import safe_line
+        typer.echo(safe_line(f"skipped: {e}"), err=True)
 
 
 @sessions_app.command("show")
 def sessions_show(ref: str = typer.Argument(..., metavar="ID|PATH")):
     """Print a session as markdown."""
     from . import session as S
-    typer.echo(S.export_markdown(S.load(ref)))
+    from .textsafe import safe_text
+    typer.echo(safe_text(S.export_markdown(S.load(ref))))
 
 
 @sessions_app.command("export")
@@ -270,11 +191,12 @@ def sessions_export(ref: str = typer.Argument(..., metavar="ID|PATH"),
                     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to a file (default: stdout).")):
     """Export a session as markdown or JSON."""
     from . import session as S
-    _check_choice("--format", fmt, ("md", "json"))
+    check_choice("--format", fmt, ("md", "json"))
     sess = S.load(ref)
     text = S.export_markdown(sess) if fmt == "md" else S.export_json(sess)
     if out is None:
-        typer.echo(text)
+        from .textsafe import safe_text
+        typer.echo(safe_text(text))
     else:
         from .fsutil import atomic_write
         atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
@@ -309,19 +231,12 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH", help="A saved sessi
     Exit 0 when every turn regenerates token-exact, 1 on a divergence (with the report), 2 on any error."""
     from . import session as S
     sess = S.load(ref)
-    dev = _device(device)
+    dev = resolve_device(device)
     if play and sys.stdin.isatty() and sys.stdout.isatty():
-        try:
-            from .tui.app import run_replay
-        except ImportError:
-            run_replay = None
-        if run_replay is not None:
-            raise typer.Exit(run_replay(sess, model=model, device=dev, speed=speed))
-    m, tok, name, ident = load_runtime(model)
-    from .chat import Chat, ChatSettings
+        from .tui.app import run_replay
+        raise typer.Exit(run_replay(sess, model=model, device=dev, speed=speed))
     from .replay import replay as run
-    chat_ = Chat(m, tok, ChatSettings(system_prompt=sess.system_prompt), quant=sess.quant, device=dev,
-                 model_name=name, model_hash=ident, autosave=False, max_len=sess.model.get("max_len"))
+    chat_ = open_replay_chat(load_runtime(model), sess, dev)
 
     def on_turn(t):
         if not check:
@@ -329,8 +244,11 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH", help="A saved sessi
             typer.echo(f"turn {t.turn}: {len(t.recorded)} tokens, {status}")
 
     report = run(chat_, sess, on_turn=on_turn)
+    from .textsafe import safe_line
     for d in report.divergences:
-        typer.echo(f"divergence: {d.describe()}")
+        typer.echo(safe_line(f"divergence: {d.describe()}"))
+    if report.step_note():
+        typer.echo(safe_line(report.step_note()))
     if report.ok:
         typer.echo(f"replay: {len(report.turns)} turns, {report.n_tokens} tokens, token-exact")
         raise typer.Exit(0)
@@ -351,10 +269,10 @@ def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL
     import json
 
     from .bench import render_table, run_bench
-    _check_choice("--quant", quant, QUANTS)
-    _check_choice("--device", device, ("cpu", "cuda"))
+    check_choice("--quant", quant, QUANT_MODES)
+    check_choice("--device", device, ("cpu", "cuda"))
     if config is not None:
-        _check_choice("--config", config, SIZES)
+        check_choice("--config", config, tuple(SIZES))
     if model is not None and config is not None:
         raise UsageError("give --model or --config, not both")
     if json_out or not sys.stderr.isatty():
@@ -431,6 +349,7 @@ def main() -> None:
             sys.exit(2)
         if _debug():
             raise
+        from .textsafe import safe_line
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"tinychat: error: {msg}", file=sys.stderr)
+        print(f"tinychat: error: {safe_line(msg)}", file=sys.stderr)
         sys.exit(2)

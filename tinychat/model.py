@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .choices import SIZES
 from .fsutil import atomic_write
 
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
@@ -159,23 +160,6 @@ class ModelConfig:
     def ring_bytes(self, dtype_bytes: int = 2) -> int:
         """The fixed part: one ring of swa_window K/V slots per layer."""
         return self.n_layers * 2 * self.n_kv_heads * self.swa_window * self.head_dim * dtype_bytes
-
-
-# Named sizes. tiny: tests (< 1M params). demo: the shipped model. full: the size of the user's own model.
-SIZES = {
-    "tiny": dict(vocab_size=512, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16, kv_group=2,
-                 swa_window=8, mlp_hidden=192, logit_softcap=30.0, rope_base=10000.0, max_seq_len=512,
-                 engram_orders=(2, 3), engram_layers=(1,), engram_heads=2, engram_table_size=1009,
-                 engram_dim=16),
-    "demo": dict(vocab_size=8192, d_model=384, n_layers=8, n_heads=6, n_kv_heads=2, head_dim=64, kv_group=4,
-                 swa_window=128, mlp_hidden=1536, logit_softcap=30.0, rope_base=10000.0, max_seq_len=2048,
-                 engram_orders=(2, 3), engram_layers=(1,), engram_heads=2, engram_table_size=20011,
-                 engram_dim=32),
-    "full": dict(vocab_size=32000, d_model=768, n_layers=16, n_heads=12, n_kv_heads=4, head_dim=64, kv_group=4,
-                 swa_window=256, mlp_hidden=3328, logit_softcap=30.0, rope_base=10000.0, max_seq_len=4096,
-                 engram_orders=(2, 3), engram_layers=(1, 9), engram_heads=4, engram_table_size=32749,
-                 engram_dim=64),
-}
 
 
 def config_for(size: str, **overrides) -> ModelConfig:

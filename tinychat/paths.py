@@ -1,10 +1,10 @@
 """Where tinychat keeps its files.
 
 Nothing here touches the file system at import or when called: these functions only compute paths.
-Code that writes (session saves, config writes) creates the folder it needs at that moment, so merely
+Code that writes (session saves, kernel builds) creates the folder it needs at that moment, so merely
 importing tinychat, or running `tinychat --help`, never leaves folders behind.
 
-`$TINYCHAT_HOME`, when set, relocates everything (data and config) under one folder: tests point it at a
+`$TINYCHAT_HOME`, when set, relocates everything (sessions, kernel cache) under one folder: tests point it at a
 temporary directory, and a user can keep a portable install on a USB stick.
 """
 
@@ -37,9 +37,3 @@ def sessions_dir() -> Path:
 def models_dir() -> Path:
     """Imported models (`tinychat import`), one folder each, named by the model's name."""
     return home() / "models"
-
-
-def config_dir() -> Path:
-    """User settings: `$TINYCHAT_HOME/config` if set, else the platform's per-user config dir."""
-    env = _env_home()
-    return env / "config" if env else platformdirs.user_config_path(APP_NAME)

@@ -3,26 +3,13 @@ turn and stdout carries only the replies (`--json`: one JSON object per assistan
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 import threading
 
+from . import commands as C
 from .chat import Chat, ChatError, TurnResult
 from .session import SessionError
-
-HELP = """commands:
-  /help                 this help
-  /reset                start a new chat (the current one stays saved)
-  /save NAME            save the chat under a title
-  /load ID              continue a saved session
-  /set KEY VALUE        change a setting from the next turn (temperature, top-p, penalty, penalty-window,
-                        ban, no-parrot, max-new, seed, system); /set alone lists them
-  /regen                sample the last reply again
-  /undo                 take back the last turn
-  /trace on|off         print how each token was chosen (to stderr)
-  /info                 model, mode, cache fill, session
-  /quit                 leave (Ctrl-D too); Ctrl-C stops a reply mid-turn"""
-
+from .textsafe import safe_line
 
 class PlainREPL:
     def __init__(self, chat: Chat, json_out: bool = False, stdin=None, stdout=None, stderr=None, restore=None):
@@ -39,6 +26,8 @@ class PlainREPL:
         if self.interactive:
             st = self.chat.status()
             self.note(f"tinychat · {st['model']} · {st['mode']} · session {st['session']} · /help for commands")
+        self._restore_notice()
+        _replace_bad_bytes(self.stdin)
         while True:
             try:
                 if self.interactive:
@@ -48,21 +37,35 @@ class PlainREPL:
             except KeyboardInterrupt:
                 self.note("")
                 break
+            except UnicodeDecodeError:      # a stream that could not be told to replace bad bytes
+                self.errors += 1
+                self.note("error: input that is not UTF-8 text was skipped")
+                continue
             if not line:
                 break
-            line = line.rstrip("\r\n")
+            line = _valid_text(line).rstrip("\r\n")
             if not line.strip():
                 continue
             if line.startswith("/"):
                 if self.command(line) == "quit":
                     break
                 continue
-            self.turn(lambda on_token: self.chat.send(line, on_token=on_token))
+            self.turn(lambda on_token, on_reply: self.chat.send(line, on_token=on_token, on_reply=on_reply))
         return 0 if self.interactive or not self.errors else 2
+
+    def _restore_notice(self) -> None:
+        if getattr(self.chat, "notice", None):
+            self.note(f"note: {self.chat.notice}")
+
+    def _save_warning(self, warning: str | None) -> None:
+        if warning:
+            self.errors += 1
+            self.note(safe_line(f"warning: {warning}"))
 
     # -- turns --------------------------------------------------------------------------------------------------
     def turn(self, fn) -> TurnResult | None:
-        """Run a turn in a worker thread so Ctrl-C can stop it cleanly (the cache stays well-formed)."""
+        """Run a turn in a worker thread so Ctrl-C can stop it cleanly (the cache stays well-formed). `fn(on_token,
+        on_reply)`: the reply is shown through on_reply before the chat saves it, so a failed save never hides it."""
         box: dict = {}
         stream = self.interactive and not self.json_out
 
@@ -73,9 +76,13 @@ class PlainREPL:
 
         done = threading.Event()
 
+        def on_reply(r):
+            box["shown"] = True
+            self._show(r, stream)
+
         def work():
             try:
-                box["result"] = fn(on_token)
+                box["result"] = fn(on_token, on_reply)
             except BaseException as e:  # noqa: BLE001  reported on the main thread
                 box["error"] = e
             finally:
@@ -96,6 +103,16 @@ class PlainREPL:
             self._error(box["error"])
             return None
         r: TurnResult = box["result"]
+        if not box.get("shown"):
+            self._show(r, stream)
+        self._save_warning(r.save_warning)
+        if r.dropped_turns:
+            self.note(f"[context full: dropped the {r.dropped_turns} oldest turn(s)]")
+        if self.chat.trace:
+            self.print_trace(r)
+        return r
+
+    def _show(self, r: TurnResult, stream: bool) -> None:
         if self.json_out:
             print(json.dumps(r.summary()), file=self.stdout, flush=True)
         elif stream:
@@ -104,17 +121,12 @@ class PlainREPL:
                 self.note(f"[{r.finish}: {r.n_tokens} tokens]")
         else:
             print(r.text, file=self.stdout, flush=True)
-        if r.dropped_turns:
-            self.note(f"[context full: dropped the {r.dropped_turns} oldest turn(s)]")
-        if self.chat.trace:
-            self.print_trace(r)
-        return r
 
     def _error(self, e: Exception) -> None:
         if isinstance(e, (ChatError, SessionError, ValueError, RuntimeError, OSError)):
             self.errors += 1
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            self.note(f"error: {msg}")
+            self.note(safe_line(f"error: {msg}"))
         else:
             raise e
 
@@ -132,56 +144,79 @@ class PlainREPL:
 
     # -- slash commands ---------------------------------------------------------------------------------------
     def command(self, line: str) -> str | None:
+        """Run one slash command (the table in tinychat/commands.py); "quit" to leave."""
+        cmd, args = C.parse(line)
         try:
-            parts = shlex.split(line)
-        except ValueError:
-            parts = line.split()
-        cmd, args = parts[0].lower(), parts[1:]
-        try:
-            if cmd in ("/quit", "/exit", "/q"):
+            C.lookup(cmd, "plain")
+            if cmd == "/quit":
                 return "quit"
             if cmd == "/help":
-                self.note(HELP)
-            elif cmd == "/reset":
+                self.note(C.plain_help())
+            elif cmd == "/new":
                 self.chat.new_session()
                 self.note(f"new chat: session {self.chat.session.id}")
             elif cmd == "/save":
-                path = self.chat.save(" ".join(args) or None)
+                try:
+                    path = self.chat.save(" ".join(args) or None)
+                except OSError as e:
+                    raise ChatError(f"not saved: {e}") from None
                 self.note(f"saved {path}" if path else "nothing to save yet")
             elif cmd == "/load":
                 if len(args) != 1:
                     raise ChatError("usage: /load ID")
                 if self.restore is None:
                     raise ChatError("/load is not available here")
-                self.chat = self.restore(args[0])
+                old, self.chat = self.chat, self.restore(args[0])
+                if old is not self.chat:
+                    old.close()             # its session's lock: another process may open it now
                 self.note(f"continuing session {self.chat.session.id} ({self.chat.session.n_turns} turns)")
+                self._restore_notice()
             elif cmd == "/set":
-                if not args:
+                kv = C.parse_set(args)
+                if kv is None:
                     for k, v in vars(self.chat.settings).items():
                         self.note(f"  {k.replace('_', '-'):15} {v!r}")
-                elif len(args) < 2:
-                    raise ChatError("usage: /set KEY VALUE")
                 else:
-                    st = self.chat.set(args[0], " ".join(args[1:]))
-                    key = args[0].replace("-", "_")
+                    st = self.chat.set(*kv)
+                    key = kv[0].replace("-", "_")
                     key = "system_prompt" if key == "system" else key
-                    self.note(f"{args[0]} = {getattr(st, key, '')!r} (from the next turn)")
+                    self.note(f"{kv[0]} = {getattr(st, key, '')!r} (from the next turn)")
             elif cmd == "/regen":
-                self.turn(lambda on_token: self.chat.regenerate(on_token=on_token))
+                self.turn(lambda on_token, on_reply: self.chat.regenerate(on_token=on_token, on_reply=on_reply))
             elif cmd == "/undo":
                 user = self.chat.undo()
                 self.note(f"took back: {user.content[:60]!r}")
+                self._save_warning(getattr(self.chat, "save_warning", None))
             elif cmd == "/trace":
-                if args not in (["on"], ["off"]):
-                    raise ChatError("usage: /trace on|off")
-                self.chat.trace = args[0] == "on"
+                self.chat.trace = C.parse_trace(args)
                 self.note(f"trace {args[0]}")
             elif cmd == "/info":
                 for k, v in self.chat.status().items():
                     self.note(f"  {k:13} {v}")
-            else:
-                raise ChatError(f"unknown command {cmd} (/help lists them)")
-        except (ChatError, SessionError) as e:
+        except (C.CommandError, ChatError, SessionError) as e:
             self.errors += 1
-            self.note(f"error: {e}")
+            self.note(safe_line(f"error: {e}"))
         return None
+
+
+def _replace_bad_bytes(stream) -> None:
+    """Invalid UTF-8 on stdin becomes U+FFFD instead of an exception that ends the run (a text stream that can)."""
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is not None and (getattr(stream, "encoding", "") or "").lower().replace("-", "") == "utf8":
+        try:
+            reconfigure(errors="replace")
+        except (ValueError, OSError, TypeError):  # a stream that cannot change now: _valid_text still cleans
+            pass
+
+
+def _valid_text(line: str) -> str:
+    """A line without lone surrogates (what surrogateescape makes of invalid bytes): they become U+FFFD."""
+    try:
+        line.encode("utf-8")
+        return line
+    except UnicodeEncodeError:
+        pass
+    try:
+        return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:          # surrogates that are not escaped bytes
+        return line.encode("utf-8", "replace").decode("utf-8")

@@ -38,6 +38,7 @@ class TurnReplay:
     timing_ms: list[float] | None          # recorded pace, for playback
     traces: list = field(default_factory=list)
     divergence: Divergence | None = None
+    step: str | None = None                # the int8 step the turn was recorded with (None: not recorded)
 
 
 @dataclass
@@ -45,13 +46,38 @@ class ReplayReport:
     session_id: str
     turns: list[TurnReplay]
 
+    step_here: str | None = None           # the int8 step this machine runs (None: not an int8 replay)
+
+    @property
+    def step_mismatch(self) -> list[TurnReplay]:
+        """Turns that differ and were recorded with another int8 step than this machine runs: the two steps round
+        differently, so their tokens are not expected to match (not a divergence)."""
+        return [t for t in self.turns if t.divergence is not None and t.step and t.step != self.step_here]
+
     @property
     def divergences(self) -> list[Divergence]:
-        return [t.divergence for t in self.turns if t.divergence is not None]
+        other = {id(t) for t in self.step_mismatch}
+        return [t.divergence for t in self.turns if t.divergence is not None and id(t) not in other]
+
+    @property
+    def unknown_step(self) -> bool:
+        """An int8 replay of turns that do not record their step (files from before it was recorded)."""
+        return self.step_here is not None and any(t.step is None for t in self.turns)
+
+    def step_note(self) -> str | None:
+        """One line on the int8 steps, when they explain (or may explain) a difference; None otherwise."""
+        if self.step_mismatch:
+            t = self.step_mismatch[0]
+            return f"turn {t.turn}: recorded with {describe_step(t.step)}; this machine runs " \
+                   f"{describe_step(self.step_here)}, which rounds differently: tokens are not comparable"
+        if self.divergences and self.unknown_step:
+            return f"note: this session does not record which int8 step produced it (unknown); this machine runs " \
+                   f"{describe_step(self.step_here)}"
+        return None
 
     @property
     def ok(self) -> bool:
-        return not self.divergences
+        return not self.divergences and not self.step_mismatch
 
     @property
     def n_tokens(self) -> int:
@@ -64,52 +90,51 @@ def replay(chat: Chat, sess: S.Session, on_turn=None, on_token=None) -> ReplayRe
     if sess.model.get("hash") and sess.model["hash"] != chat.model_hash:
         raise ChatError(f"session {sess.id} was recorded with another model "
                         f"({sess.model.get('name') or sess.model['hash'][:12]})")
+    S.check_vocab(sess, chat.model.cfg.vocab_size)
     msgs = sess.messages
     first = 1 if msgs and msgs[0].role == "system" else 0
-    chat.session.messages = list(msgs[:first])
-    chat._rebuild()
+    chat.start_replay(sess)
     tok = chat.tok
     turns = []
     for n, i in enumerate(range(first, len(msgs) - 1, 2), start=1):
         user, rec = msgs[i], msgs[i + 1]
         if user.role != "user" or rec.role != "assistant":
             raise ChatError(f"session {sess.id}: message {i} breaks the user/assistant alternation")
-        recorded = chat._content(rec)
+        recorded = tok.content_ids(rec.role, rec.token_ids)
         settings = _turn_settings(chat.settings, rec, sess)
         if rec.finish == "cancelled":           # stopped by hand: check the part that was sampled
             settings = dataclasses.replace(settings, max_new=max(1, len(recorded)))
         chat.settings = settings
-        at = len(chat.session.messages)
-        mark_pending = chat._pending
-        mark = chat.cache.mark()
 
         def cb(idx, t, text, tr, ms, _n=n):
             if on_token is not None:
                 on_token(_n, idx, t, text, tr, ms)
 
-        res = chat._turn(S.Message("user", user.content, list(user.token_ids)), cb, True, keep_probs=True,
-                         context_start=(rec.settings or {}).get("context_start"))
-        probs = res.probs
+        res = chat.replay_turn(user, rec, cb)          # the recorded turn then stands in the history and cache
         out = res.token_ids if rec.finish != "cancelled" else res.token_ids[:len(recorded)]
-        div = _first_difference(n, recorded, out, probs, tok)
-        # put the recorded turn in place of the regenerated one
-        del chat.session.messages[at:]
-        if (rec.settings or {}).get("context_start") is None:
-            chat.cache.truncate(mark)
-        chat._marks.pop()
-        chat._pending = mark_pending
-        chat.session.messages.extend([user, rec])
-        chat._play(user, rec, at)
-        tr = TurnReplay(n, out, recorded, rec.timing_ms, res.traces, div)
+        div = _first_difference(n, recorded, out, res.probs, tok)
+        tr = TurnReplay(n, out, recorded, rec.timing_ms, res.traces, div, step=(rec.settings or {}).get("step"))
         turns.append(tr)
         if on_turn is not None:
             on_turn(tr)
-    return ReplayReport(sess.id, turns)
+    return ReplayReport(sess.id, turns, step_here=chat.step_name())
+
+
+def describe_step(step: str | None) -> str:
+    """'native-int8-v1' -> 'the native int8 step v1'; 'torch-int8' -> 'the PyTorch int8 step'."""
+    if not step:
+        return "an unknown int8 step"
+    if step.startswith("native-int8-v"):
+        return f"the native int8 step v{step.rsplit('v', 1)[1]}"
+    if step == "torch-int8":
+        return "the PyTorch int8 step (the fallback: no native kernels)"
+    return f"the int8 step {step!r}"
 
 
 def _turn_settings(base: ChatSettings, rec: S.Message, sess: S.Session) -> ChatSettings:
     known = {f.name for f in dataclasses.fields(ChatSettings)} - {"system_prompt"}
     d = {k: v for k, v in (rec.settings or {}).items() if k in known}
+    d.setdefault("ban_reply", False)      # turns recorded before the reply ban existed were sampled without it
     d["seed"] = rec.seed if rec.seed is not None else d.get("seed")
     if d.get("seed") is None:
         raise ChatError(f"session {sess.id}: a turn has no recorded seed, it cannot be replayed")

@@ -93,8 +93,11 @@ class TurnHook:
 
     def __init__(self, table: dict, temperature: float, top_p: float, pen: float, pen_ids: list[int], stop: int,
                  trace: bool = False, on_token=None, cancel: threading.Event | None = None, guard: bool = True,
-                 keep_probs: bool = False):
+                 keep_probs: bool = False, reply: bool = False):
         self.table, self.k = table, BAN_N - 1
+        self.reply = reply                # the ban also covers the n-grams of the reply being sampled
+        self._reply_table: dict = {}      # ... indexed up to _reply_upto tokens of it
+        self._reply_upto = 0
         self.temperature, self.top_p, self.pen = temperature, top_p, pen
         self.pen_ids = pen_ids
         self.stop, self.trace, self.on_token, self.cancel, self.guard = stop, trace, on_token, cancel, guard
@@ -173,10 +176,25 @@ class TurnHook:
         return result
 
     def _banned(self, out):
-        if len(out) < self.k or not self.table:
+        if len(out) < self.k or not (self.table or self.reply):
             return [], None
         ctx = tuple(out[-self.k:])
-        return list(self.table.get(ctx, ())), ctx
+        banned = list(self.table.get(ctx, ()))
+        if self.reply:
+            seen = set(banned)
+            banned += [t for t in self._reply_ngrams(out).get(ctx, ()) if t not in seen]
+        return banned, ctx
+
+    def _reply_ngrams(self, out) -> dict:
+        """{context: [next ids]} of the n-grams in out (the reply so far), kept up to date as it grows (rebuilt when
+        out is another, shorter list: the device loop's traces replay the draws from the start)."""
+        if len(out) < self._reply_upto:
+            self._reply_table, self._reply_upto = {}, 0
+        start = max(self._reply_upto - self.k, 0)
+        if len(out) > self._reply_upto:
+            ngram_table([out[start:]], BAN_N, self._reply_table)
+            self._reply_upto = len(out)
+        return self._reply_table
 
     def _penalty_mask(self, V, device):
         if self._pen_mask is None:

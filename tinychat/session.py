@@ -13,14 +13,19 @@ A session records everything needed to continue or replay a chat to the token:
 - timestamps.
 
 Guarantees: writes are atomic (temp file in the same folder, fsync, `os.replace`), so a crash or kill leaves
-either the old or the new file, never a torn one. Reading validates every field; anything wrong raises
-`SessionError` with a one-line message naming the file, and one bad file never stops `list_sessions`.
+either the old or the new file, never a torn one. Every save holds the session's lock (session_lock.py: a chat
+holds it while the session is open, so a second process is refused) and checks that the file on disk is still the
+one this copy was read from or last wrote (`revision` + `updated`), so an older copy never overwrites a newer
+session. Reading validates every field, the settings by type and range and the order of messages
+(session_check.py); anything wrong raises `SessionError` with a one-line message naming the file, and one bad file
+never stops `list_sessions`. Only regular files are read, at most MAX_FILE_BYTES.
 
 No torch at import: safetensors/torch are imported only inside the snapshot functions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -28,6 +33,7 @@ import math
 import os
 import re
 import secrets
+import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,8 +41,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tinychat import paths
+from tinychat import paths, session_lock
 from tinychat.fsutil import atomic_write
+from tinychat.session_check import order_problem, sampler_problem, seed_ok, vocab_problem
+from tinychat.textsafe import safe_line, strip_controls
 
 SCHEMA = "tinychat.session"
 VERSION = 1
@@ -50,11 +58,36 @@ UNTITLED = "New chat"
 # sessions folder or collide with a snapshot's or temp file's name.
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 _MAX_TOKEN_ID = 2**31 - 1  # ids must fit the int32/int64 tensors the runtime builds from them
-_MAX_SEED = 2**64 - 1  # torch.manual_seed's range
+MAX_FILE_BYTES = 256 << 20  # a session file larger than this is refused unread (a 50,000-turn chat is ~30 MB)
+# Fields added after version 1 shipped: optional on read (a file written before them still loads), always written.
+OPTIONAL_FIELDS = {"revision": 0, "kv_sha256": ""}
 
 
 class SessionError(ValueError):
     """A session file that cannot be used. `str(e)` is one line: '<file>: <what is wrong>'."""
+
+
+class SessionConflict(SessionError):
+    """The file on disk changed since this copy was read (another copy was saved over it): not overwritten."""
+
+
+class SessionLocked(SessionError):
+    """Another process has the session open (holds its lock)."""
+
+    def __init__(self, message: str, session_id: str = "", pid: int | None = None):
+        super().__init__(message)
+        self.session_id, self.pid = session_id, pid
+
+
+def _lock(folder: Path, session_id: str) -> session_lock.SessionLock:
+    try:
+        return session_lock.acquire(folder, session_id)
+    except session_lock.LockHeld as e:
+        raise SessionLocked(str(e), e.session_id, e.pid) from None
+
+
+class SnapshotError(SessionError):
+    """The session was saved but its KV snapshot was not (a full disk, a folder in its place)."""
 
 
 @dataclass
@@ -85,6 +118,8 @@ class Session:
     device: str = "cpu"  # device kind, e.g. "cpu", "cuda"
     settings: dict[str, Any] = field(default_factory=dict)  # session-wide sampler defaults
     messages: list[Message] = field(default_factory=list)
+    revision: int = 0  # +1 per save: what the overwrite check compares
+    kv_sha256: str = ""  # tensors_sha256 of the KV snapshot saved with this revision ("" = none)
 
     @classmethod
     def new(cls, **kwargs: Any) -> Session:
@@ -134,7 +169,7 @@ def new_id(now: float | None = None) -> str:
 def default_title(text: str, limit: int = 48) -> str:
     """A title from a user message: its first non-blank line, whitespace collapsed, cut at a word boundary."""
     line = next((ln for ln in text.splitlines() if ln.strip()), "")
-    line = " ".join(line.split())
+    line = " ".join(strip_controls(line).split())
     if len(line) <= limit:
         return line
     cut = line[: limit - 1]
@@ -162,16 +197,25 @@ def snapshot_path(session_id: str, dir: str | Path | None = None) -> Path:
     return _dir(dir) / f"{_check_id(session_id)}{SNAPSHOT_SUFFIX}"
 
 
+_C1 = re.compile("[\x7f-\x9f]")
+
+
 def _dumps(obj: Any, depth: int = 0) -> str:
-    """JSON, indented for people, but with number lists (token ids, timings) kept on one line."""
+    """JSON, indented for people, but with number lists (token ids, timings) kept on one line. DEL and the C1
+    controls are written as \\u escapes (json leaves them raw; a terminal showing the file could act on them)."""
+    return _C1.sub(lambda m: f"\\u{ord(m.group()):04x}", _dumps_raw(obj, depth))
+
+
+def _dumps_raw(obj: Any, depth: int = 0) -> str:
     flat = isinstance(obj, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in obj)
     if flat or not isinstance(obj, (dict, list)) or not obj:
         return json.dumps(obj, ensure_ascii=False, allow_nan=False)
     pad, end = "  " * (depth + 1), "  " * depth
     if isinstance(obj, dict):
-        items = [f"{pad}{json.dumps(str(k), ensure_ascii=False)}: {_dumps(v, depth + 1)}" for k, v in obj.items()]
+        items = [f"{pad}{json.dumps(str(k), ensure_ascii=False)}: {_dumps_raw(v, depth + 1)}"
+                 for k, v in obj.items()]
         return "{\n" + ",\n".join(items) + "\n" + end + "}"
-    return "[\n" + ",\n".join(pad + _dumps(v, depth + 1) for v in obj) + "\n" + end + "]"
+    return "[\n" + ",\n".join(pad + _dumps_raw(v, depth + 1) for v in obj) + "\n" + end + "]"
 
 
 def _serialize(session: Session, where: str, **overrides: Any) -> str:
@@ -187,14 +231,21 @@ def _serialize(session: Session, where: str, **overrides: Any) -> str:
 # -- save / load ----------------------------------------------------------------------------------------------
 
 
+# What this process last read or wrote, per file: (inode, mtime_ns, size) -> (revision, updated), so a save that
+# finds the file as it left it need not parse it again.
+_seen: dict[str, tuple] = {}
+
+
 def save(session: Session, dir: str | Path | None = None, *, touch: bool = True) -> Path:
     """Write `session` atomically to `<dir>/<id>.json` and return the path.
 
-    `touch` sets `updated` to now (autosave after a turn); an empty title is filled from the first user message.
-    The session object is only changed once the write has succeeded.
+    `touch` sets `updated` to now (autosave after a turn); an empty title is filled from the first user message;
+    `revision` goes up by one. The session object is only changed once the write has succeeded.
+    Holds the session's lock while it checks and writes: SessionLocked when another process has the session open,
+    SessionConflict when the file on disk is not the one this copy was read from or last wrote.
     """
     target = session_path(session.id, dir)
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, Any] = {"revision": session.revision + 1}
     if touch:
         overrides["updated"] = max(time.time(), session.created)
     if not session.title:
@@ -202,10 +253,73 @@ def save(session: Session, dir: str | Path | None = None, *, touch: bool = True)
         if default_title(first_user):
             overrides["title"] = default_title(first_user)
     payload = _serialize(session, str(target), **overrides).encode("utf-8")
-    atomic_write(target, lambda tmp: tmp.write_bytes(payload))
-    for key, value in overrides.items():
-        setattr(session, key, value)
+    with _lock(target.parent, session.id):
+        session_lock.clean_stale_temps(target.parent)
+        _check_current(session, target)
+        atomic_write(target, lambda tmp: tmp.write_bytes(payload))
+        for key, value in overrides.items():
+            setattr(session, key, value)
+        _remember(session, target)
     return target
+
+
+def _remember(session: Session, path: Path) -> None:
+    """Note the file `session` now matches (after a load or a save)."""
+    session._disk = (session.revision, session.updated)  # type: ignore[attr-defined]  (not a field: not written)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    _seen[str(Path(path).absolute())] = (st.st_ino, st.st_mtime_ns, st.st_size, session.revision, session.updated)
+
+
+def _check_current(session: Session, target: Path) -> None:
+    base = getattr(session, "_disk", None)
+    if base is None:  # never read nor written here: a new session (ids are random, so the file is its own)
+        return
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:  # deleted meanwhile (the sessions screen): saving brings it back
+        return
+    except OSError as e:
+        raise SessionError(f"{target}: cannot check the saved session ({e.strerror or _one_line(e)})") from None
+    seen = _seen.get(str(Path(target).absolute()))
+    if seen is not None and seen[:3] == (st.st_ino, st.st_mtime_ns, st.st_size):
+        disk = seen[3:]
+    else:
+        try:
+            d = _read_json(target)
+        except SessionError:  # a damaged file: nothing in it to lose
+            return
+        if not isinstance(d, dict):
+            return
+        disk = (d.get("revision", 0), d.get("updated"))
+    if disk != base:
+        raise SessionConflict(f"{target}: the saved session changed after this copy of it was read "
+                              f"(revision {disk[0]} on disk, {base[0]} here); not overwriting it")
+
+
+def check_current(session: Session, dir: str | Path | None = None) -> None:
+    """Raise SessionConflict now if saving `session` would be refused (a chat checks this when it opens a copy)."""
+    target = session_path(session.id, dir)
+    with _lock(target.parent, session.id):
+        _check_current(session, target)
+
+
+def adopt_revision(session: Session, dir: str | Path | None = None) -> None:
+    """After this process changed the file behind an open session's back (the app renaming the chat it has open):
+    take the file's revision, so the chat's next save is not refused. A file that cannot be read is left alone."""
+    try:
+        on_disk = load(session.id, dir)
+    except SessionError:
+        return
+    session.revision = on_disk.revision
+    session._disk = on_disk._disk  # type: ignore[attr-defined]
+
+
+def lock(session_id: str, dir: str | Path | None = None) -> session_lock.SessionLock:
+    """Hold a session's lock (a chat, while it has the session open). SessionLocked when another process has it."""
+    return _lock(session_path(session_id, dir).parent, session_id)
 
 
 def _resolve(id_or_path: str | Path, dir: str | Path | None) -> tuple[Path, str | None]:
@@ -221,12 +335,34 @@ def load(id_or_path: str | Path, dir: str | Path | None = None) -> Session:
     session = _from_dict(_read_json(path), str(path))
     if expect_id is not None and session.id != expect_id:
         raise SessionError(f"{path}: holds session id {session.id!r}, not the one its file name says")
+    session.source = str(path)  # type: ignore[attr-defined]  (for errors that name the file; not written)
+    _remember(session, path)
     return session
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes: regular files only (not /dev/zero, a FIFO or a folder), at most MAX_FILE_BYTES."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise SessionError(f"{path}: {kind}, not a session file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise SessionError(f"{path}: too large for a session file ({st.st_size >> 20} MiB; "
+                               f"the limit is {MAX_FILE_BYTES >> 20} MiB)")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            raise SessionError(f"{path}: too large for a session file (the limit is {MAX_FILE_BYTES >> 20} MiB)")
+        return raw
+    finally:
+        os.close(fd)
 
 
 def _read_json(path: Path) -> Any:
     try:
-        raw = path.read_bytes()
+        raw = _read_bytes(path)
     except FileNotFoundError:
         raise SessionError(f"{path}: no such session file") from None
     except OSError as e:
@@ -308,6 +444,12 @@ class _Fields:
             raise self.fail(key, f"must be {expected}{' or null' if nullable else ''}, got {_show(value)}")
         return value
 
+    def optional(self, key: str, ok: Callable[[Any], bool], expected: str) -> Any:
+        """A field added after version 1 shipped: its default when absent."""
+        if key not in self.data:
+            return OPTIONAL_FIELDS[key]
+        return self.get(key, ok, expected)
+
     def int_list(self, key: str, ok: Callable[[Any], bool], expected: str, *, nullable: bool = False) -> list | None:
         values = self.get(key, lambda v: isinstance(v, list), "an array", nullable=nullable)
         if values is not None and not all(map(ok, values)):
@@ -346,12 +488,18 @@ def _from_dict(d: Any, where: str) -> Session:
         quant=f.get("quant", _is_str, "a string"),
         device=f.get("device", _is_str, "a string"),
         settings=f.get("settings", _is_obj, "an object"),
+        revision=f.optional("revision", lambda v: _is_int(v) and v >= 0, "a non-negative integer"),
+        kv_sha256=f.optional("kv_sha256", _is_str, "a string"),
     )
+    if problem := sampler_problem(session.settings, "settings."):
+        raise SessionError(f"{where}: {problem}")
     messages = f.get("messages", lambda v: isinstance(v, list), "an array")
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise f.fail(f"messages[{i}]", f"must be an object, got {_show(m)}")
         session.messages.append(_message_from_dict(_Fields(m, where, f"messages[{i}].")))
+    if problem := order_problem(session.messages):
+        raise SessionError(f"{where}: {problem}")
     return session
 
 
@@ -363,7 +511,7 @@ def _message_from_dict(f: _Fields) -> Message:
         token_ids=f.int_list("token_ids", lambda v: _is_int(v) and 0 <= v <= _MAX_TOKEN_ID, "a token id (0..2^31-1)"),
         created=f.get("created", _is_time, "a non-negative number (unix time)"),
         settings=f.get("settings", _is_obj, "an object", nullable=True),
-        seed=f.get("seed", lambda v: _is_int(v) and 0 <= v <= _MAX_SEED, "an integer in 0..2^64-1", nullable=True),
+        seed=f.get("seed", seed_ok, "an integer in 0..2^63-1", nullable=True),
         finish=f.get("finish", lambda v: v in FINISH_REASONS, "one of " + "/".join(FINISH_REASONS), nullable=True),
         timing_ms=f.int_list("timing_ms", _is_time, "a non-negative number", nullable=True),
     )
@@ -393,25 +541,31 @@ def list_sessions(dir: str | Path | None = None, errors: list[SessionError] | No
             if errors is not None:
                 errors.append(e)
             continue
-        infos.append(SessionInfo(id=s.id, path=path, title=s.title or UNTITLED, updated=s.updated, n_turns=s.n_turns))
+        infos.append(SessionInfo(id=s.id, path=path, title=safe_line(s.title) or UNTITLED, updated=s.updated,
+                                 n_turns=s.n_turns))
     infos.sort(key=lambda info: (info.updated, info.id), reverse=True)
     return infos
 
 
 def delete(session_id: str, dir: str | Path | None = None) -> bool:
     """Remove a session and its KV snapshot (snapshot first: a session without one is still whole).
-    True when the session file existed."""
-    snapshot_path(session_id, dir).unlink(missing_ok=True)
-    try:
-        session_path(session_id, dir).unlink()
-    except FileNotFoundError:
+    True when the session file existed. SessionLocked when another process has it open."""
+    target = session_path(session_id, dir)
+    if not target.parent.is_dir():
         return False
+    with _lock(target.parent, session_id):
+        snapshot_path(session_id, dir).unlink(missing_ok=True)
+        try:
+            target.unlink()
+        except FileNotFoundError:
+            return False
     return True
 
 
 def rename(session_id: str, title: str, dir: str | Path | None = None) -> Session:
-    """Set a session's title (does not count as an update: the list order stays)."""
-    title = " ".join(title.split())
+    """Set a session's title (does not count as an update: the list order stays). Control characters (escape
+    sequences) are dropped from it."""
+    title = " ".join(strip_controls(title).split())
     if not title:
         raise SessionError(f"{session_path(session_id, dir)}: a title cannot be empty")
     session = load(session_id, dir)
@@ -501,8 +655,35 @@ def save_snapshot(
     if any(k.startswith("tinychat.") for k in meta):
         raise ValueError("snapshot metadata keys starting with 'tinychat.' are reserved")
     full_meta = {**meta, _META_FORMAT: SNAPSHOT_FORMAT, _META_SESSION: session_id}
-    atomic_write(target, lambda tmp: save_file(dict(tensors), str(tmp), metadata=full_meta))
+    try:
+        atomic_write(target, lambda tmp: save_file(dict(tensors), str(tmp), metadata=full_meta))
+    except Exception as e:  # noqa: BLE001  OSError, or safetensors' own error ("I/O error") on a full disk
+        with contextlib.suppress(OSError):  # an older snapshot no longer matches the session: never load it
+            if target.is_file():
+                target.unlink()
+        detail = getattr(e, "strerror", None) or _one_line(e)[:160]
+        raise SnapshotError(f"{target}: cannot write the KV snapshot ({detail})") from None
     return target
+
+
+def tensors_sha256(tensors: Mapping[str, Any]) -> str:
+    """sha256 over a snapshot's tensors (names, dtypes, shapes and bytes, in name order): what a session records
+    of its snapshot, so a snapshot damaged on disk (the header intact, the numbers not) is never used."""
+    import torch
+
+    h = hashlib.sha256(b"tinychat.kv-tensors/1\0")
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def check_vocab(session: Session, vocab_size: int) -> None:
+    """SessionError naming the file, message and position of the first token id outside `vocab_size`."""
+    if problem := vocab_problem(session.messages, vocab_size):
+        raise SessionError(f"{getattr(session, 'source', None) or f'session {session.id}'}: {problem}")
 
 
 def load_snapshot(

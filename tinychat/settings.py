@@ -20,6 +20,7 @@ class ChatSettings:
     penalty_window: int = 64        # over the last this-many content tokens of the conversation
     ban: bool = True                # phrase ban: 3-grams the assistant already said in earlier turns
     no_parrot: bool = True          # ... and the 3-grams of the user's current message
+    ban_reply: bool = True          # ... and the 3-grams this reply already said (no loops within a reply)
     max_new: int = 256
     seed: int | None = None         # None: a fresh random seed per turn (recorded)
 

@@ -151,7 +151,7 @@ class Tokenizer:
             raise TokenizerError(f"{source}: tokenizer file is not valid JSON ({_one_line(e)})") from None
         try:
             hf = HFTokenizer.from_str(text)
-        except Exception as e:  # the Rust side raises plain Exception for schema errors
+        except Exception as e:  # noqa: BLE001  the Rust side raises plain Exception for schema errors
             raise TokenizerError(f"{source}: not a Hugging Face tokenizer.json ({_one_line(e)[:200]})") from None
         return cls(hf, source=source, chat=chat)
 
@@ -251,6 +251,11 @@ class Tokenizer:
     def generation_prompt_ids(self) -> list[int]:
         """`<|im_start|>assistant\\n`: what the model continues from."""
         return self.header_ids("assistant")
+
+    def content_ids(self, role: str, token_ids: Sequence[int]) -> list[int]:
+        """A recorded message's content ids: its token_ids without the ChatML frame (`<|im_start|>{role}\\n` before,
+        `<|im_end|>\\n` after). For a reply: the sampled tokens, the stop token excluded."""
+        return list(token_ids[len(self.header_ids(role)):len(token_ids) - len(self.end_ids())])
 
     def format_messages(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> list[int]:
         """[{"role", "content"}, ...] -> ChatML ids, ending in the generation prompt when asked."""

@@ -23,8 +23,8 @@ async def test_send_streams_tokens_in_batches_and_matches_headless(factory, chat
         # Textual calls this, then TinyChatApp's own handler (handlers run for every class of the MRO)
         def on_tokens_ready(self, msg: TokensReady):
             batches.append([it.token for it in msg.items])
-            if self._current is not None:
-                texts.append(self._current.query_one("Markdown").source)     # as of the previous batch
+            if self.state.current is not None:
+                texts.append(self.state.current.query_one("Markdown").source)     # as of the previous batch
     app = Spy(FactoryBackend(f), blink=False)
     app.pace.fixed = 0.0                          # one update per token: the stream is observable
     async with app.run_test(size=SIZE) as pilot:
@@ -55,7 +55,8 @@ async def test_escape_stops_generation_mid_turn_and_chat_goes_on(factory):
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await start(pilot, "hello")
-        await wait_for(pilot, lambda: app._current is not None and len(app._current.tokens) >= 3, what="tokens")
+        await wait_for(pilot, lambda: app.state.current is not None and len(app.state.current.tokens) >= 3,
+                       what="tokens")
         await pilot.press("escape")
         await idle(pilot)
         last = app.chat.session.messages[-1]
@@ -78,7 +79,8 @@ async def test_cursor_stops_blinking_while_a_reply_streams(factory):
         await ready(pilot)
         assert app.prompt.cursor_blink
         await start(pilot, "hello")
-        await wait_for(pilot, lambda: app._current is not None and len(app._current.tokens) >= 3, what="tokens")
+        await wait_for(pilot, lambda: app.state.current is not None and len(app.state.current.tokens) >= 3,
+                       what="tokens")
         assert not app.prompt.cursor_blink
         await pilot.press("escape")
         await idle(pilot)
@@ -169,7 +171,7 @@ async def test_slash_set_while_decoding_applies_to_the_next_turn(factory):
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await start(pilot, "hello")
-        await wait_for(pilot, lambda: app._current is not None and app._current.tokens, what="tokens")
+        await wait_for(pilot, lambda: app.state.current is not None and app.state.current.tokens, what="tokens")
         await start(pilot, "/set max-new 3")
         assert app.busy == "send" and app.chat.settings.max_new == 200      # queued, not applied mid-turn
         await pilot.press("escape")
@@ -345,3 +347,26 @@ async def test_startup_objects_leave_the_cyclic_gc_while_the_app_runs(factory):
         await say(pilot, "hello")
         assert gc.get_freeze_count() > 1000
     assert gc.get_freeze_count() == 0
+
+
+def test_stream_markdown_replaces_textuals_paragraph_block():
+    """StreamParagraph (layout only when a paragraph's height changes) is plugged in through Markdown.BLOCKS; if
+    Textual renames or moves its paragraph block this fails instead of silently re-laying out on every update."""
+    from textual.widgets import Markdown
+    from textual.widgets.markdown import MarkdownBlock
+
+    from tinychat.tui.widgets.chat_view import StreamMarkdown, StreamParagraph
+    assert "paragraph_open" in Markdown.BLOCKS
+    assert StreamMarkdown.BLOCKS["paragraph_open"] is StreamParagraph
+    assert issubclass(StreamParagraph, Markdown.BLOCKS["paragraph_open"]) and issubclass(StreamParagraph, MarkdownBlock)
+
+
+def test_live_figures_and_busy_states():
+    from tinychat.tui.state import Busy, ChatState, LiveFigures
+    live = LiveFigures()
+    assert live.tok_s is None
+    for ms in (30.0, 10.0, 10.0, 20.0):            # the first token's time is the TTFT, not a step
+        live.add(ms)
+    assert (live.n, live.ttft, live.ms) == (4, 30.0, 40.0) and live.tok_s == 75.0
+    assert ChatState().busy is Busy.LOAD and Busy.SEND == "send" and Busy("regen") is Busy.REGEN
+    assert {b for b in Busy if b.decoding} == {Busy.SEND, Busy.REGEN, Busy.REPLAY}

@@ -75,13 +75,15 @@ def test_sessions_show_export_rename_rm(model_dir, tmp_path):
 
 
 def test_replay_check_exit_codes(model_dir, capsys):
-    _run(["--model", model_dir, "--plain", "--max-new", "10"], input="hello there\nwhy the cat?\n")
+    # a fixed seed: the tampered position below must be one of the reply's content tokens, not its end frame
+    _run(["--model", model_dir, "--plain", "--max-new", "10", "--seed", "3"], input="hello there\nwhy the cat?\n")
     (info,) = _sessions()
     r = _run(["replay", info["id"], "--check", "--model", model_dir])
     assert r.exit_code == 0 and "token-exact" in r.stdout
     data = json.loads(open(info["path"]).read())
     reply = data["messages"][-1]["token_ids"]
     head = len(tokenizer().generation_prompt_ids())
+    assert len(reply) - head - len(tokenizer().end_ids()) > 2
     reply[head + 2] = (reply[head + 2] + 7) % tokenizer().vocab_size
     open(info["path"], "w").write(json.dumps(data))
     r = _run(["replay", info["path"], "--check", "--model", model_dir])
@@ -153,3 +155,32 @@ def test_bad_flags_are_one_line_errors(model_dir, capsys):
                       (["--session", "nope", "--model", model_dir, "--plain"], "no such session")]:
         code, err = _cli_main(args, capsys)
         assert code == 2 and msg in err and err.count("\n") == 1, (args, err)
+
+
+def test_session_given_as_a_bare_json_file_name_continues_that_file(model_dir, tmp_path, monkeypatch):
+    # "mychat.json" has no "/": it is still a path (session.load's rule), not an id to look up in the sessions folder
+    _run(["--model", model_dir, "--plain", "--max-new", "6", "--seed", "1"], input="hello there\n")
+    (info,) = _sessions()
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    (work / "mychat.json").write_bytes(open(info["path"], "rb").read())
+    assert _run(["sessions", "rm", info["id"]]).exit_code == 0       # only the file named on the command line
+    monkeypatch.chdir(work)
+    r = _run(["--model", model_dir, "--plain", "--json", "--max-new", "4", "--session", "mychat.json"],
+             input="and then?\n")
+    assert r.exit_code == 0, r.output
+    assert len(r.stdout.splitlines()) == 1
+    (after,) = _sessions()
+    assert after["id"] == info["id"] and after["n_turns"] == 2
+
+
+def test_a_library_load_error_is_a_one_line_exit_2(model_dir, tmp_path, capsys):
+    from tinychat.loading import LoadError, load_runtime
+    bare = tmp_path / "no-tokenizer"
+    bare.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        (bare / f).write_bytes((model_dir / f).read_bytes())
+    with pytest.raises(LoadError, match="no tokenizer.json"):
+        load_runtime(bare)
+    code, err = _cli_main(["--model", bare, "--plain"], capsys)
+    assert code == 2 and "no tokenizer.json" in err and err.count("\n") == 1, err

@@ -13,7 +13,7 @@ ASSETS = ROOT / "assets"
 
 
 def test_default_model_is_found_and_is_the_demo_size():
-    from tinychat.cli import default_model_path
+    from tinychat.loading import default_model_path
     p = default_model_path()
     assert p is not None and p.resolve() == ASSETS.resolve()
     cfg = json.loads((p / "config.json").read_text())
@@ -29,7 +29,7 @@ def test_default_model_is_found_and_is_the_demo_size():
 def test_default_model_chats_and_ends_its_replies(tmp_path):
     """Greedy replies to two everyday messages: English words, ended by <|im_end|> well before the cap."""
     from tinychat.chat import Chat, ChatSettings
-    from tinychat.cli import load_runtime
+    from tinychat.loading import load_runtime
     m, tok, name, ident = load_runtime(None)
     assert name == "default"
     chat = Chat(m, tok, ChatSettings(temperature=0.0, max_new=192), autosave=False, quant="int8")

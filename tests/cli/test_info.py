@@ -13,6 +13,8 @@ def test_info_reports_kv_bytes_next_to_standard_gqa():
     facts = json.loads(r.output)
     assert facts["kv_bytes_per_token"] * 2 == facts["gqa_kv_bytes_per_token"]      # tiny: kv_group 2
     assert facts["params"] > facts["linear_params"] > 0
+    from tinychat.engine import native
+    assert facts["int8_kernels"].split()[0] == native.kernel_path()   # e.g. avx512-vnni; pytorch (why) when off
 
 
 def test_info_bad_config_is_one_line_exit_2():

@@ -1,4 +1,4 @@
-"""Decode A/B on one quantized model and cache: the lean step with the native kernels (quant.NATIVE=True) vs the
+"""Decode A/B on one quantized model and cache: the lean step with the native kernels (EngineOptions(native=True)) vs the
 PyTorch ops only (False), and optionally _decode_one; rounds interleaved, medians of tok/s over rounds.
 
     python tests/perf/ab_decode.py [--config full] [--quant int8] [--ctx 100] [--steps 32] [--rounds 7] [--threads 1]
@@ -11,8 +11,7 @@ import time
 
 import torch
 
-from tinychat.engine import Decoder, KVCache, append, quantize_cpu
-from tinychat.engine import quant as Q
+from tinychat.engine import Decoder, EngineOptions, KVCache, append, quantize_cpu
 from tinychat.model import TinyAgentLM, config_for
 
 
@@ -30,14 +29,14 @@ def main():
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     m = quantize_cpu(TinyAgentLM(config_for(a.config)).eval(), a.quant)
-    fs = m._cpu_fast
-    print(f"native kernels: {'on' if fs.nat is not None else 'off'}")
     cache = KVCache(m, 1, a.ctx + a.steps + 8, "cpu", dtype=torch.float32)
-    dec = Decoder(m, cache, graph=False)
+    decs = {nat: Decoder(m, cache, graph=False, options=EngineOptions(native=nat)) for nat in (False, True)}
+    have_native = decs[True].cpu_step.nat is not None
+    print(f"native kernels: {'on' if have_native else 'off'}")
     append(m, cache, torch.randint(0, m.cfg.vocab_size, (1, a.ctx)), [a.ctx])
     mark = cache.mark()
     variants = {"torch ops": (False, True)}
-    if fs.nat is not None:
+    if have_native:
         variants["native"] = (True, True)
     if a.eager:
         variants["_decode_one"] = (False, False)
@@ -46,7 +45,8 @@ def main():
     toks = torch.randint(0, m.cfg.vocab_size, (a.steps,)).tolist()
     for r in range(a.rounds + 1):
         for k, (nat, fast) in variants.items():
-            Q.NATIVE, dec.fast = nat, fast
+            dec = decs[nat]
+            dec.fast = fast
             cache.truncate(mark)
             t = time.perf_counter()
             for tok in toks:
@@ -55,7 +55,6 @@ def main():
             logits[k] = out
             if r:
                 res[k].append(a.steps / dt)
-    Q.NATIVE = True
     base = statistics.median(res["torch ops"])
     ref = logits["torch ops"]
     for k, v in res.items():

@@ -1,4 +1,4 @@
-"""Prefill A/B: quant Linears through fp32 GEMMs (PREFILL_BF16=False) vs bf16 GEMMs (True), interleaved repeat by
+"""Prefill A/B: quant Linears through fp32 GEMMs (EngineOptions.prefill_bf16 False) vs bf16 GEMMs (True), interleaved repeat by
 repeat on one model and cache; medians of tok/s.
 
     python tests/perf/ab_prefill.py [--config full] [--quant int8] [--lens 200 1000] [--threads 1]
@@ -12,7 +12,6 @@ import time
 import torch
 
 from tinychat.engine import KVCache, append, quantize_cpu
-from tinychat.engine import quant as Q
 from tinychat.model import TinyAgentLM, config_for
 
 
@@ -35,7 +34,9 @@ def main():
         outs = {}
         for r in range(a.repeats + 1):
             for flag in (False, True):
-                Q.PREFILL_BF16 = flag
+                for mod in m.modules():           # the quant Linears' EngineOptions.prefill_bf16, per layer
+                    if hasattr(mod, "prefill_bf16"):
+                        mod.prefill_bf16 = flag
                 cache.reset([0])
                 t = time.perf_counter()
                 outs[flag] = append(m, cache, idx, [n])

@@ -5,7 +5,7 @@ speed next to the headless chat runtime's for the same model and settings.
                                 [--latency-new 400]
 
 - The model: random weights of the named size with the test tokenizer (tests/support.py), saved to a temp folder.
-- Speed: each round runs one headless turn (cli.load_runtime + cli._open_chat, the app's own construction, a fresh
+- Speed: each round runs one headless turn (loading.load_runtime + loading.open_chat, the app's own construction, a fresh
   session, greedy, the same prompt) with trace off and with trace on (the app traces while its inspector is shown:
   compare with `headless_trace_tok_s`; with --no-inspector, with `headless_tok_s`), then one turn in the app
   (Ctrl+N first: the same fresh context). Rounds interleave, so drift in machine load hits
@@ -135,7 +135,7 @@ def main() -> None:
     os.environ["TINYCHAT_HOME"] = str(tmp / "headless-home")
 
     from tinychat.chat import ChatSettings
-    from tinychat.cli import _open_chat, load_runtime
+    from tinychat.loading import load_runtime, open_chat
     rt = load_runtime(model_dir)
     settings = ChatSettings(temperature=0.0, max_new=a.max_new)
 
@@ -144,7 +144,7 @@ def main() -> None:
     steps: dict[str, list[float]] = {"headless": [], "headless_trace": [], "app": []}      # median step, ms
 
     def headless(trace: bool) -> float:
-        chat = _open_chat(*rt, a.quant, "cpu", settings, {}, None)
+        chat = open_chat(rt, a.quant, "cpu", settings, {}, None)
         chat.send(PROMPT, trace=trace)
         counts["headless"].append(len(chat.session.messages[-1].timing_ms))
         timing = chat.session.messages[-1].timing_ms

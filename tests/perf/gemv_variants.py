@@ -46,7 +46,6 @@ def variants(N, K):
         print("  (no mkldnn packed bf16:", type(e).__name__, str(e)[:80], ")")
     try:
         qt = q.t()
-        sxq = torch.ones(1)
         xq = torch.randint(-127, 127, (1, K), dtype=torch.int8)
         torch._int_mm(xq, qt)
         out["_int_mm s8s8 (M=1)"] = (lambda: torch._int_mm(xq, qt), N * K)

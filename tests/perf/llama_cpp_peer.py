@@ -117,15 +117,20 @@ def _measure(args):
         llm.eval(p)
         return n / (time.perf_counter() - t)
 
+    def last_logits():
+        # the last evaluated token's logits straight from the context: llama-cpp-python 0.3.x no longer copies
+        # them into llm.scores unless logits_all (which holds n_batch rows only otherwise)
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))
+
     def decode():
         p = toks(args.prompt_len)
         llm.reset()
         llm.eval(p)
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = int(np.argmax(last_logits()))
         t = time.perf_counter()
         for _ in range(args.gen_len):
             llm.eval([tok])
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            tok = int(np.argmax(last_logits()))
         return args.gen_len / (time.perf_counter() - t)
 
     for n in args.prefill:                      # warm-up
@@ -155,7 +160,7 @@ def main(argv=None):
     ap.add_argument("--prompt-len", type=int, default=100)
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--prefill", type=int, nargs="+", default=[200, 1000])
+    ap.add_argument("--prefill", type=int, nargs="*", default=[200, 1000])
     ap.add_argument("--extra-bufts", choices=["auto", "on", "off"], default="auto",
                     help="ggml's extra CPU buffer types (AMX / repacked kernels); auto: off where the CPU lists AMX")
     args = ap.parse_args(argv)

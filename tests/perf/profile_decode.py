@@ -1,4 +1,4 @@
-"""Where a batch-1 decode step of the lean CPU path (_decode_fast) spends its time: ops per token, ms per token,
+"""Where a batch-1 decode step of the lean CPU path (engine/cpu_step.py) spends its time: ops per token, ms per token,
 and the split between the int8/bf16 GEMVs, attention and everything else (dispatch-bound small ops).
 
     python tests/perf/profile_decode.py [--config full] [--quant int8] [--ctx 100] [--steps 64]
@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from tinychat.engine import Decoder, KVCache, append, quantize_cpu
+from tinychat.engine import Decoder, EngineOptions, KVCache, append, quantize_cpu
 from tinychat.model import TinyAgentLM, config_for
 
 GEMV = {"aten::_weight_int8pack_mm", "native", "aten::linear", "aten::mm", "aten::addmm", "aten::matmul"}
@@ -26,17 +26,18 @@ def main():
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--rows", type=int, default=25, help="top ops to list")
-    ap.add_argument("--no-native", action="store_true", help="the PyTorch-ops step (quant.NATIVE = False)")
+    ap.add_argument("--no-native", action="store_true", help="the PyTorch-ops step (EngineOptions(native=False))")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     m = TinyAgentLM(config_for(a.config)).eval()
-    from tinychat.engine import quant as Q
-    Q.NATIVE = not a.no_native
     quantize_cpu(m, a.quant)
-    if m._cpu_fast.nat is not None:          # time the native calls as one profiler row
-        lib = m._cpu_fast.nat.lib
+    cache = KVCache(m, 1, a.ctx + 3 * a.steps + 8, "cpu", dtype=torch.float32)
+    dec = Decoder(m, cache, graph=False, options=EngineOptions(native=not a.no_native))
+    nat = dec.cpu_step.nat if dec.cpu_step is not None else None
+    if nat is not None:                      # time the native calls as one profiler row
+        lib = nat.lib
 
         class Timed:
             def __init__(self, f):
@@ -45,10 +46,10 @@ def main():
             def __call__(self, *args):
                 with torch.profiler.record_function("native"):
                     return self.f(*args)
-        m._cpu_fast.nat.lib = type("L", (), {k: Timed(getattr(lib, k)) for k in ("tc_tail", "tc_norm_gemv", "tc_attn",
-                                                                               "tc_gemv")})()
-    cache = KVCache(m, 1, a.ctx + 3 * a.steps + 8, "cpu", dtype=torch.float32)
-    dec = Decoder(m, cache, graph=False)
+        class TimedLib:
+            def __getattr__(self, name):
+                return Timed(getattr(lib, name))
+        nat.lib = TimedLib()
     with torch.no_grad():
         append(m, cache, torch.randint(0, m.cfg.vocab_size, (1, a.ctx)), [a.ctx])
         for t in range(a.steps):                                 # warm-up

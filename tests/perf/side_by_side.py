@@ -3,7 +3,9 @@ side by side in one run: every round runs each engine once, in fresh processes, 
 hits them alike; the table gives medians over rounds and tinychat / llama.cpp ratios.
 
     python tests/perf/llama_cpp_peer.py setup            # once (~8-15 min build)
-    python tests/perf/side_by_side.py [--threads 1 2] [--rounds 3] [--before] [--extra]
+    python tests/perf/side_by_side.py [--threads 1 2] [--rounds 3] [--long-ctx 1500] [--before] [--extra]
+
+--long-ctx N (default 1500; 0: off) adds decode after an N-token prompt (same gen-len), a separate run per engine.
 
 --before adds tinychat as it was before the speed work (TINYCHAT_NATIVE=0, fp32 prefill GEMMs): same process
 setup, same rounds. --extra adds full bf16 / fp32 and demo int8 rows. Results also go to runs/perf/side_by_side.json.
@@ -25,12 +27,11 @@ OUT = ROOT / "runs" / "perf"
 
 TC = """
 import json, sys
-from tinychat.engine import quant as Q
-if {before}:
-    Q.PREFILL_BF16 = False
 from tinychat.bench import run_bench
+from tinychat.options import EngineOptions
+opts = EngineOptions(prefill_bf16=False) if {before} else None
 r = run_bench(config={config!r}, quant={quant!r}, prompt_len={prompt_len}, gen_len={gen_len}, repeats=1, warmup=1,
-              threads={threads}, prefill_lens={prefill!r})
+              threads={threads}, prefill_lens={prefill!r}, options=opts)
 print(json.dumps(r))
 """
 
@@ -45,8 +46,13 @@ def run_json(cmd, env=None):
 def llama(a, threads):
     r = run_json([sys.executable, str(PEER), "measure", "--threads", str(threads), "--prompt-len", str(a.prompt_len),
                   "--gen-len", str(a.gen_len), "--repeats", "1", "--prefill", *map(str, a.prefill)])
-    return {"decode": r["decode_tok_s"], **{f"prefill {n}": r[f"prefill_{n}_tok_s"] for n in a.prefill},
-            "_info": {k: r.get(k) for k in ("llama_cpp_python", "model", "n_params", "extra_bufts")}}
+    out = {"decode": r["decode_tok_s"], **{f"prefill {n}": r[f"prefill_{n}_tok_s"] for n in a.prefill},
+           "_info": {k: r.get(k) for k in ("llama_cpp_python", "model", "n_params", "extra_bufts")}}
+    if a.long_ctx:
+        r = run_json([sys.executable, str(PEER), "measure", "--threads", str(threads), "--prompt-len",
+                      str(a.long_ctx), "--gen-len", str(a.gen_len), "--repeats", "1", "--prefill"])
+        out[f"decode @{a.long_ctx}"] = r["decode_tok_s"]
+    return out
 
 
 def tinychat(a, threads, config, quant, before):
@@ -56,8 +62,14 @@ def tinychat(a, threads, config, quant, before):
     code = TC.format(before=before, config=config, quant=quant, prompt_len=a.prompt_len, gen_len=a.gen_len,
                      threads=threads, prefill=tuple(a.prefill))
     r = run_json([sys.executable, "-c", code], env=env)
-    return {"decode": r["decode_tok_s"], **{f"prefill {n}": r["prefill_by_len"][str(n)] for n in a.prefill},
-            "_info": {k: r.get(k) for k in ("mode", "native", "linear_params", "peak_rss_mb", "quant")}}
+    out = {"decode": r["decode_tok_s"], **{f"prefill {n}": r["prefill_by_len"][str(n)] for n in a.prefill},
+           "_info": {k: r.get(k) for k in ("mode", "native", "int8_kernels", "linear_params", "peak_rss_mb",
+                                            "quant")}}
+    if a.long_ctx:
+        code = TC.format(before=before, config=config, quant=quant, prompt_len=a.long_ctx, gen_len=a.gen_len,
+                         threads=threads, prefill=())
+        out[f"decode @{a.long_ctx}"] = run_json([sys.executable, "-c", code], env=env)["decode_tok_s"]
+    return out
 
 
 def main():
@@ -69,6 +81,7 @@ def main():
     ap.add_argument("--prefill", type=int, nargs="+", default=[200, 1000])
     ap.add_argument("--before", action="store_true")
     ap.add_argument("--extra", action="store_true")
+    ap.add_argument("--long-ctx", type=int, default=1500)
     a = ap.parse_args()
     rows = [("llama.cpp Q8_0 SmolLM2-135M", lambda t: llama(a, t)),
             ("tinychat full int8", lambda t: tinychat(a, t, "full", "int8", False))]
@@ -81,7 +94,7 @@ def main():
         if a.before:
             rows += [("tinychat full bf16 (before)", lambda t: tinychat(a, t, "full", "bf16", True)),
                      ("tinychat demo int8 (before)", lambda t: tinychat(a, t, "demo", "int8", True))]
-    metrics = ["decode", *[f"prefill {n}" for n in a.prefill]]
+    metrics = ["decode", *([f"decode @{a.long_ctx}"] if a.long_ctx else []), *[f"prefill {n}" for n in a.prefill]]
     results = {}
     t0 = time.time()
     for t in a.threads:
@@ -94,7 +107,10 @@ def main():
                     d[m].append(res[m])
                 print(f"[{time.time() - t0:5.0f}s] threads {t} round {r + 1}: {name}: "
                       + ", ".join(f"{m} {res[m]:.1f}" for m in metrics), file=sys.stderr, flush=True)
-    print(f"\nside by side, medians of {a.rounds} rounds (tok/s; decode after a {a.prompt_len}-token prompt, "
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "?") if Path("/proc/cpuinfo").exists() else "?"
+    print(f"\n{cpu}, {os.cpu_count()} CPUs; python {' '.join(sys.argv)}")
+    print(f"side by side, medians of {a.rounds} rounds (tok/s; decode after a {a.prompt_len}-token prompt, "
           f"{a.gen_len} tokens; ratio = tinychat / llama.cpp)\n")
     head = f"| threads | engine | {' | '.join(metrics)} |"
     print(head)

@@ -59,9 +59,8 @@ def test_append_with_small_query_blocks_matches_full_forward():
 def test_append_padded_shapes_match_full_forward(monkeypatch):
     # the GPU padding (power-of-two chunk, rounded key ranges) exercised on the CPU
     A = importlib.import_module("tinychat.engine.append")   # the package attribute is the function
-    monkeypatch.setattr(A, "PAD_SHAPES", True)
     monkeypatch.setattr(A, "KEY_ROUND", 16)
-    assert _feed(make_model(), append, SCHEDULE, B=3) < TOL
+    assert _feed(make_model(), append, SCHEDULE, B=3, pad_shapes=True) < TOL
 
 
 def test_long_prefill_beyond_one_query_block_matches_forward():

@@ -303,3 +303,44 @@ def test_stop_mid_turn_in_the_static_loop_leaves_a_well_formed_cache():
     again = Chat.restore(chat.session.id, make_chat_model(), tokenizer(), use_snapshot=False, max_len=512,
                          graph="static")
     assert _same_cache(_cache(again), _cache(chat))
+
+
+def test_a_second_chat_with_another_quant_is_refused_not_given_the_first_ones_mode():
+    from tinychat.engine import int8_kernel_ok
+    m = make_chat_model()
+    first = make_chat(m, quant="bf16", autosave=False)
+    assert first.quant == "bf16" and first.decoder.mode == "fast-bf16"
+    with pytest.raises(ChatError, match="already loaded as --quant bf16"):
+        make_chat(m, quant="none", autosave=False)
+    if int8_kernel_ok():
+        with pytest.raises(ChatError, match="already loaded as --quant bf16"):
+            make_chat(m, quant="int8", autosave=False)
+    again = make_chat(m, quant="bf16", autosave=False)        # the same mode: the shared model as it is
+    as_is = make_chat(m, autosave=False)                      # quant None: whatever the model is
+    assert again.quant == as_is.quant == "bf16" and as_is.decoder.mode == "fast-bf16"
+
+
+def test_chat_options_reach_its_decoder_and_the_quantized_layers():
+    from tinychat.engine import EngineOptions
+    opts = EngineOptions(native=False, prefill_bf16=False)
+    chat = make_chat(quant="int8", autosave=False, options=opts)
+    assert chat.decoder.options is opts
+    assert chat.decoder.cpu_step is not None and chat.decoder.cpu_step.nat is None
+    assert chat.model.blocks[0].mlp.up.prefill_bf16 is False
+    r = chat.send("hello there", trace=False)
+    assert r.mode in ("fast-int8", "fast-bf16") and r.n_tokens > 0
+
+
+def test_an_int8_turn_records_which_step_made_it():
+    from tinychat.engine import native
+    from tinychat.options import EngineOptions
+    chat = make_chat(quant="int8", max_new=4, seed=1, autosave=False)
+    chat.send("hello there")
+    step = chat.session.messages[-1].settings["step"]
+    if native.load() is not None:
+        assert step == f"native-int8-v{native.INT8_STEP_VERSION}"
+    else:
+        assert step == "torch-int8"
+    off = make_chat(quant="int8", max_new=4, seed=1, autosave=False, options=EngineOptions(native=False))
+    off.send("hello there")
+    assert off.session.messages[-1].settings["step"] == "torch-int8"

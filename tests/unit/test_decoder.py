@@ -174,3 +174,31 @@ def test_captured_graph_greedy_equals_static_on_cuda():
         outs.append((dec.mode, dec.generate(logits, 50, stop=NEVER, temperature=0)))
     assert outs[1][0] == "graph"
     assert outs[0][1] == outs[1][1]
+
+
+def _repeats_a_3gram(seq):
+    grams = [tuple(seq[i:i + 3]) for i in range(len(seq) - 2)]
+    return len(grams) != len(set(grams))
+
+
+def test_static_loop_reply_ban_equals_eager_hook_and_the_reply_never_repeats_a_3gram():
+    from tinychat.sampler import TurnHook
+    model = make_model()
+    dec, _, logits = _start(model)
+    free = dec.generate(logits, 80, stop=NEVER, temperature=0)
+    assert _repeats_a_3gram(free)                     # greedy on the random model loops: the ban has work to do
+    outs = []
+    for graph in (False, "static"):
+        dec, cache, logits = _start(model, graph=graph)
+        hook = TurnHook({}, 0.0, 1.0, 1.0, [], NEVER, guard=False, reply=True)
+        outs.append(dec.generate(logits, 80, stop=NEVER, temperature=0, logits_hook=hook))
+    assert outs[0] == outs[1]
+    assert len(outs[0]) == 80 and not _repeats_a_3gram(outs[0])
+    # the turn's table and the reply's own n-grams ban together (a table entry the reply would otherwise take)
+    table = {(outs[0][4], outs[0][5]): [outs[0][6]]}
+    both = []
+    for graph in (False, "static"):
+        dec, cache, logits = _start(model, graph=graph)
+        hook = TurnHook(table, 0.0, 1.0, 1.0, [], NEVER, guard=False, reply=True)
+        both.append(dec.generate(logits, 80, stop=NEVER, temperature=0, logits_hook=hook))
+    assert both[0] == both[1] and both[0][6] != outs[0][6] and not _repeats_a_3gram(both[0])

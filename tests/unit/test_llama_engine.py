@@ -9,8 +9,12 @@ import torch
 
 from support import LLAMA_OPTIONS, make_llama_model, make_model
 from tinychat.engine import CHUNK, Decoder, KVCache, append, append_chunked, int8_kernel_ok, quantize_cpu
+from tinychat.engine import cpu_step as S
+from tinychat.engine import lean_step as LS
 from tinychat.engine import quant as Q
+from tinychat.engine.cpu_step import CpuStep
 from tinychat.model import CheckpointError, ModelConfig, TinyAgentLM, config_for, rope_inv_freq
+from tinychat.options import EngineOptions
 
 TOL = 1e-3   # max |Δlogit| in fp32 against the full forward (seen: ~2e-6)
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -53,9 +57,8 @@ def test_llama_config_append_with_small_query_blocks_matches_the_full_forward():
 def test_llama_config_padded_shapes_match_the_full_forward(monkeypatch):
     # the GPU padding (power-of-two chunk, rounded key ranges) exercised on the CPU
     A = importlib.import_module("tinychat.engine.append")
-    monkeypatch.setattr(A, "PAD_SHAPES", True)
     monkeypatch.setattr(A, "KEY_ROUND", 16)
-    assert _feed(make_llama_model(), append, SCHEDULE, B=3) < TOL
+    assert _feed(make_llama_model(), append, SCHEDULE, B=3, pad_shapes=True) < TOL
 
 
 def _walk(model, tokens, graph=False, fast=True):
@@ -99,10 +102,11 @@ def test_llama_config_lean_cpu_step_falls_back_from_native_and_matches_decode_on
         pytest.skip("this torch build has no CPU int8 kernel")
     ref, _ = _walk(make_llama_model(), TOKENS)
     q = quantize_cpu(make_llama_model(), mode)
-    assert q._cpu_fast.nat is None          # the native kernels cannot express SwiGLU / no QK-norm / no ring
+    # the native kernels cannot express SwiGLU / no QK-norm / no ring: not built even when asked for
+    assert CpuStep.build(q, EngineOptions(native=True)).nat is None
     calls = []
-    lean = Q._decode_lean
-    monkeypatch.setattr(Q, "_decode_lean", lambda *a, **k: calls.append(1) or lean(*a, **k))
+    lean = S._decode_lean
+    monkeypatch.setattr(S, "_decode_lean", lambda *a, **k: calls.append(1) or lean(*a, **k))
     fast, fmode = _walk(q, TOKENS)
     one, omode = _walk(q, TOKENS, fast=False)
     assert (fmode, omode) == (f"fast-{mode}", "eager") and len(calls) == TOKENS.size(1) - 10
@@ -119,9 +123,10 @@ def test_lean_step_also_runs_a_tinyagent_config_like_decode_one():
     ref = append(q, cache, TOKENS[:, :10], [10])
     c2 = KVCache(q, 1, 128, "cpu", dtype=torch.float32)
     append(q, c2, TOKENS[:, :10], [10])
+    step = CpuStep.build(q, EngineOptions(native=False))
     for t in TOKENS[0, 10:40].tolist():
         ref = Decoder(q, cache, graph=False).step(t)
-        out = Q._decode_lean(q, c2, torch.zeros(1, 1, dtype=torch.long), c2.length(0), q._cpu_fast, tok=t)
+        out = LS._decode_lean(q, c2, torch.full((1, 1), t, dtype=torch.long), c2.length(0), step)
         assert ((out - ref).abs().max() / ref.abs().max()) < 0.02
 
 
@@ -207,3 +212,23 @@ def test_quantized_llama_paths_rescore_their_head_and_tinyagent_paths_do_not(mon
         for t in TOKENS[0, 10:14].tolist():
             dec.step(t)
         assert len(calls) == want
+
+
+@pytest.mark.parametrize("mode", ["int8", "bf16"])
+def test_fused_qkv_of_biased_projections_equals_the_separate_projections(mode):
+    # a llama layer (no local K/V) with q/k/v biases: CpuStep's fused weight is the rows of w_q / w_kv_global,
+    # biases included, so its output is exactly theirs side by side
+    if mode == "int8" and not int8_kernel_ok():
+        pytest.skip("this torch build has no CPU int8 kernel")
+    from tinychat.engine.fused import n_qk_heads, qkv_rows
+    q = quantize_cpu(make_llama_model(bias=True), mode)
+    c = q.cfg
+    a = q.blocks[0].attn
+    assert a.w_kv_local is None and a.w_q.bias is not None
+    fused = Q.QUANT_CLASSES[mode].from_rows(qkv_rows(a, c.n_kv_heads, c.head_dim))
+    xb = torch.randn(1, c.d_model, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    n = c.n_kv_heads * c.head_dim
+    kv = a.w_kv_global.mm(xb)
+    want = torch.cat([a.w_q.mm(xb), kv[:, :n], kv[:, n:]], dim=1)
+    assert n_qk_heads(a, c.n_heads, c.n_kv_heads) == c.n_heads + c.n_kv_heads
+    assert fused.bias is not None and torch.equal(fused.mm(xb), want)

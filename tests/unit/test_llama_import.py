@@ -15,8 +15,10 @@ from safetensors.torch import save_file
 from support import tokenizer
 from tinychat.cli import main
 from tinychat.engine import Decoder, KVCache, append, int8_kernel_ok, quantize_cpu
+from tinychat.engine.cpu_step import CpuStep
 from tinychat.importer import ImportRefused, import_model, list_models, resolve
 from tinychat.model import TinyAgentLM
+from tinychat.options import EngineOptions
 from tinychat.tokenizer import Tokenizer
 
 TOL = 1e-3          # max |Δlogit| of the imported model (fp32) against the float64 reference; seen ~1e-5
@@ -175,7 +177,7 @@ def test_imported_llama_int8_lean_step_stays_close_to_the_reference(tmp_path):
     m = quantize_cpu(TinyAgentLM.from_pretrained(import_model(write_hf(tmp_path / "hf", cfg, w), name="q")), "int8")
     want = ref_greedy(cfg, w, PROMPT, 12)
     got, mode = _greedy(m, 12)
-    assert mode == "fast-int8" and m._cpu_fast.nat is None
+    assert mode == "fast-int8" and CpuStep.build(m, EngineOptions(native=True)).nat is None
     ref = ref_logits(cfg, w, PROMPT + want)[len(PROMPT) - 1:-1]
     cache = KVCache(m, 1, 256, "cpu", dtype=torch.float32)
     dec = Decoder(m, cache, graph=False)

@@ -57,3 +57,31 @@ def test_replay_of_a_session_whose_context_was_shortened_is_exact():
     sess = S.load(chat.session.id)
     assert any((m.settings or {}).get("context_start") for m in sess.messages if m.role == "assistant")
     assert replay(make_chat(autosave=False, max_len=150), sess).ok
+
+
+def test_turns_recorded_before_the_reply_ban_existed_replay_without_it():
+    chat = make_chat(max_new=40, seed=4, ban_reply=False, temperature=0.0)
+    for q in ["hello there, tell me a story", "why the cat?"]:
+        chat.send(q)
+    sess = S.load(chat.session.id)
+    for m in sess.messages:
+        if m.settings:
+            m.settings.pop("ban_reply")                   # as an older tinychat wrote them
+    report = replay(make_chat(autosave=False), sess)     # today's default has the reply ban on
+    assert report.ok and report.n_tokens > 20
+    # the same turns with the reply ban on would have differed: the setting matters on this model
+    again = make_chat(max_new=40, seed=4, ban_reply=True, temperature=0.0, autosave=False)
+    assert [again.send(q).text for q in ["hello there, tell me a story", "why the cat?"]] != \
+        [m.content for m in sess.messages if m.role == "assistant"]
+
+
+def test_replay_uses_only_the_public_chat_api():
+    """replay.py drives a Chat through start_replay / replay_turn / settings, never its private members."""
+    import ast
+    import inspect
+
+    import tinychat.replay as R
+    tree = ast.parse(inspect.getsource(R))
+    private = sorted({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                      and isinstance(n.value, ast.Name) and n.value.id == "chat" and n.attr.startswith("_")})
+    assert private == []

@@ -61,7 +61,7 @@ def _tensor_ops(fn) -> list[str]:
 def test_tracing_a_token_takes_a_bounded_number_of_tensor_ops(ban):
     """Tracing a token (penalty, softmaxes, candidates, nucleus membership, rank; the ban's mass and masks) reads
     its single values through numpy views and reuses the turn's penalty ids, so it costs a bounded number of
-    tensor ops (was 44 without a ban, 68 with one): each op hands the GIL to the app's UI thread and back.
+    tensor ops: each op hands the GIL to the app's UI thread and back.
     Counted, not timed."""
     V = 8192
     g = torch.Generator().manual_seed(1)
@@ -73,3 +73,22 @@ def test_tracing_a_token_takes_a_bounded_number_of_tensor_ops(ban):
     ops = _tensor_ops(lambda: (h([1, 2, 9, 1, 2], logits), h.finish([1, 2, 9, 1, 2, 11])))
     assert len(h.traces) == 2 and h.traces[-1].banned == ([5, 6] if ban else [])
     assert len(ops) <= (48 if ban else 30), sorted(ops)
+
+
+@pytest.mark.parametrize("reply", [False, True])
+def test_the_reply_ban_shows_in_the_trace_with_the_3gram_that_banned_it(reply):
+    logits = torch.zeros(1, 50)
+    logits[0, 7] = 5.0                                   # the favourite would repeat "5 6 7"
+    logits[0, 9] = 3.0                                   # the runner-up, banned by the turn's table
+    hook = TurnHook({(5, 6): [9]}, 1.0, 1.0, 1.0, [], 49, trace=True, reply=reply)
+    out = [5, 6, 7, 1, 5, 6]
+    res = hook(out, logits)
+    hook.finish(out + [3])                               # the token drawn after the hook: its trace is complete
+    tr = hook.traces[-1]
+    cands = {c.token: c for c in tr.candidates}
+    assert cands[9].banned_by == (5, 6)                  # the turn's table bans 9 either way
+    if reply:
+        assert sorted(tr.banned) == [7, 9] and cands[7].banned_by == (5, 6)
+        assert res[0, 7] == float("-inf") and tr.banned_mass > 0.5
+    else:
+        assert tr.banned == [9] and cands[7].banned_by is None and res[0, 7] == 5.0

@@ -49,11 +49,10 @@ def test_switches_back_when_the_machine_gets_idle():
 
 
 @pytest.mark.parametrize("ceiling", [1, 4])
-def test_never_more_than_the_ceiling_and_pinned_when_auto_is_off(ceiling, monkeypatch):
+def test_never_more_than_the_ceiling_and_pinned_when_auto_is_off(ceiling):
     tu = T.ThreadTuner()
     assert set(run(tu, idle, 500, ceiling=ceiling)) <= set(range(1, ceiling + 1))
-    monkeypatch.setattr(T, "AUTO", False)
-    tu = T.ThreadTuner()
+    tu = T.ThreadTuner(auto=False)
     assert set(run(tu, busy, 500, ceiling=ceiling)) == {ceiling}
 
 

@@ -271,3 +271,11 @@ def test_non_utf8_tokenizer_file_raises_tokenizer_error(tmp_path):
 
 def test_tokenizer_error_is_a_value_error():
     assert issubclass(TokenizerError, ValueError)
+
+
+def test_content_ids_strip_the_chatml_frame_of_every_role(tok):
+    for role in ("system", "user", "assistant"):
+        body = tok.encode("the cat sees the moon")
+        assert tok.content_ids(role, tok.message_ids(role, "the cat sees the moon")) == body
+    reply = tok.generation_prompt_ids() + [5, 6, 7] + tok.end_ids()
+    assert tok.content_ids("assistant", reply) == [5, 6, 7]

@@ -354,6 +354,15 @@ def test_cli_pipeline_tokenizer_train_resume_export_eval(tmp_path, capsys):
     res = json.loads((tmp_path / "eval.json").read_text())
     assert res["quality"]["replies"] == 2 and 0 <= res["quality"]["stop"] <= 1
     assert math.isfinite(res["student_loss"]["loss_per_token"])
+    # the card carries the loop rate and the teacher's judgement when the eval has them
+    res["judge"] = {"student_nll": 2.5, "teacher_nll": 1.0, "ratio": 2.5, "student_loops": 0.0, "teacher_loops": 0.125,
+                    "temperature": 0.8, "top_p": 0.9}
+    (tmp_path / "eval.json").write_text(json.dumps(res))
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "assets2"), "--shards", str(shards),
+                 "--eval", str(tmp_path / "eval.json"), "--samples", "1", "--threads", "1"]) == 0
+    card = (tmp_path / "assets2" / "MODEL_CARD.md").read_text()
+    assert f"| replies that loop (a word 4-gram 3+ times) | {res['quality']['loops']:.3f} | <= 0.02 |" in card
+    assert "| the student | 2.500 | 0.000 |" in card and "| the teacher itself | 1.000 | 0.125 |" in card
     assert main(["eval", "--model", str(tmp_path / "assets"), "--shards", str(shards),
                  "--words", str(tmp_path / "nope.txt")]) == 2
     assert "wamerican" in capsys.readouterr().err
@@ -373,7 +382,8 @@ def test_distinct2_and_dictionary_fraction_on_hand_made_replies(tmp_path):
     assert dictionary_fraction(["The cat sat on a mat.", "Don't, dog's xyzzy"], ws) == pytest.approx(5 / 9)
     q = quality(["The cat sat.", "cat sat dog"], ["stop", "length"], ws)
     assert q["stop"] == 0.5 and q["dictionary"] == 1.0 and q["distinct2"] == pytest.approx(3 / 4)
-    assert q["passes"] == {"stop": False, "distinct2": True, "dictionary": True}
+    assert q["passes"] == {"stop": False, "distinct2": True, "dictionary": True, "loops": True}
+    assert q["loops"] == 0.0
     with pytest.raises(EvalError, match="wamerican"):
         load_wordlist(tmp_path / "missing")
 

@@ -17,7 +17,6 @@ CHUNK = 64  # append_chunked: max new tokens per row processed at once (bounds t
 # (scaled_dot_product_attention), so this is about speed: CPU likes small blocks, GPUs fewer launches.
 QUERY_BLOCK = {"cpu": 256}
 QUERY_BLOCK_DEFAULT = 1024
-PAD_SHAPES = None      # None: pad on GPUs only (True: always, for tests)
 KEY_ROUND = 256        # GPUs: global key ranges rounded up to this (stable shapes; the extra keys are masked)
 EXPLICIT_ATTN_MAX = 256   # GPUs: chunks up to this many tokens use matmul + softmax attention (no per-shape kernels)
 
@@ -153,7 +152,8 @@ def _block_size(dev, C: int, block=None) -> int:
 
 
 @torch.no_grad()
-def append(model, cache: KVCache, idx: torch.Tensor, n_new, rows=None, block=None) -> torch.Tensor:
+def append(model, cache: KVCache, idx: torch.Tensor, n_new, rows=None, block=None,
+           pad_shapes: bool | None = None) -> torch.Tensor:
     """Feed a right-padded chunk idx (B, C); row b has n_new[b] real tokens (0 = untouched).
     n_new may be a CPU tensor/list (preferred: avoids a device sync). Returns logits (B, V) at
     each row's last real token (unchanged garbage for rows with n_new == 0).
@@ -164,7 +164,8 @@ def append(model, cache: KVCache, idx: torch.Tensor, n_new, rows=None, block=Non
     chunk; attention is fused (scaled_dot_product_attention) and split into query blocks (block: queries per block,
     default QUERY_BLOCK), each attending to just the keys it can see: global keys up to its last position and the
     band of local keys of its windows. Same results as append_chunked up to float rounding (softmax/reduction
-    order); same cache contents and layout."""
+    order); same cache contents and layout.
+    pad_shapes (EngineOptions.pad_shapes): pad the chunk to stable shapes; None: on GPUs only."""
     n_cpu = torch.as_tensor(n_new, dtype=torch.long).cpu()
     B, C = idx.shape
     if rows is not None:
@@ -178,7 +179,7 @@ def append(model, cache: KVCache, idx: torch.Tensor, n_new, rows=None, block=Non
     if sf is not None and rows is None and B == 1 and width <= sf.max_c:
         return sf.feed(idx, width)
     key_round = 1
-    if PAD_SHAPES if PAD_SHAPES is not None else idx.device.type != "cpu":
+    if pad_shapes if pad_shapes is not None else idx.device.type != "cpu":
         # GPUs: pad the chunk to a power of two and round the global key range up, so attention / GEMM shapes repeat.
         # Padding is masked out and written to the scratch slots, like any right padding.
         Cp = max(16, 1 << (width - 1).bit_length())

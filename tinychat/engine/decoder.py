@@ -2,7 +2,8 @@
 
 CPU (and graph=False): an eager loop, one host-sampled token per step; each step runs the exact op sequence of
 append_chunked for one token (_decode_one: bit-identical logits) and sample_top_p. A quantize_cpu model steps through
-the lean _decode_fast instead (Decoder.fast = False: _decode_one).
+the lean CPU step the Decoder builds (cpu_step.CpuStep; Decoder.fast = False: _decode_one).
+options: EngineOptions (native kernels, thread tuning; default EngineOptions.from_env()).
 CUDA/XPU (graph=True, the default there; graph="static" runs the same step uncaptured, also on a CPU): one device
 graph per step = append the current token, sample the next one on the device (inverse-CDF draw from a pre-drawn
 uniform), store it; the host only reads the tokens back every sync_every steps. After <|im_end|> the steps are no-ops
@@ -17,7 +18,8 @@ import torch
 
 from .append import _decode_one
 from .cache import KVCache
-from .quant import _decode_fast
+from .cpu_step import CpuStep
+from ..options import EngineOptions
 from .sampling import _phrase_ban_mask, _sample_icdf, sample_top_p
 from .static import _graph_api, _StaticAux, _StaticFeed, _step_static
 
@@ -30,16 +32,17 @@ class Decoder:
     BAN_CAP = 1024  # phrase-ban entries the captured graph holds (grown, with a re-capture, when a turn needs more)
     BAN_K = 2       # context length of the phrase ban (n-gram order 3 - 1)
     ban_graph = True   # False after a capture with the ban ops failed: graphs without them, ban hooks run eagerly
-    fast = True        # CPU speed modes (quantize_cpu): step() runs the lean _decode_fast; False: _decode_one
+    fast = True        # CPU speed modes (quantize_cpu): step() runs the lean CPU step; False: _decode_one
     on_sync = None     # device loop: on_sync(tokens so far) after each read-back (streaming); False ends the turn
     keep_logits = False   # device loop: keep each draw's logits in last_logits (n, V), for sampler traces
     last_logits = None
 
     def __init__(self, model, cache: KVCache, graph=None, compile: bool = False, sync_every: int = 8,
-                 feed: bool = True):
+                 feed: bool = True, options: EngineOptions | None = None):
         if cache.B != 1:
             raise ValueError("Decoder is batch 1: make the KVCache with B=1")
         self.model, self.cache = model, cache
+        self.options = options or EngineOptions.from_env()
         self.dev = cache.gk.device
         api = _graph_api(self.dev)
         if graph == "static":           # the device-loop path without capture (tests on CPU; capture-free fallback)
@@ -55,16 +58,15 @@ class Decoder:
         self._tok = torch.zeros(1, 1, dtype=torch.long, device=self.dev)
         if self.graph and feed:          # append() of short chunks on this cache: captured graphs too
             cache.static_feed = _StaticFeed(model, cache, self._static_aux(), capture=self.capture)
+        # the lean CPU step of a quantized model (None: fp32, or a device loop)
+        self.cpu_step = CpuStep.build(model, self.options) if self.dev.type == "cpu" and not self.graph else None
 
     @property
     def mode(self) -> str:
         """What generate() runs: "graph" (captured), "static" (uncaptured device loop), "fast-int8" / "fast-bf16"
         (the lean CPU step of a quantized model) or "eager"."""
         if not self.graph:
-            q = getattr(self.model, "_quant", None)
-            if q and self.fast and self.dev.type == "cpu" and getattr(self.model, "_cpu_fast", None) is not None:
-                return f"fast-{q}"
-            return "eager"
+            return f"fast-{self.cpu_step.mode}" if self.cpu_step is not None and self.fast else "eager"
         return ("graph" if self.capture else "static") + ("+compile" if self.compile else "")
 
     def _static_aux(self):
@@ -97,13 +99,12 @@ class Decoder:
     @torch.no_grad()
     def step(self, tok: int) -> torch.Tensor:
         """Append one token (host int); returns the logits (1, V) after it. Eager decoders run _decode_one (or the
-        lean _decode_fast of a quantize_cpu model); device-loop decoders run the loop's static step."""
+        lean CPU step of a quantize_cpu model); device-loop decoders run the loop's static step."""
         L = self.cache.length(0)
         if L + 1 > self.cache.max_len:
             raise RuntimeError(f"KV cache full: all {self.cache.max_len} positions are used")
-        fs = getattr(self.model, "_cpu_fast", None)
-        if fs is not None and self.fast and self.dev.type == "cpu" and not self.graph:
-            return _decode_fast(self.model, self.cache, self._tok, L, fs, tok=int(tok))
+        if self.cpu_step is not None and self.fast and not self.graph:
+            return self.cpu_step(self.model, self.cache, self._tok, L, int(tok))
         self._tok.fill_(int(tok))
         if self.graph:              # the device loop's own step: a replayed turn rounds exactly as the live one
             if getattr(self, "_one", None) is None:
@@ -157,8 +158,9 @@ class Decoder:
         return out
 
     # --- device graph path --------------------------------------------------------------------------------------
-    def _setup(self, max_new, temperature, top_p, pen, stop, ban_cap=None, ban_k=None):
-        """Allocate the step's buffers and build (capture, unless static) its body. ban_cap 0: no phrase-ban ops."""
+    def _setup(self, max_new, temperature, top_p, pen, stop, ban_cap=None, ban_k=None, ban_reply=False):
+        """Allocate the step's buffers and build (capture, unless static) its body. ban_cap 0: no phrase-ban ops;
+        ban_reply: the ban also covers the reply's own n-grams (matched in the sampled-token buffer)."""
         dev, cache = self.dev, self.cache
         n = max_new + 2
         V = self.model.cfg.vocab_size
@@ -175,6 +177,7 @@ class Decoder:
         self._ban_tok = torch.full((ban_cap,), V, dtype=torch.long, device=dev)
         self._ban_scratch = torch.zeros(V + 1, device=dev)
         self._ban_ar = torch.arange(ban_k, device=dev)
+        self._ban_pos = torch.arange(n, device=dev) if ban_cap and ban_reply else None
         keep = self.keep_logits
         self._logits = torch.zeros(n, V, device=dev) if keep else None     # (max_new + 2, V): row i = draw i
         aux = self._static_aux()     # the graph reads these: kept alive on the decoder
@@ -191,14 +194,14 @@ class Decoder:
             bm = self._bm
             if ban_cap:
                 bm = bm | _phrase_ban_mask(self._out, self._i, self._ban_ctx, self._ban_tok, self._ban_scratch,
-                                           self._ban_ar)
+                                           self._ban_ar, self._ban_pos)
             nxt = _sample_icdf(lg, *samp, self._pm, bm, u)
             self._out.index_copy_(0, self._i, nxt)
             self._i += 1
             self._tok.copy_(nxt.view(1, 1))
 
         fn = self._fn = torch.compile(body, fullgraph=False, dynamic=False) if self.compile else body
-        self._key = (max_new, samp, stop, ban_cap, ban_k, keep)
+        self._key = (max_new, samp, stop, ban_cap, ban_k, keep, bool(ban_cap and ban_reply))
         if not self.capture:
             self._g = fn
             return
@@ -232,7 +235,8 @@ class Decoder:
     def _generate_graph(self, logits, max_new, stop, temperature, top_p, pen, pm, bm, generator, hook=None):
         table = getattr(hook, "table", None) or {}
         rows = [(ctx, t) for ctx, toks in table.items() for t in toks]
-        k = hook.k if table else (self._key[4] if self._key else self.BAN_K)
+        reply = bool(getattr(hook, "reply", False))
+        k = hook.k if table or reply else (self._key[4] if self._key else self.BAN_K)
         keep = bool(self.keep_logits)
         if not self.ban_graph:
             cap = 0
@@ -240,9 +244,9 @@ class Decoder:
             cap = (self._key[3] if self._key else 0) or self.BAN_CAP
             while cap < len(rows):
                 cap *= 2
-        if self._g is None or self._key != (max_new, (temperature, top_p, pen), stop, cap, k, keep):
+        if self._g is None or self._key != (max_new, (temperature, top_p, pen), stop, cap, k, keep, reply and cap > 0):
             try:
-                self._setup(max_new, temperature, top_p, pen, stop, cap, k)
+                self._setup(max_new, temperature, top_p, pen, stop, cap, k, reply)
             except Exception as e:  # noqa: BLE001  e.g. an op this backend can't capture
                 if cap:   # first without the phrase-ban ops: plain turns keep their graphs, ban hooks run eagerly
                     warnings.warn(f"Decoder: device graph setup with the phrase ban failed ({type(e).__name__}: {e}); "

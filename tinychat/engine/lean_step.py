@@ -1,14 +1,19 @@
-"""The lean batch-1 CPU decode step for configs the TinyAgentLM step (quant._decode_fast) and the native kernels do
-not express: the llama family (every layer global with no local ring, no QK-norm, SwiGLU, q/k/v biases, a norm
+"""The lean batch-1 CPU decode step for configs the TinyAgentLM step (cpu_step._decode_fast) and the native kernels
+do not express: the llama family (every layer global with no local ring, no QK-norm, SwiGLU, q/k/v biases, a norm
 epsilon, no softcap), and any mix of those options with TinyAgentLM's own.
 
-Same plan as _decode_fast: one fused QKV weight per layer (quantize_cpu's, biases included), bf16 activations into
+Same plan as _decode_fast: one fused QKV weight per layer (CpuStep's, biases included), bf16 activations into
 the quant Linears' mm(), the token's K/V written into the cache first so attention reads the cache directly, the
 residual stream, norms, softmax and the cache in fp32. Same math as _decode_one up to float rounding.
 
 Threads: like the native step, the count is picked by measurement (threads.ThreadTuner): on a 2-vCPU machine with
 the other core busy, PyTorch's two-thread GEMVs stall at every barrier (SmolLM2-135M int8: ~3 tok/s at 2 threads,
-~30 at 1, measured in one process), so a step runs at the tuner's choice and torch's count is restored after."""
+~30 at 1, measured in one process), so a step runs at the tuner's choice and torch's count is restored after.
+
+Why not one step for both: _decode_fast keeps TinyAgentLM's shortcuts (norms as x / |x| with the attention's
+1/sqrt(D) folded into the q-head divisor, ReLU^2 in place, the local ring always present), which this step cannot
+assume; it shares CpuStep's fused weights, RoPE basis and buffers, and fused.py's row layout. Folding _decode_fast
+into this one would put branches into the hot loop of the shipped model's step, so the two stay side by side."""
 from __future__ import annotations
 
 import time
@@ -19,30 +24,27 @@ import torch.nn.functional as F
 from ..model import mlp_act, softcap
 from .append import _engram_addrs, rescore_top
 from .cache import KVCache
-from .threads import ThreadTuner
+from .fused import rope_matrix
 
 
-def _decode_lean(model, cache: KVCache, idx, L: int, fs, tok: int | None = None):
-    """_decode_one for a quantize_cpu model of any config (fs: quant._CpuFast). Returns logits (1, V) fp32."""
-    tuner = fs.__dict__.get("lean_tuner")
-    if tuner is None:
-        tuner = fs.lean_tuner = ThreadTuner()
+def _decode_lean(model, cache: KVCache, idx, L: int, fs) -> torch.Tensor:
+    """_decode_one for a quantize_cpu model of any config (fs: cpu_step.CpuStep; idx (1, 1): the token). Returns the
+    logits (1, V) fp32."""
+    tuner = fs.lean_tuner
     ceiling = torch.get_num_threads()
     nt = tuner.threads(ceiling)
     if nt != ceiling:
         torch.set_num_threads(nt)
     t0 = time.perf_counter()
     try:
-        return _step(model, cache, idx, L, fs, tok)
+        return _step(model, cache, idx, L, fs)
     finally:
         if nt != ceiling:
             torch.set_num_threads(ceiling)
         tuner.record(time.perf_counter() - t0, ceiling)
 
 
-def _step(model, cache: KVCache, idx, L: int, fs, tok: int | None):
-    if tok is not None:
-        idx.fill_(tok)
+def _step(model, cache: KVCache, idx, L: int, fs):
     c = model.cfg
     H, Hk, D, W = c.n_heads, c.n_kv_heads, c.head_dim, c.swa_window
     rep, eps, local = H // Hk, c.norm_eps, c.has_local
@@ -58,7 +60,7 @@ def _step(model, cache: KVCache, idx, L: int, fs, tok: int | None):
         ok = (lp >= 0) & (L - lp < W)                 # ring slots holding a position of this token's window
         lbias = None if bool(ok.all()) else torch.zeros(W).masked_fill_(~ok, float("-inf"))
     cs, sn = model.rope.cos[L], model.rope.sin[L]
-    R = fs.eye * torch.cat([cs, cs]) + fs.P * torch.cat([sn, sn])   # x @ R == RoPE(x) at position L
+    R = rope_matrix(fs.eye, fs.P, cs, sn)                           # x @ R == RoPE(x) at position L
     gk, gv = cache.gk[:, 0], cache.gv[:, 0]
     KgT_all, Vg_all = gk[:, :, :L + 1].transpose(-1, -2), gv[:, :, :L + 1]
     kdt = cache.gk.dtype

@@ -9,141 +9,28 @@
    engram:    one token's Engram block (table gather, int8 w_v / w_k, the gate)
    softcap:   the logit softcap, cap * tanh(y / cap)
 
-   Activations enter as fp32 and are rounded to int16 with one scale per vector (max |x| -> 32767: finer than the
-   bf16 activations of aten._weight_int8pack_mm, 2^-16 of the largest element vs 2^-9 of each element), so the dot
-   products run on integer multiply-adds (VNNI vpdpwssd / vpmaddwd): 32 weights per instruction, int32 sums flushed
-   to fp32 every 8192 columns (no overflow). Threads: OpenMP from the runtime torch already loaded, nt per call. */
+   The int8 products (gemv, and every Linear of norm_gemv, tail, engram) are native_q8.h's: activations rounded
+   to int8 in blocks of 32 (one fp32 scale each, as llama.cpp's Q8_0), exact int32 block dots on the widest
+   integer dot-product instruction the build targets. Threads: OpenMP from the runtime torch already loaded (when
+   built with it), nt per call. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "native_q8.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 #define MIN_PAR_WORK (1 << 16)   /* weights per call below which one thread does it all */
-#define KCHUNK 8192              /* columns per int32 partial sum: 8192/32 * 2 * 32767 * 127 < 2^31 */
-
-/* xq = round(x / sx) with sx = max|x| / 32767; returns sx (0 for an all-zero vector). */
-static float quant16(const float *x, int16_t *xq, int64_t K) {
-    float m = 0.f;
-    for (int64_t k = 0; k < K; k++) {
-        float a = fabsf(x[k]);
-        m = a > m ? a : m;
-    }
-    if (!(m > 0.f) || !isfinite(m)) {
-        memset(xq, 0, K * sizeof(int16_t));
-        return isfinite(m) ? 0.f : NAN;
-    }
-    float r = 32767.f / m;
-    for (int64_t k = 0; k < K; k++) xq[k] = (int16_t)lrintf(x[k] * r);
-    return m / 32767.f;
-}
-
-#if !defined(__AVX512BW__) && defined(__AVX2__)
-static inline int32_t hsum8_epi32(__m256i a) {          /* the sum of 8 int32 lanes */
-    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-    return _mm_cvtsi128_si32(h);
-}
-#endif
-
-static inline int64_t dot_row(const int16_t *x, const int8_t *q, int64_t K) {
-    int64_t k = 0, acc = 0;
-#if defined(__AVX512BW__)
-    __m512i a = _mm512_setzero_si512();
-    for (; k + 32 <= K; k += 32) {
-        __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q + k)));
-        a = _mm512_add_epi32(a, _mm512_madd_epi16(_mm512_loadu_si512((const void *)(x + k)), w));
-        if (((k + 32) & (KCHUNK - 1)) == 0) {
-            acc += _mm512_reduce_add_epi32(a);
-            a = _mm512_setzero_si512();
-        }
-    }
-    acc += _mm512_reduce_add_epi32(a);
-#elif defined(__AVX2__)
-    __m256i a = _mm256_setzero_si256();
-    for (; k + 16 <= K; k += 16) {
-        __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + k)));
-        a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(x + k)), w));
-        if (((k + 16) & (KCHUNK - 1)) == 0) {
-            acc += hsum8_epi32(a);
-            a = _mm256_setzero_si256();
-        }
-    }
-    acc += hsum8_epi32(a);
-#endif
-    for (; k < K; k++) acc += (int32_t)x[k] * (int32_t)q[k];
-    return acc;
-}
-
-#if defined(__AVX512VNNI__)
-#define MADD(a, x, w) _mm512_dpwssd_epi32(a, x, w)
-#elif defined(__AVX512BW__)
-#define MADD(a, x, w) _mm512_add_epi32(a, _mm512_madd_epi16(x, w))
-#endif
-
-/* Four rows at once: four weight streams, each activation chunk loaded once for all of them. */
-static inline void dot4(const int16_t *x, const int8_t *q, int64_t K, int64_t *out) {
-#if defined(__AVX512BW__)
-    if ((K & 31) == 0) {
-        const int8_t *q0 = q, *q1 = q + K, *q2 = q + 2 * K, *q3 = q + 3 * K;
-        int64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (int64_t c = 0; c < K; c += KCHUNK) {
-            int64_t e = c + KCHUNK < K ? c + KCHUNK : K;
-            __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512(), a2 = _mm512_setzero_si512(),
-                    a3 = _mm512_setzero_si512();
-            for (int64_t k = c; k < e; k += 32) {
-                __m512i xv = _mm512_loadu_si512((const void *)(x + k));
-                a0 = MADD(a0, xv, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q0 + k))));
-                a1 = MADD(a1, xv, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q1 + k))));
-                a2 = MADD(a2, xv, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q2 + k))));
-                a3 = MADD(a3, xv, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q3 + k))));
-            }
-            s0 += _mm512_reduce_add_epi32(a0);
-            s1 += _mm512_reduce_add_epi32(a1);
-            s2 += _mm512_reduce_add_epi32(a2);
-            s3 += _mm512_reduce_add_epi32(a3);
-        }
-        out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
-        return;
-    }
-#endif
-    for (int r = 0; r < 4; r++) out[r] = dot_row(x, q + r * K, K);
-}
-
-/* Rows [0, N) of y (+)= s * sx * (q @ xq), split over the threads of the enclosing parallel region (no barrier). */
-static void gemv_rows(const int16_t *x, float sx, const int8_t *q, const float *s, float *y, int64_t N, int64_t K,
-                      int acc) {
-    int64_t nb = N / 4;
-#pragma omp for schedule(static) nowait
-    for (int64_t b = 0; b < nb; b++) {
-        int64_t d[4];
-        int64_t n = 4 * b;
-        dot4(x, q + n * K, K, d);
-        for (int r = 0; r < 4; r++) {
-            float v = s[n + r] * sx * (float)d[r];
-            y[n + r] = acc ? y[n + r] + v : v;
-        }
-    }
-#pragma omp single nowait
-    for (int64_t n = 4 * nb; n < N; n++) {
-        float v = s[n] * sx * (float)dot_row(x, q + n * K, K);
-        y[n] = acc ? y[n] + v : v;
-    }
-}
 
 static inline int threads_for(int64_t work, int nt) { return work < MIN_PAR_WORK || nt < 1 ? 1 : nt; }
 
-/* xq: int16 scratch of K entries. */
-void tc_gemv(const float *x, int16_t *xq, const int8_t *q, const float *s, float *y, int64_t N, int64_t K, int acc,
+/* xq: activation scratch of tc_act_bytes(K) bytes. */
+void tc_gemv(const float *x, void *xq, const int8_t *q, const float *s, float *y, int64_t N, int64_t K, int acc,
              int nt) {
-    float sx = quant16(x, xq, K);
+    tc_act8 a = tc_quant8(x, xq, K);
 #pragma omp parallel num_threads(threads_for(N * K, nt))
-    gemv_rows(xq, sx, q, s, y, N, K, acc);
+    gemv_rows(&a, q, s, y, N, K, acc);
 }
 
 /* h = x / (|x| * inv) = x * sqrt(d) / |x| (rms_norm without epsilon, as _decode_fast computes it) */
@@ -154,31 +41,31 @@ static void rms(const float *x, float *h, int64_t d, float inv) {
     for (int64_t i = 0; i < d; i++) h[i] = x[i] * r;
 }
 
-void tc_norm_gemv(const float *x, float *h, int16_t *xq, float inv, const int8_t *q, const float *s, float *y,
+void tc_norm_gemv(const float *x, float *h, void *xq, float inv, const int8_t *q, const float *s, float *y,
                   int64_t N, int64_t d, int nt) {
     rms(x, h, d, inv);
-    float sx = quant16(h, xq, d);
+    tc_act8 a = tc_quant8(h, xq, d);
 #pragma omp parallel num_threads(threads_for(N * d, nt))
-    gemv_rows(xq, sx, q, s, y, N, d, 0);
+    gemv_rows(&a, q, s, y, N, d, 0);
 }
 
 /* x += wo(y_attn); h = rms(x); u = relu(up(h))^2; x += down(u); then, if nq > 0: h = rms(x); qkv = wq(h).
-   x, h: (d,); y_attn: (dv,); u: (hidden,); xq: int16 scratch of max(dv, d, hidden); qkv: (nq,). */
-void tc_tail(float *x, float *h, int16_t *xq, float inv, const float *y_attn, int64_t dv,
+   x, h: (d,); y_attn: (dv,); u: (hidden,); xq: tc_act_bytes(max(dv, d, hidden)) of scratch; qkv: (nq,). */
+void tc_tail(float *x, float *h, void *xq, float inv, const float *y_attn, int64_t dv,
              const int8_t *wo_q, const float *wo_s, const int8_t *up_q, const float *up_s,
              const int8_t *dn_q, const float *dn_s, float *u, int64_t hidden, int64_t d,
              const int8_t *wq_q, const float *wq_s, float *qkv, int64_t nq, int nt) {
-    float sx = quant16(y_attn, xq, dv);
+    tc_act8 a = tc_quant8(y_attn, xq, dv);
 #pragma omp parallel num_threads(threads_for(hidden * d, nt))
     {
-        gemv_rows(xq, sx, wo_q, wo_s, x, d, dv, 1);
+        gemv_rows(&a, wo_q, wo_s, x, d, dv, 1);
 #pragma omp barrier
 #pragma omp single
         {
             rms(x, h, d, inv);
-            sx = quant16(h, xq, d);
+            a = tc_quant8(h, xq, d);
         }
-        gemv_rows(xq, sx, up_q, up_s, u, hidden, d, 0);
+        gemv_rows(&a, up_q, up_s, u, hidden, d, 0);
 #pragma omp barrier
 #pragma omp single
         {
@@ -186,17 +73,17 @@ void tc_tail(float *x, float *h, int16_t *xq, float inv, const float *y_attn, in
                 float v = u[i] > 0.f ? u[i] : 0.f;
                 u[i] = v * v;
             }
-            sx = quant16(u, xq, hidden);
+            a = tc_quant8(u, xq, hidden);
         }
-        gemv_rows(xq, sx, dn_q, dn_s, x, d, hidden, 1);
+        gemv_rows(&a, dn_q, dn_s, x, d, hidden, 1);
         if (nq > 0) {
 #pragma omp barrier
 #pragma omp single
             {
                 rms(x, h, d, inv);
-                sx = quant16(h, xq, d);
+                a = tc_quant8(h, xq, d);
             }
-            gemv_rows(xq, sx, wq_q, wq_s, qkv, nq, d, 0);
+            gemv_rows(&a, wq_q, wq_s, qkv, nq, d, 0);
         }
     }
 }
@@ -379,7 +266,7 @@ void tc_attn(float *heads, int64_t H, int64_t Hk, int64_t D, int full, const flo
    full (1: writes the group's global K/V), group, then w_o, up, down weights and scales. lk/lv: the (L, 1, Hk, W + 1,
    D) rings, gk/gv: the (G, 1, Hk, gstride, D) global caches. */
 #define TAB_COLS 11
-void tc_layers(const int64_t *tab, int64_t l0, int64_t l1, float *x, float *h, int16_t *xq, float inv, float *qkv,
+void tc_layers(const int64_t *tab, int64_t l0, int64_t l1, float *x, float *h, void *xq, float inv, float *qkv,
                float *y, float *u, int64_t hidden, int64_t d, int64_t H, int64_t Hk, int64_t D, const float *cos_,
                const float *sin_, float *lk, float *lv, int64_t W, float *gk, float *gv, int64_t gstride,
                const int64_t *lpos, int64_t L, float *sc, int nt) {
@@ -397,17 +284,17 @@ void tc_layers(const int64_t *tab, int64_t l0, int64_t l1, float *x, float *h, i
 
 /* One token's Engram block: e = the n_tab table rows at addrs (edim floats each) side by side, v = w_v(e),
    k = w_k(e), x += sigmoid(<rms_norm(x), rms_norm(k)> / sqrt(d)) * v (rms_norm with fp32 epsilon, as F.rms_norm).
-   e: scratch of n_tab * edim floats, k and v of d, xq of int16 for n_tab * edim. */
+   e: scratch of n_tab * edim floats, k and v of d, xq of tc_act_bytes(n_tab * edim). */
 void tc_engram(float *x, const float *table, const int64_t *addrs, int64_t n_tab, int64_t edim,
                const int8_t *wv_q, const float *wv_s, const int8_t *wk_q, const float *wk_s, int64_t d,
-               float *e, int16_t *xq, float *k, float *v, int nt) {
+               float *e, void *xq, float *k, float *v, int nt) {
     int64_t ne = n_tab * edim;
     for (int64_t t = 0; t < n_tab; t++) memcpy(e + t * edim, table + addrs[t] * edim, edim * sizeof(float));
-    float sx = quant16(e, xq, ne);
+    tc_act8 a = tc_quant8(e, xq, ne);
 #pragma omp parallel num_threads(threads_for(2 * d * ne, nt))
     {
-        gemv_rows(xq, sx, wv_q, wv_s, v, d, ne, 0);
-        gemv_rows(xq, sx, wk_q, wk_s, k, d, ne, 0);
+        gemv_rows(&a, wv_q, wv_s, v, d, ne, 0);
+        gemv_rows(&a, wk_q, wk_s, k, d, ne, 0);
     }
     double xx = 0.0, kk = 0.0, xk = 0.0;
     for (int64_t i = 0; i < d; i++) {
@@ -476,7 +363,7 @@ void tc_step(const tc_plan *p, int64_t tok, int64_t L, float inv, float cap, int
     tokens[L] = tok;
     lpos[L % W] = L;
     float *x = (float *)p->x, *h = (float *)p->h, *qkv = (float *)p->qkv;
-    int16_t *xq = (int16_t *)p->xq;
+    void *xq = (void *)p->xq;
     memcpy(x, (const float *)p->embed + tok * d, d * sizeof(float));
     const tc_seg *segs = (const tc_seg *)p->segs;
     for (int64_t si = 0; si < p->n_seg; si++) {
@@ -491,7 +378,7 @@ void tc_step(const tc_plan *p, int64_t tok, int64_t L, float inv, float cap, int
                 ad[t] = acc % s->size + row[1];
             }
             tc_engram(x, (const float *)s->table, ad, s->n_tab, s->edim, (const int8_t *)s->vq, (const float *)s->vs,
-                      (const int8_t *)s->kq, (const float *)s->ks, d, (float *)s->e, (int16_t *)s->exq,
+                      (const int8_t *)s->kq, (const float *)s->ks, d, (float *)s->e, (void *)s->exq,
                       (float *)s->ek, (float *)s->ev, nt);
         }
         tc_norm_gemv(x, h, xq, inv, (const int8_t *)s->qkv_q, (const float *)s->qkv_s, qkv, s->qkv_n, d, nt);
@@ -506,4 +393,4 @@ void tc_step(const tc_plan *p, int64_t tok, int64_t L, float inv, float cap, int
     tc_softcap((float *)p->logits, p->V, cap);
 }
 
-int tc_abi_version(void) { return 7; }
+int tc_abi_version(void) { return 8; }

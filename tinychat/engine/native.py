@@ -6,93 +6,74 @@ a self-test.
 Why: at batch 1 a decode step streams every weight once, and aten._weight_int8pack_mm reaches about half the memory
 bandwidth a plain fp32 GEMV gets on the same core; each PyTorch op also costs a few microseconds of dispatch, and a
 layer of _decode_fast is ~40 of them. The kernels read the int8 weights in four streams (`gemv`; activations rounded
-to int16 per vector, finer than the bf16 the aten kernel takes, so the products run on integer multiply-adds, 32
-weights an instruction), and a token's whole step is a handful of calls: `layers` runs each run of layers between
+to int8 in blocks of 32 with one fp32 scale each, as llama.cpp's Q8_0 activations, so the products run on integer
+dot products: 64 weights an instruction with AVX512-VNNI; native_q8.h), and a token's whole step is a handful of calls: `layers` runs each run of layers between
 Engram blocks (per layer `attn`: norms, RoPE, cache writes, one softmax; `tail`: w_o, residual, norm, MLP, residual,
 next norm and next fused QKV), `engram` one Engram block, `norm_gemv` the head and `softcap` the logit cap.
 
 The shared object is cached under the user cache folder ($TINYCHAT_HOME/cache when set), keyed by the source, the
-compiler and the CPU's flags (it is built with -march=native). TINYCHAT_NATIVE=0 turns the kernels off."""
+compiler, the CPU's flags and the target flags (-march=native, or TINYCHAT_NATIVE_ARCH, e.g. "-march=x86-64-v3
+-mavxvnni" to build and measure the AVX2 + AVX-VNNI path on an AVX-512 machine). Without OpenMP (Apple clang) the
+kernels run on one thread. TINYCHAT_NATIVE=0 turns the kernels off. kernel_path() names the path built.
+
+Rounding: int8 activations (INT8_STEP_VERSION 2) round differently from the int16 ones before (1) and from the
+PyTorch lean step's bf16 activations; the tests bound the difference (tests/unit/test_quant.py)."""
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 import threading
 import warnings
 from pathlib import Path
 
 import torch
 
+from ..nativebuild import build_shared
+from ..nativebuild import compiler as _compiler
+
 ENV = "TINYCHAT_NATIVE"
+INT8_STEP_VERSION = 2   # sessions record "native-int8-v<this>"; bump it when the native step's rounding changes
+                        # (2: int8 activations in blocks of 32; 1: int16 per vector)
 _lock = threading.Lock()
 _lib = None
 _tried = False
 why_not: str | None = None     # why the kernels are off (None while on or not tried yet)
 
-SOURCE = (Path(__file__).with_name("native.c")).read_text(encoding="utf-8")   # the kernels (C), beside this file
+SOURCES = {n: Path(__file__).with_name(n).read_text(encoding="utf-8") for n in ("native.c", "native_q8.h")}
+SOURCE = SOURCES["native.c"]    # the kernels (C), beside this file; native_q8.h: its int8 GEMV, included
+ARCH_ENV = "TINYCHAT_NATIVE_ARCH"   # the build's target flags instead of the host's own (-march=native), e.g.
+                                    # "-march=x86-64-v3 -mavxvnni" (AVX2 + AVX-VNNI), "-march=x86-64-v3" (AVX2)
 
 
-def _cache_dir() -> Path:
-    home = os.environ.get("TINYCHAT_HOME", "").strip()
-    if home:
-        return Path(home).expanduser() / "cache" / "kernels"
-    import platformdirs
-    return platformdirs.user_cache_path("tinychat") / "kernels"
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
+def arch_flags() -> list[str]:
+    """The target flags of the build: TINYCHAT_NATIVE_ARCH when set, else the host's own features (-march=native;
+    -mcpu=native on ARM64, where clang takes no -march=native)."""
+    env = os.environ.get(ARCH_ENV, "").strip()
+    if env:
+        return env.split()
     import platform
-    return platform.processor() + platform.machine()
+    return ["-mcpu=native"] if platform.machine().lower() in ("arm64", "aarch64") else ["-march=native"]
 
 
-def _compiler() -> str | None:
-    for c in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if c and shutil.which(c):
-            return shutil.which(c)
-    return None
+def build_cmd(cc: str, src: Path, out: Path, arch: list[str], openmp: bool) -> list[str]:
+    """The compile command for the shared library (-ffp-contract=off: no fused multiply-adds the source does not
+    spell out, so every build rounds the activations the same way)."""
+    return [cc, *(["-fopenmp"] if openmp else []), "-O3", *arch, "-ffp-contract=off", "-shared", "-fPIC", "-o",
+            str(out), str(src), "-lm"]
 
 
 def _build(cc: str) -> Path:
-    ver = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE, ver, _cpu_flags(), torch.__version__]).encode()).hexdigest()[:16]
-    for d in (_cache_dir(), Path(tempfile.gettempdir()) / "tinychat-kernels"):
-        so = d / f"tc_native_{key}.so"
-        if so.is_file():
-            return so
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            continue
-        with tempfile.TemporaryDirectory(dir=d) as tmp:
-            c = Path(tmp) / "tc_native.c"
-            c.write_text(SOURCE)
-            out = Path(tmp) / so.name
-            base = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(out), str(c), "-lm"]
-            err = ""
-            for extra in (["-fopenmp"], []):         # without OpenMP: the pragmas are ignored, one thread
-                r = subprocess.run(base[:1] + extra + base[1:], capture_output=True, text=True, timeout=300)
-                if r.returncode == 0:
-                    break
-                err = r.stderr.strip().splitlines()[-1:] if r.stderr.strip() else [f"exit {r.returncode}"]
-            else:
-                raise RuntimeError(f"compiling the native kernels failed: {err[0][:200]}")
-            os.replace(out, so)
-        return so
-    raise RuntimeError("no writable folder for the native kernels")
+    """The kernels' shared object (tinychat/nativebuild.py: cached, keyed by sources, compiler, CPU, target flags and
+    torch)."""
+    arch = arch_flags()
+    common = ["-O3", *arch, "-ffp-contract=off"]
+    return build_shared(SOURCE, "tc_native", (["-fopenmp", *common], common), cc=cc,   # without OpenMP (Apple
+                        key_extra=(torch.__version__, *arch),                            # clang): one thread
+                        headers={n: t for n, t in SOURCES.items() if n != "native.c"})
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-ABI = 7                 # tc_abi_version() of the source this module binds
+ABI = 8                 # tc_abi_version() of the source this module binds
 TC_MAXN = 8             # native.c's highest Engram order for tc_step's hashing
 
 
@@ -126,22 +107,56 @@ def _bind(lib):
               lib.tc_step):
         f.restype = None
     lib.tc_abi_version.restype = ctypes.c_int
+    lib.tc_kernel_path.restype = ctypes.c_char_p
+    lib.tc_act_bytes.argtypes = [_I64]
+    lib.tc_act_bytes.restype = ctypes.c_int64
+    lib.tc_gemv_ref.argtypes = [_F, _F, _I8, _F, _F, _I64, _I64, _INT]
+    lib.tc_gemv_ref.restype = None
+    lib.tc_read_bytes.argtypes = [_I8, _I64]
+    lib.tc_read_bytes.restype = ctypes.c_int64
     return lib
 
 
+QB = 32                 # native_q8.h's activation block: columns per int8 scale
+
+
+def quant8_ref(x: torch.Tensor) -> torch.Tensor:
+    """The activations as the kernels see them: x (K,) rounded to int8 in blocks of QB with one fp32 scale per block
+    (max|x| / 127; round half to even of x * (127 / max)), returned dequantized in float64 (exact: xq * scale).
+    An all-zero block stays zero; a block with inf / NaN gives NaN (native_q8.h's tc_quant8 in PyTorch)."""
+    K = x.numel()
+    xb = torch.nn.functional.pad(x.float().reshape(-1), (0, -K % QB)).view(-1, QB)
+    m = xb.abs().amax(dim=1, keepdim=True)
+    bad = ~torch.isfinite(xb).all(dim=1, keepdim=True)
+    r = torch.where(m > 0, torch.tensor(127.0) / m, torch.zeros(()))
+    xq = torch.round(torch.where(bad, 0.0, xb * r))
+    sx = torch.where(bad, float("nan"), m / 127.0)
+    return (xq.double() * sx.double()).view(-1)[:K]
+
+
+def act_scratch(lib, k: int) -> torch.Tensor:
+    """An activation scratch for inputs of up to k columns (native_q8.h's tc_act8 layout)."""
+    return torch.empty(int(lib.tc_act_bytes(max(k, 64))), dtype=torch.uint8)
+
+
+def _close(y, ref, tol=1e-4) -> bool:
+    return bool(torch.allclose(y.double(), ref, rtol=tol, atol=tol * float(ref.abs().max())))
+
+
 def _self_test(lib) -> bool:
-    """The kernels against aten / plain fp32 math on odd shapes (remainder rows and columns), 1 and 2 threads."""
+    """The kernels against the same int8 activation rounding in float64 (quant8_ref) on odd shapes (remainder rows
+    and columns), 1 and 2 threads: equal up to fp32 summation order."""
     g = torch.Generator().manual_seed(0)
-    xq = torch.empty(16384, dtype=torch.int16)
-    for N, K in ((37, 80), (64, 768), (5, 19), (8, 9000)):
+    xq = act_scratch(lib, 9000)
+    for N, K in ((37, 80), (64, 768), (5, 19), (8, 9000), (9, 100)):
         q = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)
         s = torch.rand(N, generator=g) + 0.5
         x = torch.randn(K, generator=g)
-        ref = (q.double() @ x.double()) * s.double()
+        ref = (q.double() @ quant8_ref(x)) * s.double()
         for nt in (1, 2):
             y = torch.full((N,), 3.0)
             lib.tc_gemv(x.data_ptr(), xq.data_ptr(), q.data_ptr(), s.data_ptr(), y.data_ptr(), N, K, 1, nt)
-            if not torch.allclose(y.double(), ref + 3.0, rtol=1e-3, atol=1e-3 * float(ref.abs().max())):
+            if not _close(y - 3.0, ref):
                 return False
     d, hid, nq = 48, 96, 40
     x0 = torch.randn(d, generator=g)
@@ -150,21 +165,30 @@ def _self_test(lib) -> bool:
                                                                                      (nq, d))]
     sc = [torch.rand(t.size(0), generator=g) * 0.01 for t in w]
     inv = d ** -0.5
-    x = x0.double() + (w[0].double() @ ya.double()) * sc[0].double()
+
+    def lin(i, v):
+        return (w[i].double() @ quant8_ref(v.float())) * sc[i].double()
+    x = x0.double() + lin(0, ya)
     h = x / (x.norm() * inv)
-    u = torch.relu((w[1].double() @ h) * sc[1].double()) ** 2
-    x = x + (w[2].double() @ u) * sc[2].double()
+    u = torch.relu(lin(1, h)) ** 2
+    x = x + lin(2, u)
     h = x / (x.norm() * inv)
-    qkv_ref = (w[3].double() @ h) * sc[3].double()
+    qkv_ref = lin(3, h)
     for nt in (1, 2):
         xx, hh, uu, qkv = x0.clone(), torch.empty(d), torch.empty(hid), torch.empty(nq)
         lib.tc_tail(xx.data_ptr(), hh.data_ptr(), xq.data_ptr(), inv, ya.data_ptr(), d, w[0].data_ptr(), sc[0].data_ptr(),
                     w[1].data_ptr(), sc[1].data_ptr(), w[2].data_ptr(), sc[2].data_ptr(), uu.data_ptr(), hid, d,
                     w[3].data_ptr(), sc[3].data_ptr(), qkv.data_ptr(), nq, nt)
-        if not (torch.allclose(xx.double(), x, rtol=1e-3, atol=1e-3 * float(x.abs().max()))
-                and torch.allclose(qkv.double(), qkv_ref, rtol=1e-3, atol=1e-3 * float(qkv_ref.abs().max()))):
+        if not (_close(xx, x, 1e-3) and _close(qkv, qkv_ref, 1e-3)):
             return False
     return True
+
+
+def kernel_path() -> str:
+    """Which int8 kernel path this machine runs: native_q8.h's ("avx512-vnni", "avx2-vnni", "avx2", "neon-dotprod",
+    "neon", "scalar"), or "pytorch" where the native kernels are off."""
+    lib = load()
+    return "pytorch" if lib is None else lib.tc_kernel_path().decode()
 
 
 def load():

@@ -1,6 +1,6 @@
 """The int8 decode step in native kernels (engine/native.c through engine/native.py): `_NativeStep`, the kernels'
-view of an int8 model (raw weight pointers, fp32 / int16 buffers, the Engram hashing tables, tc_step's plan), and
-`_decode_native`, quant._decode_fast's native path. Kept beside the PyTorch lean step it must equal (quant.py)."""
+view of an int8 model (raw weight pointers, fp32 / int8 buffers, the Engram hashing tables, tc_step's plan), and
+`_decode_native`, the native path of the lean CPU step (cpu_step.py, the PyTorch step it must equal, builds it)."""
 from __future__ import annotations
 
 import ctypes
@@ -10,10 +10,9 @@ import weakref
 import torch
 
 from .cache import KVCache
-from .quant import Int8Linear, _CpuFast
+from .native import act_scratch as native_act_scratch
+from .quant import Int8Linear
 from .threads import ThreadTuner
-
-STEP_IN_C = True   # the native step as one tc_step call (False: the same kernels called from Python, as reference)
 
 
 def _no_native():
@@ -22,7 +21,7 @@ def _no_native():
 
 class _NativeStep:
     """The native kernels' view of an int8 model: per layer the raw pointers of the int8 weights and their fp32
-    scales (kept alive here), and the fp32 / int16 buffers the kernels read and write in place."""
+    scales (kept alive here), and the fp32 / int8 buffers the kernels read and write in place."""
 
     def __deepcopy__(self, memo):   # raw pointers into the original model's weights: a copy runs the PyTorch step
         return None
@@ -62,7 +61,7 @@ class _NativeStep:
         d, hid, HD = c.d_model, c.mlp_hidden, c.n_heads * c.head_dim
         self.x = torch.empty(d)
         self.h = torch.empty(d)
-        self.xq = torch.empty(max(d, hid, HD, 64), dtype=torch.int16)
+        self.xq = native_act_scratch(lib, max(d, hid, HD))   # int8 activations, block scales (native_q8.h)
         self.u = torch.empty(hid)
         self.y = torch.empty(HD)
         self.qkvbuf = torch.empty(max(n for _, _, n in self.qkv))
@@ -94,7 +93,7 @@ class _NativeStep:
                   and en.w_v.bias is None and en.w_k.bias is None)
             self.engram_native[i] = (en.table.weight, *w(en.w_v)[:2], *w(en.w_k)[:2]) if ok else None
         self.e, self.ek, self.ev = torch.empty(ne), torch.empty(d), torch.empty(d)
-        self.exq = torch.empty(ne, dtype=torch.int16)
+        self.exq = native_act_scratch(lib, ne)
         self._cid_map = model.cid_map
         self._cid: list[int] = []
         self._cid_version = -1
@@ -210,13 +209,14 @@ class _NativeStep:
         return out
 
 
-def _decode_native(model, cache: KVCache, tok: int, L: int, fs: _CpuFast, nat: _NativeStep):
+def _decode_native(model, cache: KVCache, tok: int, L: int, fs, nat: _NativeStep, step_in_c: bool = True):
     """_decode_fast in native kernels (engine/native.py). With an fp32 cache, one tc_layers call per run of layers
     between Engram blocks (per layer: tc_attn = q/k norms, RoPE, the cache writes, one softmax over [global | local]
     keys; tc_tail = w_o + residual, norm, MLP + residual, next norm, next fused QKV), tc_engram for an Engram block,
-    the softcap in C; when every piece is native (nat.plan), all of that is one tc_step call (STEP_IN_C), else the
+    the softcap in C; when every piece is native (nat.plan), all of that is one tc_step call (step_in_c), else the
     calls are made from here. Other caches (bf16): PyTorch attention ops between tc_tail calls. Same math as
-    _decode_fast; the activations enter the int8 products as int16 (per-vector scale) instead of bf16."""
+    _decode_fast; the activations enter the int8 products as int8 in blocks of 32 with an fp32 scale each
+    (native.quant8_ref) instead of bf16."""
     c = model.cfg
     H, Hk, D, W = c.n_heads, c.n_kv_heads, c.head_dim, c.swa_window
     rep = H // Hk
@@ -232,7 +232,7 @@ def _decode_native(model, cache: KVCache, tok: int, L: int, fs: _CpuFast, nat: _
         need = max(nt, ceiling) * (cache.max_len + 1 + W)
         if nat.sc.numel() < need:
             nat.sc = torch.empty(need)
-        plan = nat.plan(model, cache) if STEP_IN_C else None
+        plan = nat.plan(model, cache) if step_in_c else None
         if plan is not None:                                 # the whole step in one native call
             lib.tc_step(plan, tok, L, inv, c.logit_softcap, nt)
             nat.tuner.record(time.perf_counter() - t0, ceiling)

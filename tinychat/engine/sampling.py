@@ -108,13 +108,19 @@ def _sample_icdf(logits, temperature, top_p, pen, pen_mask, ban_mask, u):
     return si.gather(-1, j).view(1)
 
 
-def _phrase_ban_mask(out, i, ban_ctx, ban_tok, scratch, ar):
+def _phrase_ban_mask(out, i, ban_ctx, ban_tok, scratch, ar, pos=None):
     """The phrase ban on the device, graph-capturable (fixed shapes, no host values): (1, V) bool, True for the ids
     that would complete a banned n-gram after the last k = ar.numel() sampled tokens out[i-k:i] (nothing before k
     tokens are sampled). ban_ctx (cap, k) context rows (-1 = unused row), ban_tok (cap,) the banned id per row
-    (V = unused, lands in scratch's extra slot), scratch (V + 1,) float work buffer, i (1,) long."""
+    (V = unused, lands in scratch's extra slot), scratch (V + 1,) float work buffer, i (1,) long.
+    pos (n,) = arange(out.numel()): the ban also covers the n-grams of out[:i] itself (the reply so far): out[j] for
+    every j in [k, i) whose k predecessors out[j-k:j] equal the context. None: only the table."""
     k = ar.numel()
     ctx = out.index_select(0, (i - k + ar).clamp_min(0))                      # (k,)
     hit = (ban_ctx == ctx[None]).all(-1) & (i >= k)                           # (cap,)
     scratch.zero_().index_add_(0, ban_tok, hit.to(scratch.dtype))
+    if pos is not None:
+        win = out[(pos[:, None] - k + ar[None, :]).clamp_min(0)]             # (n, k): win[j] = out[j-k:j]
+        mine = (win == ctx[None]).all(-1) & (pos >= k) & (pos < i) & (i >= k)  # (n,)
+        scratch.index_add_(0, out, mine.to(scratch.dtype))
     return (scratch[:-1] > 0)[None]

@@ -10,6 +10,7 @@ import torch
 from ..model import mlp_act, rms_norm
 from .append import _rope_cs, _softcap
 from .cache import KVCache
+from .fused import fused_qkv_bias, fused_qkv_weight, n_qk_heads, rope_basis, rope_matrix
 
 
 def _graph_api(dev: torch.device):
@@ -30,28 +31,14 @@ class _StaticAux:
         c = model.cfg
         Hk, D = c.n_kv_heads, c.head_dim
         dev = cache.gk.device
-        self.wf, self.bf, self.nqk = [], [], []
-        for blk in model.blocks:
-            a = blk.attn
-            kv = [m for m in (a.w_kv_local, a.w_kv_global) if m is not None]   # no local K/V: the llama family
-            parts_k = [m.weight[:Hk * D] for m in kv]
-            parts_v = [m.weight[Hk * D:] for m in kv]
-            self.wf.append(torch.cat([a.w_q.weight] + parts_k + parts_v, dim=0).contiguous())
-            self.bf.append(None if a.w_q.bias is None else
-                           torch.cat([a.w_q.bias] + [m.bias[:Hk * D] for m in kv] + [m.bias[Hk * D:] for m in kv]))
-            self.nqk.append(c.n_heads + Hk * len(parts_k))
+        self.wf = [fused_qkv_weight(blk.attn, Hk, D) for blk in model.blocks]
+        self.bf = [fused_qkv_bias(blk.attn, Hk, D) for blk in model.blocks]       # None: bias-free projections
+        self.nqk = [n_qk_heads(blk.attn, c.n_heads, Hk) for blk in model.blocks]
         self.kpos = torch.arange(cache.max_len, device=dev)
         self.ar = torch.arange(max(_StaticFeed.BUCKETS), device=dev)
         max_n = max(c.engram_orders) if model.engram_modules() else 1
         self.back = torch.arange(-(max_n - 1), 0, device=dev)
-        half = D // 2
-        dt = model.embed.weight.dtype
-        self.eye = torch.eye(D, device=dev, dtype=dt)
-        P = torch.zeros(D, D, device=dev, dtype=dt)                 # x @ (eye*cos + P*sin) == RoPE(x)
-        j = torch.arange(half, device=dev)
-        P[j + half, j] = -1
-        P[j, j + half] = 1
-        self.P = P
+        self.eye, self.P = rope_basis(D, dev, model.embed.weight.dtype)
 
 
 def _step_static(model, cache: KVCache, idx, n, aux: _StaticAux):
@@ -99,7 +86,7 @@ def _step_static(model, cache: KVCache, idx, n, aux: _StaticAux):
     bias = bias.repeat(rep, 1)[None]                                             # (1, rep*C, L), rows r*C + i
     if C == 1:
         cs, sn = rope.cos[pos].to(xdt), rope.sin[pos].to(xdt)                    # (1, D/2)
-        R = aux.eye * torch.cat([cs, cs], dim=-1) + aux.P * torch.cat([sn, sn], dim=-1)   # x @ R == RoPE(x)
+        R = rope_matrix(aux.eye, aux.P, cs, sn)                                  # x @ R == RoPE(x)
     else:
         cs, sn = rope.cos[pos][:, None].to(xdt), rope.sin[pos][:, None].to(xdt)  # (C, 1, D/2)
     scale = 1.0 / math.sqrt(D)

@@ -2,19 +2,17 @@
 
 On an idle machine the step is faster on every core (the weight stream splits across them). When other processes
 keep a core busy, an OpenMP worker that is descheduled stalls every barrier of the step, and the mean step time at
-two threads can be several times the one-thread time (measured on a 2-vCPU guest with one core busy: median 1.2 ms,
-mean 5.7 ms at 2 threads; 1.9 / 2.0 ms at 1). So the tuner runs the step on its current choice, now and then tries
+two threads can be several times the one-thread time while the median hardly moves. So the tuner runs the step on its current choice, now and then tries
 the other one for a few steps, and keeps whichever has the lower mean step time (the mean, not the median: stalls
 are what it is there to see). A trial that loses doubles the wait before the next one, so a machine that stays
 busy (or idle) pays almost nothing for the checking. Steps that stall badly (a mean over STALL times the fastest
 step) bring the trial forward to an eighth of the wait.
 
-AUTO = False (the CLI's --threads N) pins the count to torch.get_num_threads()."""
+ThreadTuner(auto=False) (EngineOptions.tune_threads False: the CLI's --threads N) pins the count to
+torch.get_num_threads()."""
 from __future__ import annotations
 
 from collections import deque
-
-AUTO = True
 
 
 class ThreadTuner:
@@ -25,7 +23,8 @@ class ThreadTuner:
     MARGIN = 0.95       # a trial must be this much faster (mean) to switch
     STALL = 3.0         # recent mean over this times the fastest recent step: trial early (after wait // 8 steps)
 
-    def __init__(self):
+    def __init__(self, auto: bool = True):
+        self.auto = auto
         self.choice: int | None = None       # None: the ceiling
         self.recent: deque[float] = deque(maxlen=self.WINDOW)
         self.wait = self.FIRST
@@ -36,7 +35,7 @@ class ThreadTuner:
 
     def threads(self, ceiling: int) -> int:
         """The thread count for the next step (1 <= n <= ceiling)."""
-        if not AUTO or ceiling <= 1:
+        if not self.auto or ceiling <= 1:
             return max(1, ceiling)
         cur = ceiling if self.choice is None else min(self.choice, ceiling)
         if self.trial is not None:
@@ -45,7 +44,7 @@ class ThreadTuner:
         due = self.since >= self.wait and n >= self.WINDOW // 2
         # a collapsing choice (a worker descheduled at every barrier: steps of tens of ms between normal ones) is
         # tried against the other after a few steps, not after `wait`: a busy machine's first reply would otherwise
-        # crawl for 64 steps (the shipped model at 13 tok/s while a test run held the other core)
+        # crawl for its first 64 steps
         stalled = n >= 4 and self.since >= max(4, self.wait // 8) and sum(self.recent) > self.STALL * n * min(self.recent)
         if due or stalled:
             self.trial = 1 if cur > 1 else ceiling
@@ -55,7 +54,7 @@ class ThreadTuner:
 
     def record(self, seconds: float, ceiling: int) -> None:
         """The time of the step just run with threads(ceiling)."""
-        if not AUTO or ceiling <= 1:
+        if not self.auto or ceiling <= 1:
             return
         if self.trial is None:
             self.recent.append(seconds)

@@ -283,7 +283,8 @@ def encode_all(tok: Tokenizer, conversations: Sequence[list[dict]], system: str 
     offsets = torch.zeros(len(lengths) + 1, dtype=torch.long)
     if lengths:
         offsets[1:] = torch.tensor(lengths, dtype=torch.long).cumsum(0)
-    cat = (lambda ps, dt: torch.cat(ps) if ps else torch.zeros(0, dtype=dt))
+    def cat(ps, dt):
+        return torch.cat(ps) if ps else torch.zeros(0, dtype=dt)
     return TokenizedSet(cat(ids_parts, torch.int32), cat(mask_parts, torch.bool), offsets)
 
 
@@ -309,7 +310,7 @@ def load_tokenized(source, tok: Tokenizer, val_fraction: float = 0.02, system: s
                 t = load_file(str(cache))
                 return tuple(TokenizedSet(t[f"{n}.ids"], t[f"{n}.mask"], t[f"{n}.offsets"])   # type: ignore
                              for n in ("train", "val"))
-        except Exception:       # a damaged cache is only a lost shortcut
+        except Exception:  # noqa: BLE001  a damaged cache is only a lost shortcut
             pass
     train, val = load_split(source, val_fraction)
     sets = encode_all(tok, train, system), encode_all(tok, val, system)

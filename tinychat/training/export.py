@@ -166,6 +166,7 @@ def _threads_text(st: dict) -> str:
 
 def model_card(f: dict) -> str:
     from .evaluate import BAR, transcript
+    from .judge import LOOP_MAX
     st, cfg, mc = f["state"], f["state"]["config"], f["state"]["model_config"]
     data = st["data"]
     ev = f.get("eval") or {}
@@ -269,12 +270,24 @@ def model_card(f: dict) -> str:
             d = s["sampler"]
             lines += [f"Sampling: temperature {d['temperature']}, top-p {d['top_p']}, repetition penalty "
                       f"{d['penalty']} over the last {d['penalty_window']} tokens, phrase ban "
-                      f"{'on' if d['ban'] else 'off'}, no-parrot {'on' if d['no_parrot'] else 'off'}.", ""]
+                      f"{'on' if d['ban'] else 'off'}, no-parrot {'on' if d['no_parrot'] else 'off'}, reply ban "
+                      f"{'on' if d.get('ban_reply') else 'off'}.", ""]
         lines += ["| metric | value | bar |", "| --- | --- | --- |",
                   f"| replies ending with `<|im_end|>` | {q['stop']:.3f} | >= {BAR['stop']} |",
                   f"| word distinct-2 | {q['distinct2']:.3f} | >= {BAR['distinct2']} |",
                   f"| dictionary words | {q['dictionary']:.3f} | >= {BAR['dictionary']} |",
+                  *([f"| replies that loop (a word 4-gram 3+ times) | {q['loops']:.3f} | <= {LOOP_MAX} |"]
+                    if "loops" in q else []),
                   f"| mean words per reply | {q['mean_words']:.1f} | |"]
+        j = ev.get("judge")
+        if j:
+            lines += ["", f"Judged by the teacher (`eval --judge`: the teacher reads each conversation with the "
+                      f"student's replies and scores them in context; beside it, the teacher's own replies to the same "
+                      f"messages, sampled at temperature {j['temperature']}, top-p {j['top_p']}):", "",
+                      "| replies by | teacher NLL, nats per teacher token | replies that loop |", "| --- | --- | --- |",
+                      f"| the student | {j['student_nll']:.3f} | {j['student_loops']:.3f} |",
+                      f"| the teacher itself | {j['teacher_nll']:.3f} | {j['teacher_loops']:.3f} |",
+                      f"| ratio | {j['ratio']:.2f}x | |"]
     else:
         lines.append("Not measured for this export (run `python -m tinychat.training eval`).")
     lines += ["", "## Sample conversations", ""]
@@ -289,7 +302,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("assets"))
     p.add_argument("--shards", nargs="+", default=["data/shards"], help="for the card's data figures ('' to skip)")
     p.add_argument("--eval", type=Path, default=None, help="JSON from `eval --out` (quality, losses, samples)")
-    p.add_argument("--samples", type=int, default=3)
+    p.add_argument("--samples", type=int, default=10,
+                   help="sample conversations in the card: the first held-out ones of the eval, not picked by hand")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--generate-command", default=None,

@@ -14,7 +14,7 @@ It takes "segments" (several consecutive query tokens of one row), so prompt tok
 the same step as the one-token decode rows and share their row's key reads.
 
 It is plain C + OpenMP (AVX-512 intrinsics where the compiler targets them), built with the system C
-compiler into the user cache dir and loaded with ctypes (no torch headers, no ninja). The library
+compiler into the user cache dir (tinychat/nativebuild.py) and loaded with ctypes (no torch headers, no ninja). The library
 links libgomp.so.1, which resolves to the copy torch already loaded, so both share one OpenMP
 thread pool. Without a compiler ``available()`` is False and the model uses its PyTorch path.
 """
@@ -22,12 +22,10 @@ thread pool. Without a compiler ``available()`` is False and the model uses its 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
 import subprocess
-import tempfile
-from pathlib import Path
+
+from ..nativebuild import BuildError, build_shared
 
 import torch
 
@@ -226,28 +224,9 @@ void kv_write_i8(const float *restrict k, const float *restrict v, const int64_t
 # -ffast-math's parts, not the flag itself: with -ffast-math GCC links crtfastmath.o even into a shared object,
 # which turns on flush-to-zero / denormals-are-zero for the WHOLE process when the library loads.
 _FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
-          "-freciprocal-math", "-ffinite-math-only", "-fopenmp", "-shared", "-fPIC"]
+          "-freciprocal-math", "-ffinite-math-only", "-fopenmp"]
 _lib = None
 _tried = False
-
-
-def _cache_dir() -> Path:
-    try:
-        import platformdirs
-
-        return Path(platformdirs.user_cache_dir("tinychat"))
-    except Exception:  # pragma: no cover - platformdirs is a runtime dependency
-        return Path(tempfile.gettempdir()) / "tinychat-cache"
-
-
-def _machine_key() -> str:
-    """-march=native code must not be reused on another CPU: key the build by its flags."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((ln for ln in f if ln.startswith("flags")), "")
-    except OSError:
-        flags = platform.processor()
-    return hashlib.sha256((_SOURCE + " ".join(_FLAGS) + flags).encode()).hexdigest()[:16]
 
 
 def _load():
@@ -257,17 +236,8 @@ def _load():
     _tried = True
     if os.environ.get("TINYCHAT_NO_FASTATTN"):
         return None
-    out = _cache_dir() / f"fastattn-{_machine_key()}.so"
     try:
-        if not out.exists():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # same fs: atomic rename
-                src, so = Path(tmp) / "fastattn.c", Path(tmp) / "fastattn.so"
-                src.write_text(_SOURCE)
-                cc = os.environ.get("CC", "cc")
-                subprocess.run([cc, *_FLAGS, str(src), "-o", str(so), "-lm"], check=True,
-                               capture_output=True, timeout=120)
-                os.replace(so, out)
+        out = build_shared(_SOURCE, "fastattn", [_FLAGS], key_extra=(" ".join(_FLAGS),), timeout=120)
         lib = ctypes.CDLL(str(out))
         lib.kv_write_i8.restype = None
         lib.kv_write_i8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + [ctypes.c_void_p] * 4
@@ -275,7 +245,7 @@ def _load():
         lib.seg_attention_i8.argtypes = ([ctypes.c_void_p] * 6 + [ctypes.c_int, ctypes.c_void_p]
                                          + [ctypes.c_int] * 4 + [ctypes.c_float])
         _lib = lib
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, BuildError, subprocess.SubprocessError):
         _lib = None
     return _lib
 

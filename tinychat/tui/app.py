@@ -9,7 +9,9 @@ and never touches a widget. Stop is `chat.cancel()` (thread-safe). The UI reads 
 status) only between operations. A worker's failure arrives as `Worker.StateChanged` (ERROR) and becomes a
 notification; a failing model load is shown in the app.
 
-Turns live in turns.py, slash commands in commands.py, replay playback in playback.py (mixins of the app).
+Turns live in turns.py, slash commands in commands.py, replay playback in playback.py (mixins of the app); the
+state they share (the open chat, the running operation, the reply being written) is one ChatState (state.py),
+owned by the app as `app.state`.
 Entry points for the CLI: `run_app(...)` and `run_replay(...)`.
 """
 from __future__ import annotations
@@ -32,6 +34,7 @@ from .messages import ChatOpened, ReplayFinished, RuntimeReady
 from .playback import PlaybackMixin
 from .runtime import Backend, FactoryBackend, Pace, ReplayBackend
 from .screens import HelpScreen, SessionsScreen, SettingsScreen
+from .state import Busy, ChatState
 from .turns import TurnsMixin
 from .widgets import (AssistantMessage, ChatView, Inspector, NoticeMessage, PromptArea, PromptInput, StatusBar,
                       TokenView, UserMessage)
@@ -64,27 +67,31 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         super().__init__()
         self._frozen = False                        # gc.freeze() done (see _freeze_startup_objects)
         self.backend = backend
-        self.replay_sess = getattr(backend, "sess", None)
+        self.replay_sess = backend.sess
         self.replay_speed = 1.0 if replay_speed is None else replay_speed
         self.inspector_pref = inspector            # None: shown when the terminal is wide enough
         self.blink = blink
         self.export_dir = export_dir
-        self.chat: Any = None
+        self.state = ChatState()                    # the chat, the running operation, the reply being written
         self.strings: list[str] = []
-        self.busy: str | None = "load"              # the running operation, None when idle
         self.load_error: str | None = None
-        self._turn_id = 0
-        self._current: AssistantMessage | None = None
-        self._live = {"n": 0, "ms": 0.0, "ttft": None}
         self.pace = Pace()                          # how often the decode thread posts token batches
         self._ui_cpu: float | None = None           # UI thread CPU time at the last batch
         self._status_at = 0.0                       # when the status bar last showed live figures
         self._inspector_at = 0.0                    # when the inspector last showed a live token
-        self._pending_settings: dict[str, str] = {}
         self._stop_replay = threading.Event()
-        self._job_text = ""                         # the text of the message being sent (restored on failure)
         self.replay_summary: ReplayFinished | None = None
         self.notices: list[tuple[str, str]] = []    # (severity, message) of every notification, for tests and logs
+
+    @property
+    def chat(self):
+        """The open chat (tinychat.chat.Chat), None until the model is loaded."""
+        return self.state.chat
+
+    @property
+    def busy(self) -> Busy | None:
+        """The operation running on the chat thread, None when idle."""
+        return self.state.busy
 
     def notify(self, message: str, *, title: str = "", severity: str = "information", **kw) -> None:
         self.notices.append((severity, str(message)))
@@ -140,10 +147,12 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         if chat.session.n_turns:
             note = f"continuing session {chat.session.id}: {chat.session.title or 'untitled'} " \
                    f"({chat.session.n_turns} turns)"
+        if getattr(chat, "notice", None):
+            note += f" · {chat.notice}"
         self.post_message(RuntimeReady(chat, strings, note, chat.status()))
 
     async def on_runtime_ready(self, msg: RuntimeReady) -> None:
-        self.chat, self.strings = msg.chat, msg.token_strings
+        self.state.chat, self.strings = msg.chat, msg.token_strings
         if self.replay_sess is not None:
             self.chat.autosave = False                  # a replay never writes sessions
         self.view.loading = False
@@ -152,7 +161,7 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         self._update_status(msg.status, activity="")
         self._freeze_startup_objects()
         if self.replay_sess is not None:
-            self._set_busy("replay")
+            self._set_busy(Busy.REPLAY)
             self.status_bar.update_status(activity=f"replay ×{self.replay_speed:g}" if self.replay_speed
                                           else "replay (full speed)")
             self._replay(self.chat, self.replay_sess, self.replay_speed)
@@ -161,10 +170,9 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         """The conversation from the chat's session (after a load, opening a session, a new chat)."""
         view = self.view
         await view.clear()
-        self._current = None
+        self.state.current = None
         sess = self.chat.session
         tok = self.chat.tok
-        gen, end = len(tok.generation_prompt_ids()), len(tok.end_ids())
         widgets = []
         history = []
         for m in sess.messages:
@@ -172,7 +180,7 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
                 widgets.append(UserMessage(m.content, classes="message user"))
                 history.append(m.content)
             elif m.role == "assistant" and self.replay_sess is None:
-                ids = m.token_ids[gen:len(m.token_ids) - end]
+                ids = tok.content_ids(m.role, m.token_ids)
                 meta = f"{len(ids)} tokens" + (f" · {m.finish}" if m.finish and m.finish != "stop" else "") + \
                     " · restored (no trace)"
                 w = AssistantMessage(m.content, meta=meta, classes="message assistant")
@@ -194,13 +202,13 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         return self.strings[token] if 0 <= token < len(self.strings) else ""
 
     # -- state ----------------------------------------------------------------------------------------------------
-    def _set_busy(self, kind: str | None) -> None:
+    def _set_busy(self, kind: Busy | None) -> None:
         # The footer's bindings stay the same whatever the state (an action that does not apply says so when
         # pressed): refreshing them would recompose the footer twice per turn, on the UI thread, while decoding.
-        self.busy = kind
-        # no cursor blink while a reply streams: each blink repaints the input (~5 ms of UI time, taken from the
-        # decode thread through the GIL)
-        self.prompt.cursor_blink = self.blink and kind not in ("send", "regen", "replay")
+        self.state.busy = kind
+        # no cursor blink while a reply streams: each blink repaints the input (UI time, taken from the decode
+        # thread through the GIL)
+        self.prompt.cursor_blink = self.blink and not (kind is not None and kind.decoding)
 
     def _can_run(self, what: str = "that") -> bool:
         if self.chat is None:
@@ -210,7 +218,7 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
             self.notify("this is a replay: start `tinychat` to chat", severity="warning")
             return False
         if self.busy is not None:
-            self.notify(f"busy ({self.busy}): {what} after it (Esc stops a reply)", severity="warning")
+            self.notify(f"busy ({self.busy.value}): {what} after it (Esc stops a reply)", severity="warning")
             return False
         return True
 
@@ -219,7 +227,7 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
             self.status_bar.update_status(**extra)
             return
         autosave = "autosave off"
-        if getattr(self.chat, "autosave", False):
+        if self.chat is not None and self.chat.autosave:
             autosave = "autosaved" if st.get("turns") else "autosave on"
         self.status_bar.update_status(model=st.get("model") or "model", mode=st.get("mode", ""),
                                       device=st.get("device", ""), cache_tokens=st.get("cache_tokens", 0),
@@ -233,34 +241,36 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         text = (str(err).strip().splitlines() or [type(err).__name__])[0]
         name = event.worker.name
         if name == "load":
-            self.load_error = f"could not load the model: {text}"
+            from ..session import SessionError
+            what = "open the session" if isinstance(err, SessionError) else "load the model"
+            self.load_error = f"could not {what}: {text}"
             self.view.loading = False
             await self.view.mount(NoticeMessage(f"✗ {self.load_error}\n\nCheck --model (a folder with config.json, "
                                                 f"model.safetensors and tokenizer.json). Ctrl+Q quits.",
                                                 error=True, classes="notice", id="load-error"))
             self.status_bar.update_status(model="no model", activity="load failed")
             self.notify(self.load_error, severity="error", timeout=10)
-            self.busy = None
+            self.state.busy = None
             return
         kind = self.busy
-        self.notify(f"{kind or name} failed: {text}", severity="error", timeout=8)
+        self.notify(f"{kind.value if kind else name} failed: {text}", severity="error", timeout=8)
         if name == "replay":
             self._set_busy(None)
             self.status_bar.update_status(activity="replay failed")
-            if self._current is not None:
-                await self._current.finish(f"✗ {text}")
-                self._current = None
+            if self.state.current is not None:
+                await self.state.current.finish(f"✗ {text}")
+                self.state.current = None
             return
         self._set_busy(None)
         self.status_bar.update_status(activity="")
-        if kind in ("send", "regen") and self.chat is not None:
+        if kind in (Busy.SEND, Busy.REGEN) and self.chat is not None:
             # the chat is idle again: drop what its session does not hold, give a failed message back to the input
-            if self._current is not None:
-                await self._current.remove()
-                self._current = None
+            if self.state.current is not None:
+                await self.state.current.remove()
+                self.state.current = None
             await self._trim_to_session()
-            if kind == "send" and not self.prompt.text and len(self._job_text) <= 4000:
-                self.prompt.set_input(self._job_text)
+            if kind is Busy.SEND and not self.prompt.text and len(self.state.job_text) <= 4000:
+                self.prompt.set_input(self.state.job_text)
         await self._apply_pending()
 
     # -- actions --------------------------------------------------------------------------------------------------
@@ -276,8 +286,8 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
     def action_new_chat(self) -> None:
         if not self._can_run("start a new chat"):
             return
-        self._set_busy("new")
-        self._job(self.chat, "new")
+        self._set_busy(Busy.NEW)
+        self._job_new(self.chat)
 
     def action_toggle_inspector(self) -> None:
         ins = self.inspector
@@ -339,7 +349,7 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
             self.notify(self.load_error or "the model is still loading", severity="warning")
             return
         st = self.chat.settings
-        for k, v in self._pending_settings.items():
+        for k, v in self.state.pending_settings.items():
             st = st.with_value(k, v)
         values = dataclasses.asdict(st)
         note = "A new system prompt applies at once while the chat has no turns, else from the next new chat."
@@ -348,7 +358,7 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
     def _check_settings(self, changes: dict) -> str | None:
         st = self.chat.settings
         try:
-            for k, v in {**self._pending_settings, **changes}.items():
+            for k, v in {**self.state.pending_settings, **changes}.items():
                 st = st.with_value(k, v)
         except ValueError as e:
             return str(e)
@@ -364,29 +374,31 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         if err:
             self.notify(err, severity="error")
             return
-        self._pending_settings.update(changes)
+        self.state.pending_settings.update(changes)
         if self.busy is None:
             await self._apply_pending()
         else:
             self.notify("settings apply from the next turn")
 
     async def _apply_pending(self) -> None:
-        if self._pending_settings and self.busy is None and self.chat is not None:
-            changes, self._pending_settings = self._pending_settings, {}
-            self._set_busy("set")
-            self._job(self.chat, "set", changes)
+        if self.state.pending_settings and self.busy is None and self.chat is not None:
+            changes, self.state.pending_settings = self.state.pending_settings, {}
+            self._set_busy(Busy.SET)
+            self._job_set(self.chat, changes)
 
     # -- sessions -------------------------------------------------------------------------------------------------
     def action_sessions(self) -> None:
         if not self._can_run("open the sessions"):
             return
         cur = self.chat.session.id if self.chat.session.n_turns else None
-        self.push_screen(SessionsScreen(current=cur, sessions_dir=getattr(self.chat, "sessions_dir", None),
+        self.push_screen(SessionsScreen(current=cur, sessions_dir=self.chat.sessions_dir,
                                         export_dir=self.export_dir, on_renamed=self._renamed), self._sessions_done)
 
     def _renamed(self, sid: str, title: str) -> None:
         if self.chat is not None and self.chat.session.id == sid:
             self.chat.session.title = title      # the next autosave keeps the new title
+            from .. import session as S          # ... over the renamed file: take its revision
+            S.adopt_revision(self.chat.session, getattr(self.chat, "sessions_dir", None))
 
     def _sessions_done(self, result: tuple | None) -> None:
         if not result:
@@ -403,12 +415,12 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         if self.chat.session.id == sid:
             self.notify("that session is open")
             return
-        self._set_busy("open")
+        self._set_busy(Busy.OPEN)
         self.status_bar.update_status(activity="opening session…")
-        self._job(self.chat, "open", sid)
+        self._job_open(sid)
 
     async def on_chat_opened(self, msg: ChatOpened) -> None:
-        self.chat = msg.chat
+        self.state.chat = msg.chat
         self._set_busy(None)
         await self._show_history(msg.note)
         self._update_status(msg.status, tok_s=None, ttft_ms=None, activity="")
@@ -416,8 +428,8 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
 
     def _freeze_startup_objects(self) -> None:
         """What exists once the model is loaded (torch, the model, Textual: ~300k objects) lives as long as the app:
-        out of the cyclic GC's sight (gc.freeze), a full collection scans only what the turns add. With them it took
-        140-185 ms every few turns, and a key typed meanwhile waited as long. on_unmount gives them back."""
+        out of the cyclic GC's sight (gc.freeze), a full collection scans only what the turns add instead of holding
+        the UI (and a key typed meanwhile) for a scan of all of them every few turns. on_unmount gives them back."""
         if not self._frozen:
             gc.collect()
             gc.freeze()
@@ -429,7 +441,7 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
             self._frozen = False
 
     async def action_quit(self) -> None:
-        if self.chat is not None and self.busy in ("send", "regen"):
+        if self.chat is not None and self.busy in (Busy.SEND, Busy.REGEN):
             self.chat.cancel()
         self._stop_replay.set()
         rc = 2 if self.load_error else 0
@@ -437,9 +449,9 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
 
 
 def run_app(model: Path | None = None, quant: str = "none", device: str = "cpu", settings=None,
-            overrides: dict | None = None, session: str | None = None) -> int:
-    """`tinychat` in a terminal: the app. Returns the exit code."""
-    app = TinyChatApp(Backend(model, quant, device, settings, overrides, session))
+            overrides: dict | None = None, session: str | None = None, options=None) -> int:
+    """`tinychat` in a terminal: the app. Returns the exit code. options: the engine's EngineOptions."""
+    app = TinyChatApp(Backend(model, quant, device, settings, overrides, session, options))
     app.run()
     return app.return_code or 0
 

@@ -1,43 +1,14 @@
-"""Slash commands of the app: the plain mode's set (tinychat/plain.py), plus the app's screens and actions."""
+"""Slash commands of the app: the table in tinychat/commands.py (shared with the plain mode), run here on the app's
+screens and actions; the hint line and Tab completion."""
 from __future__ import annotations
-
-import shlex
 
 from textual.app import SystemCommand
 
-# name, arguments, what it does (shown in the hint line and the help screen)
-COMMANDS: list[tuple[str, str, str]] = [
-    ("/help", "", "keys and commands"),
-    ("/new", "", "start a new chat (the current one stays saved); /reset too"),
-    ("/save", "TITLE", "save the chat under a title"),
-    ("/load", "ID", "continue a saved session"),
-    ("/sessions", "", "open the sessions screen"),
-    ("/set", "KEY VALUE", "change a setting from the next turn; /set alone opens the settings screen"),
-    ("/settings", "", "open the settings screen"),
-    ("/regen", "", "sample the last reply again"),
-    ("/undo", "", "take back the last turn (its text returns to the input)"),
-    ("/copy", "", "copy the last reply to the clipboard"),
-    ("/trace", "on|off", "show or hide the sampler inspector"),
-    ("/inspector", "", "toggle the sampler inspector"),
-    ("/info", "", "model, mode, cache fill, session"),
-    ("/quit", "", "leave (Ctrl+Q too)"),
-]
+from ..commands import ALIASES, CommandError, commands_for, parse, parse_set, parse_trace
+from .state import Busy
 
-ALIASES = {"/exit": "/quit", "/q": "/quit", "/reset": "/new", "/clear": "/new", "/regenerate": "/regen"}
-
-NAMES = [c[0] for c in COMMANDS]
-
-
-def parse(line: str) -> tuple[str, list[str]]:
-    """'/set top-p 0.8' -> ('/set', ['top-p', '0.8']) (shell-like quoting; unbalanced quotes split on spaces)."""
-    try:
-        parts = shlex.split(line)
-    except ValueError:
-        parts = line.split()
-    if not parts:
-        return "", []
-    cmd = parts[0].lower()
-    return ALIASES.get(cmd, cmd), parts[1:]
+# the app's commands as (name, arguments, what it does): shown in the hint line and the help screen
+COMMANDS: list[tuple[str, str, str]] = [(c.name, c.args, c.help) for c in commands_for("app")]
 
 
 def matching(prefix: str) -> list[tuple[str, str, str]]:
@@ -98,17 +69,20 @@ class CommandsMixin:
                 self.open_session(args[0])
         elif cmd == "/save":
             if self._can_run("save"):
-                self._set_busy("save")
-                self._job(self.chat, "save", " ".join(args) or None)
+                self._set_busy(Busy.SAVE)
+                self._job_save(self.chat, " ".join(args) or None)
         elif cmd in ("/set", "/settings"):
-            if not args or cmd == "/settings":
+            try:
+                kv = parse_set(args) if cmd == "/set" else None
+            except CommandError as e:
+                self.notify(str(e), severity="error")
+                return
+            if kv is None:
                 self.action_settings()
-            elif len(args) < 2:
-                self.notify("usage: /set KEY VALUE", severity="error")
             elif self.chat is None:
                 self.notify("the model is still loading", severity="warning")
             else:
-                await self.apply_settings({args[0]: " ".join(args[1:])})
+                await self.apply_settings(dict([kv]))
         elif cmd == "/regen":
             await self.action_regenerate()
         elif cmd == "/undo":
@@ -118,11 +92,12 @@ class CommandsMixin:
         elif cmd == "/inspector":
             self.action_toggle_inspector()
         elif cmd == "/trace":
-            if args not in (["on"], ["off"]):
-                self.notify("usage: /trace on|off", severity="error")
-            else:
-                self.inspector.display = args[0] == "on"
-                self.inspector_pref = self.inspector.display
+            try:
+                self.inspector.display = parse_trace(args)
+            except CommandError as e:
+                self.notify(str(e), severity="error")
+                return
+            self.inspector_pref = self.inspector.display
         elif cmd == "/info":
             if self.chat is None:
                 self.notify(self.load_error or "the model is still loading")

@@ -8,9 +8,15 @@ only reads their attributes and never imports torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
+
+if TYPE_CHECKING:                       # types only: the UI never imports the chat runtime (torch) at run time
+    from ..chat import Chat, TurnResult
+    from ..replay import TurnReplay
+    from ..sampler import TokenTrace
+    from .state import Busy
 
 
 @dataclass
@@ -19,14 +25,14 @@ class TokenItem:
     index: int                  # position in the reply (-1: trailing text flushed after the last token)
     token: int                  # token id (-1 for flushed text)
     text: str                   # the text this token completed (may be "" mid-character)
-    trace: Any = None           # TokenTrace | None
+    trace: TokenTrace | None = None
     ms: float = 0.0             # time since the previous token
 
 
 @dataclass
 class RuntimeReady(Message):
     """The model is loaded and a chat is open."""
-    chat: Any                   # tinychat.chat.Chat
+    chat: Chat
     token_strings: list[str]    # display text of every token id
     note: str = ""              # e.g. "continuing session X (3 turns)"
     status: dict = field(default_factory=dict)
@@ -35,7 +41,7 @@ class RuntimeReady(Message):
 @dataclass
 class ChatOpened(Message):
     """A different chat (a saved session, or a new one) replaces the current one."""
-    chat: Any
+    chat: Chat
     note: str = ""
     status: dict = field(default_factory=dict)
 
@@ -51,7 +57,7 @@ class TokensReady(Message):
 class TurnFinished(Message):
     """The running reply is complete (stopped, cancelled or cut off at max-new)."""
     turn_id: int
-    result: Any                 # tinychat.chat.TurnResult
+    result: TurnResult
     status: dict = field(default_factory=dict)   # chat.status() read on the worker right after the turn
 
 
@@ -65,7 +71,7 @@ class ReplayTurnStarted(Message):
 @dataclass
 class ReplayTurnFinished(Message):
     turn: int
-    replay: Any                 # tinychat.replay.TurnReplay
+    replay: TurnReplay
 
 
 @dataclass
@@ -78,7 +84,8 @@ class ReplayFinished(Message):
 
 @dataclass
 class JobDone(Message):
-    """A chat operation other than a turn finished on the worker: undo, new chat, settings."""
-    kind: str
+    """A chat operation other than a turn finished on the worker: undo (value: the user text taken back), new chat,
+    settings (value: {field: the value applied}), save (value: the path, or None when there was nothing to save)."""
+    kind: Busy
     value: Any = None
     status: dict = field(default_factory=dict)

@@ -9,6 +9,7 @@ from textual import work
 
 from .messages import ReplayFinished, ReplayTurnFinished, ReplayTurnStarted, TokensReady
 from .runtime import TokenBatcher
+from .state import LiveFigures
 from .widgets import AssistantMessage, NoticeMessage, UserMessage
 from .widgets.format import token_label
 from .widgets.inspector import Counters
@@ -28,7 +29,6 @@ class PlaybackMixin:
         first = 1 if msgs and msgs[0].role == "system" else 0
         pairs = [(msgs[i], msgs[i + 1]) for i in range(first, len(msgs) - 1, 2)]
         tok = chat.tok
-        gen, end = len(tok.generation_prompt_ids()), len(tok.end_ids())
         state = {"turn": 0, "t0": 0.0, "rec": [], "batcher": None}
         stop = self._stop_replay
 
@@ -36,7 +36,7 @@ class PlaybackMixin:
             user, rec = pairs[n - 1]
             state.update(turn=n, t0=time.perf_counter(), rec=list(rec.timing_ms or []))
             state["batcher"] = TokenBatcher(lambda items: self.post_message(TokensReady(-n, items)), self.pace)
-            self.post_message(ReplayTurnStarted(n, user.content, rec.token_ids[gen:len(rec.token_ids) - end]))
+            self.post_message(ReplayTurnStarted(n, user.content, tok.content_ids(rec.role, rec.token_ids)))
 
         def on_token(n, idx, token, text, trace, ms):
             if stop.is_set():
@@ -72,20 +72,20 @@ class PlaybackMixin:
 
     async def on_replay_turn_started(self, msg: ReplayTurnStarted) -> None:
         await self.view.mount(UserMessage(msg.user_text, classes="message user"))
-        self._turn_id = -msg.turn
-        self._live = {"n": 0, "ms": 0.0, "ttft": None}
+        self.state.turn_id = -msg.turn
+        self.state.live = LiveFigures()
         m = AssistantMessage(streaming=True, title=f"replay · turn {msg.turn}", classes="message assistant")
         m.recorded = list(msg.recorded)
-        self._current = m
+        self.state.current = m
         await self.view.mount(m)
         self.view.anchor()
 
     async def on_replay_turn_finished(self, msg: ReplayTurnFinished) -> None:
-        m = self._current
-        if m is None or self._turn_id != -msg.turn:
+        m = self.state.current
+        if m is None or self.state.turn_id != -msg.turn:
             return
         tr = msg.replay
-        self._current = None
+        self.state.current = None
         m.divergence = tr.divergence
         m.stats = Counters.from_traces(tr.traces)
         if tr.divergence is None:
@@ -101,16 +101,15 @@ class PlaybackMixin:
             meta = (f"✗ diverges at token {d.position}: recorded {tk(d.recorded, d.p_recorded)}, "
                     f"replayed {tk(d.replayed, d.p_replayed)}")
         await m.finish(meta)
-        live = self._live
-        tok_s = (live["n"] - 1) / (live["ms"] / 1000) if live["n"] > 1 and live["ms"] > 0 else None
-        self.status_bar.update_status(tok_s=tok_s, ttft_ms=live["ttft"])
+        live = self.state.live
+        self.status_bar.update_status(tok_s=live.tok_s, ttft_ms=live.ttft)
 
     async def on_replay_finished(self, msg: ReplayFinished) -> None:
         self.replay_summary = msg
         self._set_busy(None)
-        if self._current is not None:
-            await self._current.finish("stopped")
-            self._current = None
+        if self.state.current is not None:
+            await self.state.current.finish("stopped")
+            self.state.current = None
         if msg.stopped:
             text = f"replay stopped at turn {msg.turns}"
         elif msg.divergences:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..loading import Runtime
 from .messages import TokenItem
 
 _FIXED = os.environ.get("TINYCHAT_UI_BATCH_MS")       # a fixed batch interval (experiments), else adaptive
@@ -31,13 +31,11 @@ class Pace:
     - the UI thread's own CPU time per batch, so the UI stays under `ui_duty` of one core (within [lo, ui_hi]): on a
       machine with no idle core, UI time is taken from the decode whatever the GIL does (and on two vCPUs that
       share a core, even the C parts of the step slow down while the UI and the terminal draw). A batch costs the
-      UI ~15-30 ms in-process (the reply's layout, the inspector, a second frame for the grown paragraph) and more
-      in a real terminal, so a decode gets 2-3 updates a second at most.
+      UI tens of ms (the reply's layout, the inspector, a second frame for the grown paragraph), so a decode gets a
+      few updates a second at most.
     - a fast decode (median step under FAST_STEP_MS: 400+ tok/s) gets one update every `hi_fast` seconds: at that
       rate an update carries more text than anyone reads along, a 600-token reply is done in about a second, and
-      every update stalls the decode for the frame it causes. Measured in tmux (tests/perf/app_perf.py, the demo
-      model at ~800 tok/s): 1 s updates against 2-3 a second, the decode's stalls fell from 11-13 % to 1-3 % of
-      its time, and the app's speed went from 0.89-0.90 of the headless one to 0.93-0.98.
+      every update stalls the decode for the frame it causes (figures: docs/benchmarks.md, "The app").
     `fixed` (TINYCHAT_UI_BATCH_MS, or set by tests) pins the interval."""
 
     WINDOW_MS = 500.0           # stalls are judged over this much decode time
@@ -115,30 +113,23 @@ class TokenBatcher:
             self.post(items)
 
 
-@dataclass
-class Runtime:
-    """A loaded model: what `tinychat.cli.load_runtime` returns."""
-    model: Any
-    tokenizer: Any
-    name: str
-    identity: str
-
-
 class Backend:
     """How the app gets chats. `load()` (on a worker) loads the model and opens the first chat: a new one, or
     `session` when given; `open(ref)` opens another session (or a new chat when ref is None) on the same model.
-    Chats are built with `tinychat.cli._open_chat`, the same construction as the plain mode."""
+    Chats are built with `tinychat.loading.open_chat`, the same construction as the plain mode."""
+
+    sess = None             # the recorded session a replay backend plays back (None: a chat)
 
     def __init__(self, model: Path | None = None, quant: str = "none", device: str = "cpu", settings=None,
-                 overrides: dict | None = None, session: str | None = None):
-        self.model_path, self.quant, self.device = model, quant, device
+                 overrides: dict | None = None, session: str | None = None, options=None):
+        self.model_path, self.quant, self.device, self.options = model, quant, device, options
         self.settings, self.overrides, self.session = settings, dict(overrides or {}), session
         self.rt: Runtime | None = None
 
     def load_runtime(self) -> Runtime:
-        from ..cli import _device, load_runtime
-        self.device = _device(self.device)      # "auto" -> cpu or cuda (imports torch: on the worker)
-        return Runtime(*load_runtime(self.model_path))
+        from ..loading import load_runtime, resolve_device
+        self.device = resolve_device(self.device)      # "auto" -> cpu or cuda (imports torch: on the worker)
+        return load_runtime(self.model_path)
 
     def load(self):
         """The first chat (loads the model)."""
@@ -147,12 +138,10 @@ class Backend:
         return self.open(self.session, first=True)
 
     def open(self, session_ref: str | None = None, first: bool = False):
-        from ..cli import _open_chat
-        rt = self.rt
+        from ..loading import open_chat
         settings = self.settings if first or session_ref is None else None
         overrides = self.overrides if first else {}
-        return _open_chat(rt.model, rt.tokenizer, rt.name, rt.identity, self.quant, self.device, settings,
-                          overrides, session_ref)
+        return open_chat(self.rt, self.quant, self.device, settings, overrides, session_ref, self.options)
 
     def token_strings(self) -> list[str]:
         return self.rt.tokenizer.token_strings()
@@ -166,11 +155,8 @@ class ReplayBackend(Backend):
         self.sess = sess
 
     def open(self, session_ref=None, first: bool = False):
-        from ..chat import Chat, ChatSettings
-        rt, sess = self.rt, self.sess
-        return Chat(rt.model, rt.tokenizer, ChatSettings(system_prompt=sess.system_prompt), quant=sess.quant,
-                    device=self.device, model_name=rt.name, model_hash=rt.identity, autosave=False,
-                    max_len=sess.model.get("max_len"))
+        from ..loading import open_replay_chat
+        return open_replay_chat(self.rt, self.sess, self.device)
 
 
 class FactoryBackend(Backend):

@@ -18,6 +18,7 @@ FIELDS: list[tuple[str, str, str]] = [
     ("penalty_window", "Penalty window", "recent content tokens"),
     ("ban", "Phrase ban", "no 3-gram already said"),
     ("no_parrot", "No-parrot", "nor the user's 3-grams"),
+    ("ban_reply", "Reply ban", "no loop within a reply"),
     ("max_new", "Max new tokens", "per reply"),
     ("seed", "Seed", "empty = random per turn"),
     ("system_prompt", "System prompt", "a new chat's first message"),

@@ -19,12 +19,11 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Markdown, Static
-try:                                         # not public API: without it, paragraphs re-lay out on every update
-    from textual.widgets._markdown import MarkdownParagraph
-except ImportError:                          # pragma: no cover
-    MarkdownParagraph = None
 
 from .format import visible
+
+# Textual's paragraph block, through Markdown's public BLOCKS table (tests/app/test_chat.py fails if it moves)
+MarkdownParagraph = getattr(Markdown, "BLOCKS", {}).get("paragraph_open")
 
 USER_DISPLAY_LIMIT = 4000       # characters of a user message shown (a 100 KB paste is summarised)
 
@@ -182,7 +181,7 @@ def reply_parser() -> MarkdownIt:
 
 class StreamMarkdown(Markdown):
     """Markdown whose paragraphs re-lay out the screen only when they change height, parsed by reply_parser."""
-    if MarkdownParagraph is not None and "paragraph_open" in getattr(Markdown, "BLOCKS", {}):
+    if MarkdownParagraph is not None:
         BLOCKS = {**Markdown.BLOCKS, "paragraph_open": StreamParagraph}
 
     def __init__(self, markdown: str | None = None, **kw):

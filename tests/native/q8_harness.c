@@ -1,0 +1,97 @@
+/* The int8 GEMV kernels (tinychat/engine/native_q8.h) against a float64 reference, built for whatever target the
+   compiler is told (x86-64 levels natively, aarch64 under qemu-user: tests/unit/test_native_q8_targets.py).
+   Prints the kernel path, then "ok", or what differed (exit 1). No OpenMP: one thread. */
+#include <stdio.h>
+#include <stdlib.h>
+#include "native_q8.h"
+
+static uint64_t rng = 88172645463325252ULL;
+static uint32_t next(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+static float unif(void) { return (float)(next() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
+
+static int check(int64_t N, int64_t K, int spiky) {
+    int8_t *q = malloc(N * K);
+    float *s = malloc(N * sizeof(float)), *x = malloc(K * sizeof(float)), *y = malloc(N * sizeof(float));
+    void *buf = malloc(tc_act_bytes(K));
+    for (int64_t i = 0; i < N * K; i++) q[i] = (int8_t)((int)(next() % 255) - 127);
+    for (int64_t n = 0; n < N; n++) s[n] = 0.5f + (unif() + 1.0f) * 0.25f, y[n] = 1.0f;
+    for (int64_t k = 0; k < K; k++) x[k] = unif() * (spiky && k % 97 == 3 ? 60.0f : 1.0f);
+    if (spiky && K > 40) for (int64_t k = 32; k < 40; k++) x[k] = 0.f;   /* part of a block zero */
+    tc_act8 a = tc_quant8(x, buf, K);
+    int bad = 0;
+    for (int64_t b = 0; b < K; b += TC_QB) {             /* bit for bit the plain C rounding (every path) */
+        float m = 0.f;
+        for (int64_t k = b; k < b + TC_QB && k < K; k++) m = fabsf(x[k]) > m ? fabsf(x[k]) : m;
+        float r = 127.f / m;
+        int32_t g = 0;
+        for (int64_t k = b; k < b + TC_QB && k < K; k++) {
+            float t = x[k] * r;
+            int8_t v = m > 0.f ? (int8_t)(int32_t)((t + 12582912.0f) - 12582912.0f) : 0;
+            g += v;
+            if (a.q[k] != v) bad = 1;
+            if ((k & 3) == 3) {
+                if (a.c[k / 4] != -128 * g) bad = 1;
+                g = 0;
+            }
+        }
+        if (a.s[b / 4] != (m > 0.f ? m / 127.f : 0.f)) bad = 1;
+    }
+    if (bad) {
+        printf("N=%ld K=%ld: activation bytes differ from the plain C rounding\n", (long)N, (long)K);
+        return 1;
+    }
+    for (int64_t b = 0; b < K; b += TC_QB) {             /* the rounding: xq = round(x / sx), |xq| <= 127 */
+        float m = 0.f;
+        for (int64_t k = b; k < b + TC_QB && k < K; k++) m = fabsf(x[k]) > m ? fabsf(x[k]) : m;
+        double sx = a.s[b / 4];
+        if (fabs(sx - m / 127.0) > 1e-6 * m) bad = 1;
+        for (int64_t k = b; k < b + TC_QB && k < K; k++)
+            if (a.q[k] < -127 || fabs(x[k] - a.q[k] * sx) > 0.5001 * sx) bad = 1;
+    }
+    if (bad) {
+        printf("N=%ld K=%ld: activation rounding off\n", (long)N, (long)K);
+        return 1;
+    }
+    gemv_rows(&a, q, s, y, N, K, 1);                      /* y += s * (q @ x) on this target's path */
+    double mx = 0.0, err = 0.0;
+    for (int64_t n = 0; n < N; n++) {
+        double r = 0.0;
+        for (int64_t k = 0; k < K; k++) r += (double)q[n * K + k] * a.q[k] * a.s[(k / TC_QB) * (TC_QB / 4)];
+        r = r * s[n] + 1.0;
+        mx = fabs(r) > mx ? fabs(r) : mx;
+        err = fabs(y[n] - r) > err ? fabs(y[n] - r) : err;
+    }
+    free(q), free(s), free(x), free(y), free(buf);
+    if (!(err <= 1e-5 * mx)) {
+        printf("N=%ld K=%ld: max error %g of %g\n", (long)N, (long)K, err, mx);
+        return 1;
+    }
+    return 0;
+}
+
+int main(void) {
+    static const int64_t shapes[][2] = {{37, 80}, {64, 768}, {5, 19}, {8, 9000}, {9, 100}, {4, 64}, {7, 33},
+                                        {12, 3328}, {1, 1}};
+    int fails = 0;
+    printf("%s\n", tc_kernel_path());
+    for (unsigned i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int spiky = 0; spiky < 2; spiky++) fails += check(shapes[i][0], shapes[i][1], spiky);
+    float z[40] = {0}, nan_x[40] = {0};                  /* an all-zero block: scale 0; a NaN: NaN out */
+    nan_x[35] = NAN;
+    int8_t w[80];
+    for (int i = 0; i < 80; i++) w[i] = (int8_t)(i - 40);
+    float s1[2] = {1.f, 1.f}, y[2];
+    void *buf = malloc(tc_act_bytes(40));
+    tc_act8 a = tc_quant8(z, buf, 40);
+    gemv_rows(&a, w, s1, y, 2, 40, 0);
+    if (y[0] != 0.f || y[1] != 0.f) printf("zero input: %g %g\n", y[0], y[1]), fails++;
+    a = tc_quant8(nan_x, buf, 40);
+    gemv_rows(&a, w, s1, y, 2, 40, 0);
+    if (!isnan(y[0]) || !isnan(y[1])) printf("NaN input: %g %g\n", y[0], y[1]), fails++;
+    free(buf);
+    printf(fails ? "FAILED %d\n" : "ok\n", fails);
+    return fails != 0;
+}

@@ -1,0 +1,101 @@
+"""The slash commands, one table for the plain mode (plain.py) and the app (tui/commands.py): names, arguments,
+help, aliases, and the parsing of a command line and of /set. No torch, no Textual.
+
+Each command says where it runs: `plain` (the line mode) and `app`; the app has a few more (screens, clipboard).
+Where a command does something mode-specific, `plain_help` is the plain mode's help text."""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str                       # "/set"
+    args: str                       # "KEY VALUE" (shown in help and hints)
+    help: str                       # what it does (the app's help screen and hint line)
+    plain: bool = True              # available in the plain mode
+    app: bool = True                # available in the app
+    plain_help: str | None = None   # the plain mode's help text, where it differs
+
+    @property
+    def usage(self) -> str:
+        return f"{self.name} {self.args}".rstrip()
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("/help", "", "keys and commands", plain_help="this help"),
+    Command("/new", "", "start a new chat (the current one stays saved); /reset too"),
+    Command("/save", "TITLE", "save the chat under a title"),
+    Command("/load", "ID", "continue a saved session"),
+    Command("/sessions", "", "open the sessions screen", plain=False),
+    Command("/set", "KEY VALUE", "change a setting from the next turn; /set alone opens the settings screen",
+            plain_help="change a setting from the next turn (temperature, top-p, penalty, penalty-window, ban, "
+                       "no-parrot, ban-reply, max-new, seed, system); /set alone lists them"),
+    Command("/settings", "", "open the settings screen", plain=False),
+    Command("/regen", "", "sample the last reply again"),
+    Command("/undo", "", "take back the last turn (its text returns to the input)",
+            plain_help="take back the last turn"),
+    Command("/copy", "", "copy the last reply to the clipboard", plain=False),
+    Command("/trace", "on|off", "show or hide the sampler inspector",
+            plain_help="print how each token was chosen (to stderr)"),
+    Command("/inspector", "", "toggle the sampler inspector", plain=False),
+    Command("/info", "", "model, mode, cache fill, session"),
+    Command("/quit", "", "leave (Ctrl+Q too)", plain_help="leave (Ctrl-D too); Ctrl-C stops a reply mid-turn"),
+)
+
+ALIASES = {"/exit": "/quit", "/q": "/quit", "/reset": "/new", "/clear": "/new", "/regenerate": "/regen"}
+
+
+class CommandError(ValueError):
+    """A command line that cannot run: unknown command, wrong arguments. One line, fit for the user."""
+
+
+def commands_for(mode: str) -> tuple[Command, ...]:
+    """The commands of "plain" or "app", in table order."""
+    return tuple(c for c in COMMANDS if getattr(c, mode))
+
+
+def parse(line: str) -> tuple[str, list[str]]:
+    """'/set top-p 0.8' -> ('/set', ['top-p', '0.8']): the command's canonical name (aliases resolved, lower case)
+    and its arguments (shell-like quoting; unbalanced quotes split on spaces). ('', []) for an empty line."""
+    try:
+        parts = shlex.split(line)
+    except ValueError:
+        parts = line.split()
+    if not parts:
+        return "", []
+    cmd = parts[0].lower()
+    return ALIASES.get(cmd, cmd), parts[1:]
+
+
+def lookup(name: str, mode: str) -> Command:
+    """The command `name` (canonical) of `mode`; CommandError when there is none."""
+    for c in commands_for(mode):
+        if c.name == name:
+            return c
+    raise CommandError(f"unknown command {name} (/help lists them)")
+
+
+def parse_set(args: list[str]) -> tuple[str, str] | None:
+    """/set's arguments -> (key, value), the value being the rest of the line; None for a bare /set (list / open
+    the settings). CommandError for a key without a value."""
+    if not args:
+        return None
+    if len(args) < 2:
+        raise CommandError("usage: /set KEY VALUE")
+    return args[0], " ".join(args[1:])
+
+
+def parse_trace(args: list[str]) -> bool:
+    """/trace's argument: on -> True, off -> False; else CommandError."""
+    if args not in (["on"], ["off"]):
+        raise CommandError("usage: /trace on|off")
+    return args[0] == "on"
+
+
+def plain_help() -> str:
+    """The plain mode's /help text."""
+    rows = [(c.usage, c.plain_help or c.help) for c in commands_for("plain")]
+    width = max(len(u) for u, _ in rows) + 2
+    return "commands:\n" + "\n".join(f"  {u:<{width}}{h}" for u, h in rows)

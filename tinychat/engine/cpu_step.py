@@ -1,0 +1,151 @@
+"""The lean batch-1 CPU decode step of a quantize_cpu model (Decoder.step on a CPU): `CpuStep`, built by the
+Decoder, holds what the step needs besides the model, and runs each token either in PyTorch ops (`_decode_fast`) or,
+for an int8 model where the kernels build, in native kernels (engine/native_step.py's `_decode_native`). Configs
+other than TinyAgentLM's (the llama family: no local ring, no QK-norm, SwiGLU, q/k/v biases, no softcap) run the
+general PyTorch step in engine/lean_step.py (`_decode_lean`); the native kernels express TinyAgentLM only.
+
+Batch-1 decode on a CPU is dispatch-bound as much as memory-bound: every op costs a few us, about as much as the
+weights take to stream. So the step uses far fewer ops than _decode_one: fused QKV (one weight stream and one
+kernel call per layer instead of 2-3), norms as x / |x|, RoPE as one DxD matmul for all q/k heads, the token's K/V
+written into the cache first so attention reads the cache directly, each Linear fed from one bf16 buffer and added
+into the fp32 residual in place. The fused weights are built from the model's own quantized rows (exact), so a
+deep copy of a model gets a step of its own from its own Decoder."""
+from __future__ import annotations
+
+import torch
+
+from .append import _engram_addrs
+from .cache import KVCache
+from .fused import n_qk_heads, qkv_rows, rope_basis, rope_matrix
+from .lean_step import _decode_lean
+from .native_step import _decode_native, _NativeStep
+from ..options import EngineOptions
+from .quant import QUANT_CLASSES, quant_mode
+from .threads import ThreadTuner
+
+
+class _FullMM(torch.nn.Module):
+    """mm() for a Linear left in full precision (quantize_cpu(head=False))."""
+
+    def __init__(self, lin):
+        super().__init__()
+        self.lin = lin
+
+    def mm(self, xb):
+        return torch.nn.functional.linear(xb.to(self.lin.weight.dtype), self.lin.weight, self.lin.bias)
+
+
+class CpuStep:
+    """What the lean step needs besides the model: the fused QKV weights (duplicating w_q / w_kv_*, which prefill
+    keeps using; the q/k heads contiguous, so one norm and one RoPE matmul cover them), per-head norm divisors, the
+    RoPE helper matrices, a bf16 activation buffer and, for an int8 model with native kernels, their view of the
+    model (`nat`). Build with CpuStep.build(model, options): None for a model quantize_cpu did not touch."""
+
+    def __init__(self, model, options: EngineOptions):
+        c = model.cfg
+        H, Hk, D = c.n_heads, c.n_kv_heads, c.head_dim
+        self.mode = quant_mode(model)
+        cls = QUANT_CLASSES[self.mode]
+        self.qkv = [cls.from_rows(qkv_rows(blk.attn, Hk, D)) for blk in model.blocks]
+        self.nqk, self.ndiv = [], []
+        for blk in model.blocks:
+            nqk = n_qk_heads(blk.attn, H, Hk)
+            self.nqk.append(nqk)
+            # q heads: divide by |q| (= rms_norm(q) / sqrt(D): the attention's 1/sqrt(D) folded in);
+            # k heads: by |k| / sqrt(D) (= rms_norm(k), what the cache holds)
+            self.ndiv.append(torch.cat([torch.ones(H, 1), torch.full((nqk - H, 1), D ** -0.5)]))
+        self.head = model.head if hasattr(model.head, "mm") else _FullMM(model.head)
+        self.inv_sqrt_d = c.d_model ** -0.5
+        self.eye, self.P = rope_basis(D)
+        self.act = torch.bfloat16                 # what mm() takes
+        self.hb = torch.empty(1, c.d_model, dtype=self.act)
+        self.step_in_c = options.step_in_c
+        self.tinyagent = c.is_tinyagent
+        # the native kernels express TinyAgentLM only (QK-norm, ReLU^2, local rings, softcap): other configs (the
+        # llama family) run the PyTorch lean step, which picks its own thread count (lean_step.py)
+        self.nat = _NativeStep.build(model, self) if options.native and self.tinyagent else None
+        if self.nat is not None:
+            self.nat.tuner = ThreadTuner(auto=options.tune_threads)
+        self.lean_tuner = ThreadTuner(auto=options.tune_threads)       # lean_step.py's
+
+    @classmethod
+    def build(cls, model, options: EngineOptions) -> "CpuStep | None":
+        return None if quant_mode(model) == "none" else cls(model, options)
+
+    def __call__(self, model, cache: KVCache, idx, L: int, tok: int) -> torch.Tensor:
+        """Append the token tok at position L of row 0; returns the logits (1, V). idx: a (1, 1) long buffer (the
+        PyTorch step reads the token from it; the native step needs no tensor of it)."""
+        if self.nat is not None:
+            return _decode_native(model, cache, tok, L, self, self.nat, step_in_c=self.step_in_c)
+        idx.fill_(tok)
+        if not self.tinyagent:
+            return _decode_lean(model, cache, idx, L, self)
+        return _decode_fast(model, cache, idx, L, self)
+
+
+def _decode_fast(model, cache: KVCache, idx, L: int, fs: CpuStep):
+    """_decode_one for a quantize_cpu model, with far fewer ops (at batch 1 on a CPU every op costs a few us of
+    dispatch, about as much as the weights take to stream): fused QKV, norms as x / |x| (one vector_norm), RoPE as one
+    DxD matmul for all q/k heads, the token's K/V written into the cache first so attention reads the cache directly
+    (no K/V concatenation), each Linear fed from one bf16 buffer and added into the fp32 residual in place.
+    Same math as _decode_one up to float rounding (norm epsilon, summation order). idx (1, 1): the token."""
+    c = model.cfg
+    H, Hk, D, W = c.n_heads, c.n_kv_heads, c.head_dim, c.swa_window
+    rep = H // Hk
+    bf = fs.act
+    vnorm = torch.linalg.vector_norm
+    addrs = _engram_addrs(model, cache.tokens[:1], torch.tensor([L], device=idx.device), idx)
+    cache.tokens[0, L] = idx[0, 0]
+    slot = L % W
+    cache.lpos[0, slot] = L
+    lp = cache.lpos[0, :W]
+    ok = (lp >= 0) & (L - lp < W)                     # ring slots holding a position of this token's window
+    lbias = None if bool(ok.all()) else torch.zeros(W).masked_fill_(~ok, float("-inf"))
+    cs, sn = model.rope.cos[L], model.rope.sin[L]
+    R = rope_matrix(fs.eye, fs.P, cs, sn)                           # x @ R == RoPE(x) at position L
+    lk, lv, gk, gv = cache.lk[:, 0], cache.lv[:, 0], cache.gk[:, 0], cache.gv[:, 0]
+    lk_new, lv_new, gk_new, gv_new = lk[:, :, slot], lv[:, :, slot], gk[:, :, L], gv[:, :, L]
+    Vl, Vg_all = lv[:, :, :W], gv[:, :, :L + 1]
+    KlT, KgT_all = lk[:, :, :W].transpose(-1, -2), gk[:, :, :L + 1].transpose(-1, -2)
+    kdt = cache.gk.dtype
+    hb, inv = fs.hb, fs.inv_sqrt_d
+    x = model.embed.weight[idx[0]]                                               # (1, d), a copy
+    xdt = x.dtype
+    if R.dtype != xdt:
+        R = R.to(xdt)
+    group = -1
+    for li, blk in enumerate(model.blocks):
+        if blk.engram is not None:
+            x = x + blk.engram(x[None], addrs[li])[0]
+        torch.div(x, vnorm(x, dim=-1, keepdim=True).mul_(inv), out=hb)           # rms_norm(x), in bf16
+        heads = fs.qkv[li].mm(hb).view(-1, D)                                    # (nqk + nv, D), bf16
+        nqk = fs.nqk[li]
+        qk = heads[:nqk]                                                         # / an fp32 norm: fp32 result
+        qk = (qk / vnorm(qk, dim=-1, keepdim=True, dtype=xdt).mul_(fs.ndiv[li])) @ R   # normed + rotated q / k
+        q = qk[:H].view(Hk, rep, D)
+        lk_new[li].copy_(qk[H:H + Hk])
+        lv_new[li].copy_(heads[nqk:nqk + Hk])                                    # copy_ casts to the cache dtype
+        if blk.attn.mode == "full":
+            group += 1
+            gk_new[group].copy_(qk[H + Hk:nqk])
+            gv_new[group].copy_(heads[nqk + Hk:])
+            KgT, Vg = KgT_all[group], Vg_all[group]
+        if q.dtype != kdt:
+            q = q.to(kdt)
+        sl = torch.bmm(q, KlT[li])                                               # (Hk, rep, W) local
+        if lbias is not None:
+            sl.add_(lbias)
+        p = torch.softmax(torch.cat([torch.bmm(q, KgT), sl], dim=-1), dim=-1, dtype=torch.float32)
+        p = p.to(kdt)
+        y = torch.bmm(p[..., :L + 1], Vg).baddbmm_(p[..., L + 1:], Vl[li])        # (Hk, rep, D)
+        x.add_(blk.attn.w_o.mm(y.view(1, H * D).to(bf)))
+        torch.div(x, vnorm(x, dim=-1, keepdim=True).mul_(inv), out=hb)
+        u = blk.mlp.up.mm(hb)
+        torch.relu_(u)
+        x.add_(blk.mlp.down.mm(u.mul_(u)))
+    cache.lens[0] += 1
+    cache.lens_cpu[0] += 1
+    torch.div(x, vnorm(x, dim=-1, keepdim=True).mul_(inv), out=hb)
+    logits = fs.head.mm(hb).float()
+    sc = c.logit_softcap
+    return sc * torch.tanh(logits / sc)

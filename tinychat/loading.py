@@ -1,0 +1,133 @@
+"""Loading what a chat runs on, below the CLI and the app: the model (a checkpoint folder, a named size with random
+weights, or the shipped model), its tokenizer, the device, and a Chat for a new or saved session.
+
+Torch-light: torch, the model and the chat runtime are imported inside the functions, so importing this module is
+cheap (the CLI's --help, the app's window before the model loads). Bad input raises LoadError, one line fit for the
+user; the CLI turns it into its one-line error and exit 2."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from .choices import DEVICES, QUANT_MODES, SIZES
+
+
+class LoadError(ValueError):
+    """A model, device or choice that cannot be used; the message is one line, fit for the user."""
+
+
+def check_choice(name: str, value: str, choices) -> str:
+    """value, when it is one of choices; else LoadError naming the flag."""
+    if value not in choices:
+        raise LoadError(f"{name} must be one of {', '.join(choices)} (got {value!r})")
+    return value
+
+
+def default_model_path() -> Path | None:
+    """The model shipped with tinychat: tinychat/assets (installed) or assets/ beside the package (a checkout)."""
+    here = Path(__file__).resolve().parent
+    for p in (here / "assets", here.parent / "assets"):
+        if (p / "config.json").is_file():
+            return p
+    return None
+
+
+def model_path(model: str | Path | None) -> Path | None:
+    """--model as given: an existing path wins; else the name of a model imported with `tinychat import`
+    (importer/store.py); else the path unchanged, so the loaders' own "no such model folder" error speaks."""
+    from .importer.store import resolve
+    return resolve(model)
+
+
+def load_model_for(model: Path | None, config: str | None, seed: int = 0):
+    """(model, description): a checkpoint folder, a named size with random weights, or the shipped model."""
+    import torch
+
+    from .model import TinyAgentLM, config_for
+    if model is not None and config is not None:
+        raise LoadError("give --model or --config, not both")
+    if config is not None:
+        check_choice("--config", config, tuple(SIZES))
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            m = TinyAgentLM(config_for(config))
+        return m.eval(), f"{config} (random weights)"
+    path = model if model is not None else default_model_path()
+    if path is None:
+        raise LoadError("no model given and no default model is shipped in this install; "
+                        "use --model PATH (a folder with config.json and model.safetensors)")
+    return TinyAgentLM.from_pretrained(path), str(path)
+
+
+def resolve_device(device: str, resolve: bool = True) -> str:
+    """cpu or cuda; "auto" stays "auto" without `resolve` (the app resolves it on its loading worker, so the window
+    does not wait for torch)."""
+    check_choice("--device", device, DEVICES)
+    if device == "cpu" or (device == "auto" and not resolve):
+        return device
+    import torch
+    if device == "cuda" and not torch.cuda.is_available():
+        raise LoadError("--device cuda: no CUDA GPU is available here")
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass
+class Runtime:
+    """A loaded chat model: the model, its tokenizer, the name sessions record and its identity hash."""
+    model: Any
+    tokenizer: Any
+    name: str
+    identity: str
+
+    def __iter__(self):             # (model, tokenizer, name, identity), as load_runtime returned them before
+        return iter((self.model, self.tokenizer, self.name, self.identity))
+
+
+def load_runtime(model: Path | None) -> Runtime:
+    """The model and tokenizer for chatting: a checkpoint folder with its tokenizer.json (None: the shipped one)."""
+    from .chat import model_identity
+    from .model import TOKENIZER_FILE, TinyAgentLM
+    from .tokenizer import Tokenizer
+    path = model if model is not None else default_model_path()
+    if path is None:
+        raise LoadError("no model given and no default model is shipped in this install; "
+                        "use --model PATH (a folder with config.json, model.safetensors, tokenizer.json)")
+    m = TinyAgentLM.from_pretrained(path)
+    if not (Path(path) / TOKENIZER_FILE).is_file():
+        raise LoadError(f"{path}: no {TOKENIZER_FILE} (a chat model folder needs its tokenizer)")
+    tok = Tokenizer.from_file(Path(path) / TOKENIZER_FILE)
+    if tok.vocab_size > m.cfg.vocab_size:
+        raise LoadError(f"{path}: tokenizer has {tok.vocab_size} tokens, the model only {m.cfg.vocab_size}")
+    shipped = default_model_path()
+    is_default = model is None or (shipped is not None and Path(path).resolve() == shipped.resolve())
+    name = "default" if is_default else Path(path).resolve().name
+    return Runtime(m, tok, name, model_identity(m))
+
+
+def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Mapping[str, Any] | None = None,
+              session_ref: str | None = None, options=None):
+    """A Chat on rt: a new one with `settings` (session_ref None), or the saved session session_ref (an id or a
+    path, as tinychat.session.load reads it) continued with its recorded settings, `overrides` applied on top
+    (all but the system prompt, which belongs to the recorded history). options: EngineOptions (None: defaults)."""
+    from . import session as S
+    from .chat import Chat, settings_from_session
+    check_choice("--quant", quant, QUANT_MODES)
+    kw = dict(quant=quant, device=device, model_name=rt.name, model_hash=rt.identity, options=options)
+    if session_ref is None:
+        return Chat(rt.model, rt.tokenizer, settings, **kw)
+    sess = S.load(session_ref)
+    st = settings_from_session(sess)
+    for k, v in (overrides or {}).items():
+        if k != "system_prompt":
+            st = st.with_value(k, str(v))
+    return Chat.restore(sess, rt.model, rt.tokenizer, settings=st, max_len=sess.model.get("max_len"), **kw)
+
+
+def open_replay_chat(rt: Runtime, sess, device: str, options=None):
+    """A fresh Chat to replay the recorded session `sess` on: its quant mode, system prompt and context length,
+    autosave off (a replay never writes the session)."""
+    from .chat import Chat, ChatSettings
+    return Chat(rt.model, rt.tokenizer, ChatSettings(system_prompt=sess.system_prompt), quant=sess.quant,
+                device=device, model_name=rt.name, model_hash=rt.identity, autosave=False,
+                max_len=sess.model.get("max_len"), options=options)

@@ -1,0 +1,42 @@
+"""EngineOptions: how the engine runs a model, as one object handed to Decoder, quantize_cpu, append and Chat (never
+module globals flipped from outside). Torch-free. Environment variables set the defaults (EngineOptions.from_env:
+TINYCHAT_NATIVE, TINYCHAT_STEP_IN_C, TINYCHAT_PREFILL_BF16, TINYCHAT_PAD_SHAPES, TINYCHAT_TUNE_THREADS, each 0 or 1);
+engine/native.py reads TINYCHAT_NATIVE=0 too, and then does not build the kernels at all."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    native: bool = True                 # int8 models: the lean CPU step in the native kernels where they build
+    step_in_c: bool = True              # the native step as one tc_step call (False: the kernels driven from Python)
+    prefill_bf16: bool | None = None    # quant Linears prefill through bf16 GEMMs; None: where the CPU has native
+                                        # bf16 dot products (AVX512-BF16 / AMX), else fp32 GEMMs
+    pad_shapes: bool | None = None      # append pads chunks to stable shapes; None: on GPUs only (True: tests)
+    tune_threads: bool = True           # the native step picks its thread count by measurement (threads.py);
+                                        # False: torch.get_num_threads() as set (the CLI's --threads N)
+
+    ENV = {"native": "TINYCHAT_NATIVE", "step_in_c": "TINYCHAT_STEP_IN_C",
+           "prefill_bf16": "TINYCHAT_PREFILL_BF16", "pad_shapes": "TINYCHAT_PAD_SHAPES",
+           "tune_threads": "TINYCHAT_TUNE_THREADS"}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **kw) -> "EngineOptions":
+        """The defaults, each overridden by its environment variable when set ("0"/"1"; "auto" = None for the
+        tri-state ones), then by kw."""
+        env = os.environ if env is None else env
+        vals: dict = {}
+        for name, var in cls.ENV.items():
+            raw = env.get(var, "").strip().lower()
+            if raw in ("1", "true", "yes", "on"):
+                vals[name] = True
+            elif raw in ("0", "false", "no", "off"):
+                vals[name] = False
+        return cls(**{**vals, **kw})
+
+    def replace(self, **kw) -> "EngineOptions":
+        return dataclasses.replace(self, **kw)

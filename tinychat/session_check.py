@@ -1,0 +1,110 @@
+"""The one set of rules a session file's content must follow, beyond field types (session.py checks those): the
+sampler settings by type and range (as the flags are checked), the order of messages, and the token ids against a
+model's vocabulary. `session.load` applies the first two to every file it reads, so `--session`, `sessions show`,
+`replay` and the app all accept and refuse the same files; the vocabulary check needs the model and runs when a
+chat restores or replays a session.
+
+Each function returns a problem as text ('field messages[3].settings.ban must be a boolean, got 'no'') or None;
+session.py turns it into a SessionError naming the file. Torch-free."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from .settings import ChatSettings
+
+MAX_SEED = 2**63 - 1             # the flags' range (ChatSettings): a file may not hold a seed the chat cannot take
+
+_NUMBERS = ("temperature", "top_p", "penalty")
+_INTEGERS = ("penalty_window", "max_new")
+_BOOLS = tuple(f.name for f in dataclasses.fields(ChatSettings) if f.type in (bool, "bool"))   # ban, no_parrot, ...
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, dict):
+        return "an object"
+    if isinstance(v, list):
+        return "an array"
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def seed_ok(v: Any) -> bool:
+    return _is_int(v) and 0 <= v <= MAX_SEED
+
+
+def sampler_problem(d: dict, prefix: str) -> str | None:
+    """Known sampler keys of a settings object, by type and range; unknown keys are ignored (newer files)."""
+    for key in _NUMBERS:
+        if key in d:
+            v, (lo, hi) = d[key], ChatSettings.LIMITS[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                return f"field {prefix}{key} must be a number, got {_show(v)}"
+            if not lo <= v <= hi:
+                return f"field {prefix}{key} must be between {lo:g} and {hi:g}, got {_show(v)}"
+    for key in _INTEGERS:
+        if key in d:
+            v, (lo, hi) = d[key], ChatSettings.LIMITS[key]
+            if not _is_int(v):
+                return f"field {prefix}{key} must be an integer, got {_show(v)}"
+            if not lo <= v <= hi:
+                return f"field {prefix}{key} must be between {lo:g} and {hi:g}, got {_show(v)}"
+    for key in _BOOLS:
+        if key in d and not isinstance(d[key], bool):
+            return f"field {prefix}{key} must be true or false, got {_show(d[key])}"
+    if "seed" in d and d["seed"] is not None and not seed_ok(d["seed"]):
+        return f"field {prefix}seed must be an integer in 0..2^63-1 or null, got {_show(d['seed'])}"
+    if "system_prompt" in d and not isinstance(d["system_prompt"], str):
+        return f"field {prefix}system_prompt must be a string, got {_show(d['system_prompt'])}"
+    if "step" in d and d["step"] is not None and not isinstance(d["step"], str):
+        return f"field {prefix}step must be a string or null, got {_show(d['step'])}"
+    return None
+
+
+def order_problem(messages: list) -> str | None:
+    """Messages (objects with role / settings / seed) in the order a chat writes them: an optional system message
+    first, then user, assistant, user, assistant ...; each assistant turn with its settings and seed, and a
+    `context_start` (a shortened context) pointing at an earlier user message."""
+    i = 1 if messages and messages[0].role == "system" else 0
+    if len(messages) == 1 and i == 1:
+        return None
+    users: set[int] = set()
+    while i < len(messages):
+        m = messages[i]
+        if m.role != "user":
+            return f"messages[{i}] is a {m.role} message where a user message must come (a system message may " \
+                   f"only come first; turns alternate user, assistant)"
+        users.add(i)
+        if i + 1 >= len(messages):
+            return f"messages[{i}] is a user message without a reply"
+        r = messages[i + 1]
+        if r.role != "assistant":
+            return f"messages[{i + 1}] is a {r.role} message where the reply to messages[{i}] must come"
+        where = f"messages[{i + 1}]."
+        if r.settings is None:
+            return f"field {where}settings must be an object for an assistant message, got null"
+        if r.seed is None:
+            return f"field {where}seed must be an integer for an assistant message, got null"
+        problem = sampler_problem(r.settings, where + "settings.")
+        if problem:
+            return problem
+        start = r.settings.get("context_start")
+        if start is not None and not (_is_int(start) and start in users):
+            return f"field {where}settings.context_start must be the index of a user message up to {i}, " \
+                   f"got {_show(start)}"
+        i += 2
+    return None
+
+
+def vocab_problem(messages: list, vocab_size: int) -> str | None:
+    """The first token id the model has no row for, named by message and position."""
+    for i, m in enumerate(messages):
+        for j, t in enumerate(m.token_ids):
+            if t >= vocab_size:
+                return f"messages[{i}].token_ids[{j}] = {t} is outside the model's vocabulary (0..{vocab_size - 1})"
+    return None

@@ -1,0 +1,39 @@
+"""Text from files and users, made safe to print on a terminal.
+
+A title, a message or a file name can hold control characters: ESC starts the CSI / OSC sequences that clear the
+screen, set the window title or write the clipboard (OSC 52), and the C1 range (U+0080..U+009F) holds one-character
+forms of the same introducers. Everything tinychat prints from a file or a user goes through `safe_line` (one line:
+titles, errors, list rows) or `safe_text` (keeps newlines and tabs: message text). Control characters become visible
+escapes (`\\x1b`), so nothing is lost from view and nothing reaches the terminal raw. Torch-free, no imports."""
+from __future__ import annotations
+
+import re
+
+# C0 controls, DEL and C1 controls; `safe_text` keeps \t and \n. Bidi overrides (U+202A..U+202E, U+2066..U+2069)
+# can make a line read differently from what it holds, so they are escaped too.
+_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_TEXT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(m: re.Match) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def safe_line(text: object) -> str:
+    """One printable line: every control character (newlines too) as a visible escape."""
+    return _LINE.sub(_escape, str(text))
+
+
+def safe_text(text: object) -> str:
+    """Printable text that keeps its lines: control characters but \\n and \\t as visible escapes; \\r\\n -> \\n."""
+    return _TEXT.sub(_escape, str(text).replace("\r\n", "\n"))
+
+
+def strip_controls(text: str) -> str:
+    """Text with every control character removed (what a title may hold), whitespace runs kept as they were."""
+    return _LINE.sub("", text)
+
+
+def has_controls(text: str) -> bool:
+    return _LINE.search(text) is not None

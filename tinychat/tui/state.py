@@ -1,0 +1,60 @@
+"""The app's chat state, in one place: which chat is open, which operation runs (Busy), the reply being written and
+its live figures, what waits for the operation to end. TinyChatApp owns one ChatState (app.state); its parts (turns,
+commands, playback) read and write it on the UI thread only. No torch, no widgets imported at run time."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..chat import Chat
+    from .widgets.chat_view import AssistantMessage
+
+
+class Busy(str, Enum):
+    """The operation running on the chat thread (None when idle). A str, so it reads as its name in messages."""
+    LOAD = "load"
+    SEND = "send"
+    REGEN = "regen"
+    UNDO = "undo"
+    NEW = "new"
+    SET = "set"
+    OPEN = "open"
+    SAVE = "save"
+    REPLAY = "replay"
+
+    @property
+    def decoding(self) -> bool:
+        """A reply is being generated (Esc stops it; the cursor does not blink meanwhile)."""
+        return self in (Busy.SEND, Busy.REGEN, Busy.REPLAY)
+
+
+@dataclass
+class LiveFigures:
+    """The running reply's speed, from the tokens' step times: the first token's (TTFT) and the rest's."""
+    n: int = 0                      # tokens so far
+    ms: float = 0.0                 # step time of every token after the first
+    ttft: float | None = None       # the first token's time, ms
+
+    def add(self, ms: float) -> None:
+        self.n += 1
+        if self.ttft is None:
+            self.ttft = ms
+        else:
+            self.ms += ms
+
+    @property
+    def tok_s(self) -> float | None:
+        return (self.n - 1) / (self.ms / 1000) if self.n > 1 and self.ms > 0 else None
+
+
+@dataclass
+class ChatState:
+    chat: Chat | None = None                        # the open chat (None until the model is loaded)
+    busy: Busy | None = Busy.LOAD                   # the running operation, None when idle
+    turn_id: int = 0                                # the reply being written (replay: minus its turn number)
+    current: AssistantMessage | None = None         # its widget
+    live: LiveFigures = field(default_factory=LiveFigures)
+    job_text: str = ""                              # the message being sent (back to the input if the turn fails)
+    pending_settings: dict[str, str] = field(default_factory=dict)   # applied when the running operation ends
