@@ -67,3 +67,25 @@ def make_chat(model=None, model_seed: int = 0, **kw):
 
 
 torch.set_num_threads(1)   # tiny models: one thread is fastest, and immune to other processes on the machine
+
+
+LLAMA_OPTIONS = dict(swa_window=0, kv_group=1, mlp_kind="swiglu", qk_norm=False, logit_softcap=0.0, norm_eps=1e-5,
+                     engram_orders=(), engram_layers=())
+
+
+def make_llama_model(seed: int = 0, bias: bool = True, **overrides) -> TinyAgentLM:
+    """A random `tiny` model with the llama-family options (every layer global, SwiGLU, no QK-norm, no softcap,
+    a norm epsilon; q/k/v biases like Qwen2 when `bias`). Weights scaled up so attention and logits are peaked."""
+    m = TinyAgentLM(config_for("tiny", **{**LLAMA_OPTIONS, "attn_bias": bias, **overrides}))
+    m.reset_parameters(seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        m.embed.weight.mul_(20)
+        m.head.weight.mul_(8)
+        for blk in m.blocks:
+            blk.attn.w_q.weight.mul_(4)
+            blk.attn.w_kv_global.weight.mul_(4)
+            for lin in (blk.attn.w_q, blk.attn.w_kv_global):
+                if lin.bias is not None:
+                    lin.bias.copy_(torch.randn(lin.bias.shape, generator=g))
+    return m.eval()

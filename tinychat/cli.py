@@ -10,7 +10,8 @@ from typing import Optional
 import typer
 
 from .choices import QUANT_MODES, SIZES
-from .loading import check_choice, load_model_for, load_runtime, open_chat, open_replay_chat, resolve_device
+from .loading import (check_choice, load_model_for, load_runtime, model_path, open_chat, open_replay_chat,
+                      resolve_device)
 
 HELP = """Chat with a small local TinyAgentLM model in the terminal.
 
@@ -28,13 +29,21 @@ class UsageError(Exception):
     """A bad flag or argument: one line on stderr, exit 2."""
 
 
+MODEL_HELP = "Model folder, or the name of an imported model (default: the shipped model)."
+
+
+def _model_arg(value: Optional[Path]) -> Optional[Path]:
+    """--model: a folder, or the name of a model imported with `tinychat import` (an existing path wins)."""
+    return model_path(value)
+
+
 def _debug() -> bool:
     return bool(os.environ.get("TINYCHAT_DEBUG"))
 
 
 @app.callback(invoke_without_command=True)
 def chat(ctx: typer.Context,
-         model: Optional[Path] = typer.Option(None, "--model", "-m", help="Model folder (default: the shipped model)."),
+         model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_HELP, callback=_model_arg),
          quant: str = typer.Option("none", "--quant", "-q", help="Weights: none, int8 (the laptop mode) or bf16."),
          device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
          seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed for every turn (default: random, recorded)."),
@@ -98,7 +107,7 @@ def _int8_kernels() -> str:
 
 
 @app.command()
-def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help="Model folder (default: the shipped model)."),
+def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_HELP, callback=_model_arg),
          config: Optional[str] = typer.Option(None, "--config", help="A named size with random weights: tiny, demo, full."),
          json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Model summary: parameters, layers, and the KV-cache size per token next to a standard GQA cache."""
@@ -212,7 +221,7 @@ def sessions_rm(ref: str = typer.Argument(..., metavar="ID")):
 
 @app.command()
 def replay(ref: str = typer.Argument(..., metavar="ID|PATH", help="A saved session."),
-           model: Optional[Path] = typer.Option(None, "--model", "-m", help="Model folder (default: the shipped model)."),
+           model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_HELP, callback=_model_arg),
            check: bool = typer.Option(False, "--check", help="Only report: exit 0 token-exact, 1 on divergence."),
            play: bool = typer.Option(False, "--play", help="Play the session back in the app."),
            speed: float = typer.Option(1.0, "--speed", help="With --play: playback speed (0: as fast as it decodes)."),
@@ -247,7 +256,7 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH", help="A saved sessi
 
 
 @app.command()
-def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", help="Model folder (default: the shipped model)."),
+def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_HELP, callback=_model_arg),
           config: Optional[str] = typer.Option(None, "--config", help="A named size with random weights: tiny, demo, full."),
           quant: str = typer.Option("none", "--quant", "-q", help="none, int8 or bf16."),
           device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
@@ -283,6 +292,39 @@ def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", help="Mode
     else:
         from rich.console import Console
         Console().print(render_table(result))
+
+
+@app.command("import")
+def import_(src: Path = typer.Argument(..., metavar="SRC", help="A Hugging Face llama-family folder or a .gguf file."),
+            name: Optional[str] = typer.Option(None, "--name", help="The model's name (default: from SRC)."),
+            context: Optional[int] = typer.Option(None, "--context", help="Most positions a chat may hold "
+                                                  "(default: 4096, or less when the checkpoint says so)."),
+            dtype: str = typer.Option("float32", "--dtype", help="Stored weights: float32 (exact), bfloat16 or float16."),
+            force: bool = typer.Option(False, "--force", help="Replace a model of the same name.")):
+    """Import a llama-family checkpoint (SmolLM2, Qwen2.5, Llama-architecture models) as a tinychat model.
+
+    The result goes under the data folder and opens with `tinychat --model NAME`. Mixture-of-experts, sliding-window
+    and other architectures the engine cannot run are refused with the reason."""
+    from .importer import import_model
+    dest = import_model(src, name=name, context=context, dtype=dtype, force=force)
+    typer.echo(f"imported {src} as {dest.name} ({dest})\nchat with: tinychat --model {dest.name}")
+
+
+@app.command("models")
+def models_(json_out: bool = typer.Option(False, "--json", help="A JSON list.")):
+    """List the imported models (`tinychat import`)."""
+    from .importer.store import list_models
+    rows = list_models()
+    if json_out:
+        import json
+        typer.echo(json.dumps(rows))
+        return
+    if not rows:
+        typer.echo("no imported models (add one with: tinychat import SRC)")
+        return
+    for r in rows:
+        params = f"{r['params'] / 1e6:.0f}M params" if r.get("params") else "?"
+        typer.echo(f"{r['name']}  {params}  {r['bytes'] / 2**20:.0f} MiB  {r['format']}  from {r['source']}")
 
 
 def main() -> None:

@@ -33,6 +33,13 @@ def default_model_path() -> Path | None:
     return None
 
 
+def model_path(model: str | Path | None) -> Path | None:
+    """--model as given: an existing path wins; else the name of a model imported with `tinychat import`
+    (importer/store.py); else the path unchanged, so the loaders' own "no such model folder" error speaks."""
+    from .importer.store import resolve
+    return resolve(model)
+
+
 def load_model_for(model: Path | None, config: str | None, seed: int = 0):
     """(model, description): a checkpoint folder, a named size with random weights, or the shipped model."""
     import torch

@@ -7,6 +7,12 @@ So the decode cache holds one global K/V per group plus one small ring per layer
 
 `TinyAgentLM.forward(idx)` is the plain full-sequence forward: the training path and the exact reference the
 incremental decoder (tinychat.engine) is tested against.
+
+The llama family (SmolLM2, Qwen2.5, Llama 3.2) is the same model with a few options set (see ModelConfig): every
+layer global (`kv_group` 1, `swa_window` 0: no local K/V), no QK-norm, no softcap, a SwiGLU MLP, the checkpoint's
+RoPE base / scaling and RMSNorm epsilon, q/k/v biases for Qwen. Learned RMSNorm gains are folded into the next
+Linear when such a checkpoint is imported (W @ diag(g)), so every norm here stays weightless. Defaults are
+TinyAgentLM's own behaviour.
 """
 from __future__ import annotations
 
@@ -50,6 +56,13 @@ class ModelConfig:
     engram_heads: int = 0                   # hash heads per order
     engram_table_size: int = 0              # slots per (order, head) table; a prime
     engram_dim: int = 0                     # embedding width per (order, head)
+    # llama-family options (defaults: TinyAgentLM). swa_window 0 = no local K/V (needs kv_group 1);
+    # logit_softcap 0 = no softcap.
+    mlp_kind: str = "relu2"                 # "relu2": down(relu(up x)^2); "swiglu": up = [gate; up] rows
+    qk_norm: bool = True                    # rms_norm of every q / k head before RoPE
+    attn_bias: bool = False                 # biases on w_q / w_kv_* (Qwen2)
+    norm_eps: float | None = None           # RMSNorm epsilon (None: torch's default, finfo(dtype).eps)
+    rope_scaling: dict | None = None        # {"type": "linear" | "llama3", "factor": ..., ...}
     name: str = field(default="", compare=False)
 
     def __post_init__(self):
@@ -64,16 +77,28 @@ class ModelConfig:
         for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "kv_group",
                   "swa_window", "mlp_hidden", "max_seq_len"):
             v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                p.append(f"{f} must be a positive integer (got {v!r})")
+            low = 0 if f == "swa_window" else 1                 # swa_window 0: no local attention
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                p.append(f"{f} must be a {'non-negative' if low == 0 else 'positive'} integer (got {v!r})")
         if p:
             return p
+        if self.swa_window == 0 and self.kv_group != 1:
+            p.append("swa_window 0 (no local attention) needs kv_group 1 (every layer global)")
+        if self.mlp_kind not in MLP_KINDS:
+            p.append(f"mlp_kind must be one of {', '.join(MLP_KINDS)} (got {self.mlp_kind!r})")
+        if self.norm_eps is not None and not self.norm_eps > 0:
+            p.append(f"norm_eps must be positive (got {self.norm_eps!r})")
+        if self.rope_scaling is not None:
+            try:
+                rope_inv_freq(self.head_dim, self.rope_base, self.rope_scaling)
+            except (ValueError, TypeError, KeyError) as e:
+                p.append(f"rope_scaling: {e}")
         if self.n_heads % self.n_kv_heads:
             p.append(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if self.head_dim % 2:
             p.append(f"head_dim ({self.head_dim}) must be even (RoPE)")
-        if not self.logit_softcap > 0 or not self.rope_base > 0:
-            p.append("logit_softcap and rope_base must be positive")
+        if not self.logit_softcap >= 0 or not self.rope_base > 0:
+            p.append("logit_softcap must be >= 0 (0: off) and rope_base positive")
         if self.engram_orders:
             if min(self.engram_orders) < 2:
                 p.append("engram_orders must be n-gram orders >= 2")
@@ -86,6 +111,17 @@ class ModelConfig:
     @property
     def n_groups(self) -> int:
         return math.ceil(self.n_layers / self.kv_group)
+
+    @property
+    def has_local(self) -> bool:
+        """Do layers have their own local (sliding-window) K/V? False for the llama family."""
+        return self.swa_window > 0
+
+    @property
+    def is_tinyagent(self) -> bool:
+        """Every llama-family option at TinyAgentLM's default (what the native int8 step expresses)."""
+        return (self.swa_window > 0 and self.mlp_kind == "relu2" and self.qk_norm and not self.attn_bias
+                and self.norm_eps is None and self.logit_softcap > 0)
 
     @property
     def has_engram(self) -> bool:
@@ -132,17 +168,59 @@ def config_for(size: str, **overrides) -> ModelConfig:
     return ModelConfig(**{**SIZES[size], "name": size, **overrides})
 
 
-def rms_norm(x: torch.Tensor) -> torch.Tensor:
-    """Weightless RMS norm over the last dimension."""
-    return F.rms_norm(x, (x.size(-1),))
+MLP_KINDS = ("relu2", "swiglu")
+
+
+def rms_norm(x: torch.Tensor, eps: float | None = None) -> torch.Tensor:
+    """Weightless RMS norm over the last dimension (eps None: torch's default, finfo(x.dtype).eps)."""
+    return F.rms_norm(x, (x.size(-1),), eps=eps)
+
+
+def softcap(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(logits / cap); cap 0: the logits unchanged (the llama family)."""
+    return cap * torch.tanh(logits / cap) if cap else logits
+
+
+def rope_inv_freq(head_dim: int, base: float, scaling: dict | None = None) -> torch.Tensor:
+    """(head_dim/2,) float64 inverse frequencies; scaling as Hugging Face's rope_scaling: None / "default",
+    "linear" (all divided by factor), "llama3" (long wavelengths divided by factor, short ones kept, a smooth
+    blend between; Llama 3.1 / 3.2) or "factors" (one divisor per frequency). Anything else raises ValueError."""
+    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if not scaling:
+        return inv
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv
+    if kind == "factors":               # per-frequency divisors (a GGUF's rope_freqs tensor: Llama 3.x)
+        f = torch.tensor([float(v) for v in scaling["factors"]], dtype=torch.float64)
+        if f.shape != inv.shape or not bool((f > 0).all()):
+            raise ValueError(f"factors must be {inv.numel()} positive numbers")
+        return inv / f
+    factor = float(scaling["factor"])
+    if not factor > 0:
+        raise ValueError(f"factor must be positive (got {factor})")
+    if kind == "linear":
+        return inv / factor
+    if kind == "llama3":
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old = float(scaling["original_max_position_embeddings"])
+        if not high > low:
+            raise ValueError("llama3 scaling needs high_freq_factor > low_freq_factor")
+        wavelen = 2 * math.pi / inv
+        out = torch.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        blended = (1 - smooth) * out / factor + smooth * out
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        return torch.where(medium, blended, out)
+    raise ValueError(f"unsupported RoPE scaling type {kind!r} (supported: linear, llama3, factors)")
 
 
 class Rope(nn.Module):
     """Half-split rotary embedding; cos/sin (max_seq_len, head_dim/2) indexed by absolute position."""
 
-    def __init__(self, head_dim: int, max_seq_len: int, base: float):
+    def __init__(self, head_dim: int, max_seq_len: int, base: float, scaling: dict | None = None):
         super().__init__()
-        inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        inv = rope_inv_freq(head_dim, base, scaling)
         ang = torch.arange(max_seq_len, dtype=torch.float64)[:, None] * inv[None, :]
         self.register_buffer("cos", ang.cos().float(), persistent=False)
         self.register_buffer("sin", ang.sin().float(), persistent=False)
@@ -206,21 +284,33 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.mode = "full" if layer % cfg.kv_group == 0 else "local"
-        d, H, Hk, D = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.w_q = nn.Linear(d, H * D, bias=False)
-        self.w_kv_local = nn.Linear(d, 2 * Hk * D, bias=False)          # K rows then V rows
-        self.w_kv_global = nn.Linear(d, 2 * Hk * D, bias=False) if self.mode == "full" else None
+        d, H, Hk, D, b = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.attn_bias
+        self.w_q = nn.Linear(d, H * D, bias=b)
+        # K rows then V rows; no local K/V when swa_window is 0 (every layer global: the llama family)
+        self.w_kv_local = nn.Linear(d, 2 * Hk * D, bias=b) if cfg.has_local else None
+        self.w_kv_global = nn.Linear(d, 2 * Hk * D, bias=b) if self.mode == "full" else None
         self.w_o = nn.Linear(H * D, d, bias=False)
 
 
 class MLP(nn.Module):
+    """relu2: down(relu(up(x))^2). swiglu: up holds [gate; up] rows (one weight stream), down(silu(g) * u)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.up = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
+        self.kind = cfg.mlp_kind
+        self.up = nn.Linear(cfg.d_model, cfg.mlp_hidden * (2 if self.kind == "swiglu" else 1), bias=False)
         self.down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
 
     def forward(self, x):
-        return self.down(F.relu(self.up(x)).square())
+        return self.down(mlp_act(self.kind, self.up(x)))
+
+
+def mlp_act(kind: str, u: torch.Tensor) -> torch.Tensor:
+    """The MLP's middle: relu(u)^2, or for swiglu u = [g | v] on the last dim -> silu(g) * v."""
+    if kind == "swiglu":
+        g, v = u.chunk(2, dim=-1)
+        return F.silu(g) * v
+    return F.relu(u).square()
 
 
 class Block(nn.Module):
@@ -250,7 +340,7 @@ class TinyAgentLM(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.rope = Rope(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)
+        self.rope = Rope(cfg.head_dim, cfg.max_seq_len, cfg.rope_base, cfg.rope_scaling)
         self.register_buffer("cid_map", torch.arange(cfg.vocab_size))
         if token_strings is not None:
             self.set_token_strings(token_strings)
@@ -272,7 +362,7 @@ class TinyAgentLM(nn.Module):
             for name, p in self.named_parameters():
                 std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("w_o.weight", "down.weight")) \
                     else 0.02
-                p.copy_(torch.randn(p.shape, generator=g) * std)
+                p.copy_(torch.randn(p.shape, generator=g) * std if not name.endswith(".bias") else 0 * p)
 
     def engram_modules(self) -> list[Engram]:
         return self._engrams
@@ -300,28 +390,30 @@ class TinyAgentLM(nn.Module):
         i = torch.arange(T, device=idx.device)
         gmask = i[None, :] <= i[:, None]                                        # (T, T) causal
         lmask = gmask & (i[:, None] - i[None, :] < W)                           # (T, T) window i-W < j <= i
-        mask = torch.cat([gmask, lmask], dim=1)                                 # (T, 2T): [global | local] keys
+        mask = torch.cat([gmask, lmask], dim=1) if c.has_local else gmask      # (T, 2T): [global | local] keys
+        eps = c.norm_eps
+        qkn = (lambda t: rms_norm(t, eps)) if c.qk_norm else (lambda t: t)
         x = self.embed(idx)
         kg = vg = None
         for li, blk in enumerate(self.blocks):
             if blk.engram is not None:
                 x = x + blk.engram(x, addrs[li])
             a = blk.attn
-            h = rms_norm(x)
-            q = self.rope(rms_norm(a.w_q(h).view(B, T, H, D).transpose(1, 2)))             # (B, H, T, D)
+            h = rms_norm(x, eps)
+            q = self.rope(qkn(a.w_q(h).view(B, T, H, D).transpose(1, 2)))                 # (B, H, T, D)
             if a.mode == "full":
                 kg, vg = a.w_kv_global(h).view(B, T, 2, Hk, D).permute(2, 0, 3, 1, 4)     # (B, Hk, T, D) each
-                kg = self.rope(rms_norm(kg))
-            kl, vl = a.w_kv_local(h).view(B, T, 2, Hk, D).permute(2, 0, 3, 1, 4)
-            kl = self.rope(rms_norm(kl))
-            K = torch.cat([kg, kl], dim=2).repeat_interleave(rep, dim=1)                  # (B, H, 2T, D)
-            V = torch.cat([vg, vl], dim=2).repeat_interleave(rep, dim=1)
+                kg = self.rope(qkn(kg))
+            K, V = kg, vg
+            if a.w_kv_local is not None:
+                kl, vl = a.w_kv_local(h).view(B, T, 2, Hk, D).permute(2, 0, 3, 1, 4)
+                kl = self.rope(qkn(kl))
+                K, V = torch.cat([kg, kl], dim=2), torch.cat([vg, vl], dim=2)              # (B, Hk, 2T, D)
+            K, V = K.repeat_interleave(rep, dim=1), V.repeat_interleave(rep, dim=1)
             y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)                   # one softmax over both
             x = x + a.w_o(y.transpose(1, 2).reshape(B, T, H * D))
-            x = x + blk.mlp(rms_norm(x))
-        logits = self.head(rms_norm(x)).float()
-        sc = c.logit_softcap
-        return sc * torch.tanh(logits / sc)
+            x = x + blk.mlp(rms_norm(x, eps))
+        return softcap(self.head(rms_norm(x, eps)).float(), c.logit_softcap)
 
     # --- reports -----------------------------------------------------------------------------------------------
     def num_params(self) -> int:

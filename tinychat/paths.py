@@ -32,3 +32,8 @@ def home() -> Path:
 def sessions_dir() -> Path:
     """Session files (`<id>.json`) and their KV snapshots (`<id>.kv.safetensors`)."""
     return home() / "sessions"
+
+
+def models_dir() -> Path:
+    """Imported models (`tinychat import`), one folder each, named by the model's name."""
+    return home() / "models"

@@ -1,4 +1,4 @@
-"""Tokenizer wrapper and the ChatML chat template.
+"""Tokenizer wrapper and the chat templates (ChatML; Llama 3's header tokens for imported models).
 
 Wraps a Hugging Face `tokenizers.Tokenizer` (a `tokenizer.json`) and adds what the chat runtime needs:
 
@@ -21,6 +21,7 @@ import json
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -37,6 +38,39 @@ ROLES = ("system", "user", "assistant")
 
 class TokenizerError(ValueError):
     """A tokenizer.json that is missing, unreadable, or unusable for ChatML. The message is one line."""
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """How a message is framed, as text with special tokens: header (with {role}) + content + end. The first token
+    of `end` is the stop token. `bos` starts a system message (Llama 3's <|begin_of_text|>: a context begins with
+    its system message)."""
+    name: str
+    header: str
+    end: str
+    bos: str | None = None
+
+
+CHAT_FORMATS = {
+    "chatml": ChatFormat("chatml", IM_START + "{role}\n", IM_END + "\n"),
+    "llama3": ChatFormat("llama3", "<|start_header_id|>{role}<|end_header_id|>\n\n", "<|eot_id|>",
+                         "<|begin_of_text|>"),
+}
+CHAT_FORMAT_FILE = "chat_format.json"   # beside tokenizer.json in an imported model's folder: {"format": NAME, ...}
+
+
+def chat_format_for(tokenizer_path: Path) -> ChatFormat:
+    """The chat format of the model folder holding tokenizer_path: its chat_format.json, else ChatML."""
+    f = Path(tokenizer_path).parent / CHAT_FORMAT_FILE
+    if not f.is_file():
+        return CHAT_FORMATS["chatml"]
+    try:
+        name = json.loads(f.read_text(encoding="utf-8")).get("format")
+    except (OSError, ValueError, AttributeError) as e:
+        raise TokenizerError(f"{f}: unreadable chat format ({_one_line(e)[:100]})") from None
+    if name not in CHAT_FORMATS:
+        raise TokenizerError(f"{f}: unknown chat format {name!r} (known: {', '.join(CHAT_FORMATS)})")
+    return CHAT_FORMATS[name]
 
 
 def _one_line(text: object) -> str:
@@ -65,17 +99,28 @@ def _uses_byte_level_decoder(spec: Mapping | None) -> bool:
 
 
 class Tokenizer:
-    """A ChatML tokenizer. Build with `from_file`, `from_str` or `train_bpe`."""
+    """A chat tokenizer (ChatML by default). Build with `from_file`, `from_str` or `train_bpe`.
 
-    def __init__(self, hf: HFTokenizer, *, source: str = "<tokenizer>"):
+    `im_end` is the stop token of the chat format (`<|im_end|>` for ChatML, `<|eot_id|>` for Llama 3); `im_start`
+    is the tokenizer's `<|im_start|>` id (None when it has none)."""
+
+    def __init__(self, hf: HFTokenizer, *, source: str = "<tokenizer>", chat: ChatFormat | None = None):
         self._hf = hf
         self.source = source  # shown in error messages: a path, or "<tokenizer>" for in-memory ones
+        self.chat = chat = chat or CHAT_FORMATS["chatml"]
         ids = {tok: hf.token_to_id(tok) for tok in SPECIAL_TOKENS}
-        missing = [tok for tok in (IM_START, IM_END) if ids[tok] is None]
-        if missing:
-            raise TokenizerError(f"{source}: tokenizer lacks the ChatML special token(s) {', '.join(missing)}")
-        self.im_start: int = ids[IM_START]
-        self.im_end: int = ids[IM_END]
+        if chat.name == "chatml":
+            missing = [tok for tok in (IM_START, IM_END) if ids[tok] is None]
+            if missing:
+                raise TokenizerError(f"{source}: tokenizer lacks the ChatML special token(s) {', '.join(missing)}")
+        else:
+            need = re.findall(r"<\|[^|]+\|>", chat.header + chat.end + (chat.bos or ""))
+            missing = [tok for tok in dict.fromkeys(need) if hf.token_to_id(tok) is None]
+            if missing:
+                raise TokenizerError(f"{source}: tokenizer lacks the {chat.name} special token(s) {', '.join(missing)}")
+        stop = ids[IM_END] if chat.name == "chatml" else hf.token_to_id(re.match(r"<\|[^|]+\|>", chat.end).group(0))
+        self.im_start: int | None = ids[IM_START]
+        self.im_end: int = stop
         self.endoftext: int | None = ids[ENDOFTEXT]
         # Special tokens by literal text, longest first so that the split regex prefers the longest match.
         added = {t.content: i for i, t in hf.get_added_tokens_decoder().items() if t.special}
@@ -88,6 +133,7 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
+        """tokenizer.json; the chat format from a chat_format.json beside it (an imported model), else ChatML."""
         path = Path(path)
         try:
             text = path.read_text(encoding="utf-8")
@@ -95,10 +141,10 @@ class Tokenizer:
             raise TokenizerError(f"{path}: tokenizer file not found") from None
         except (OSError, UnicodeDecodeError) as e:
             raise TokenizerError(f"{path}: cannot read tokenizer file ({_one_line(e)})") from None
-        return cls.from_str(text, source=str(path))
+        return cls.from_str(text, source=str(path), chat=chat_format_for(path))
 
     @classmethod
-    def from_str(cls, text: str, *, source: str = "<tokenizer>") -> Tokenizer:
+    def from_str(cls, text: str, *, source: str = "<tokenizer>", chat: ChatFormat | None = None) -> Tokenizer:
         try:
             json.loads(text)
         except (ValueError, RecursionError) as e:
@@ -107,7 +153,7 @@ class Tokenizer:
             hf = HFTokenizer.from_str(text)
         except Exception as e:  # noqa: BLE001  the Rust side raises plain Exception for schema errors
             raise TokenizerError(f"{source}: not a Hugging Face tokenizer.json ({_one_line(e)[:200]})") from None
-        return cls(hf, source=source)
+        return cls(hf, source=source, chat=chat)
 
     def to_str(self, pretty: bool = False) -> str:
         return self._hf.to_str(pretty)
@@ -185,13 +231,19 @@ class Tokenizer:
     # of encode(content), which is why session files record token ids rather than re-encoding text.
 
     def header_ids(self, role: str) -> list[int]:
-        """`<|im_start|>{role}\\n`"""
+        """`<|im_start|>{role}\\n` (other formats: their header; Llama 3's system header starts with its BOS)"""
         _check_role(role)
-        return [self.im_start, *self.encode(role + "\n")]
+        if self.chat.name == "chatml":
+            return [self.im_start, *self.encode(role + "\n")]
+        bos = self.chat.bos if role == "system" and self.chat.bos else ""
+        return self.encode(bos + self.chat.header.format(role=role), allow_special=True)
 
     def end_ids(self) -> list[int]:
-        """`<|im_end|>\\n`: closes a message (the runtime appends it when a turn is cut off, too)."""
-        return [self.im_end, *self._newline]
+        """`<|im_end|>\\n`: closes a message (the runtime appends it when a turn is cut off, too). Other formats:
+        their end text, which starts with the stop token."""
+        if self.chat.name == "chatml":
+            return [self.im_end, *self._newline]
+        return self.encode(self.chat.end, allow_special=True)
 
     def message_ids(self, role: str, content: str) -> list[int]:
         return [*self.header_ids(role), *self.encode(content), *self.end_ids()]

@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..model import rms_norm
+from ..model import mlp_act, rms_norm, softcap
 from .cache import KVCache
 
 CHUNK = 64  # append_chunked: max new tokens per row processed at once (bounds the score tensor during prefill)
@@ -35,14 +35,50 @@ def _rope_pos(rope, x, pos):
 def _mlp(mlp, x):
     """MLP.forward (down(relu(up(x))^2)) with the activation done in place: same values, two fewer big buffers."""
     u = mlp.up(x)
+    if mlp.kind != "relu2":
+        return mlp.down(mlp_act(mlp.kind, u))
     torch.relu_(u)
     return mlp.down(u.mul_(u))
 
 
 def _softcap(model, x):
-    logits = model.head(rms_norm(x)).float()
-    sc = model.cfg.logit_softcap
-    return sc * torch.tanh(logits / sc)
+    """Logits (fp32) at the hidden states x: final norm, head, softcap (none when the config has it off)."""
+    h = rms_norm(x, model.cfg.norm_eps)
+    logits = model.head(h).float()
+    if not model.cfg.is_tinyagent:
+        logits = rescore_top(model.head, h, logits)
+    return softcap(logits, model.cfg.logit_softcap)
+
+
+RESCORE_K = 16   # head candidates recomputed in fp32 (rescore_top)
+
+
+def rescore_top(head, h, logits, k: int = RESCORE_K):
+    """A quantized head (int8 / bf16 weights) returns bf16 logits: steps of 0.125 near 25, coarser than the margin
+    between a large vocabulary's top tokens (SmolLM2's first token for "the capital of France": 0.08). So the k best
+    candidates are recomputed in fp32 from their weight rows against the fp32 hidden state h (B, d) and written
+    back into logits (B, V): greedy and the sampler's head then see the quantized weights' exact logits. Only the
+    llama family's configs (TinyAgentLM's softcapped logits keep the step they were tuned with). A full-precision
+    head returns logits unchanged."""
+    w = getattr(head, "qweight", None)
+    if w is None and (getattr(head, "weight", None) is None or head.weight.dtype == torch.float32):
+        return logits
+    h2 = h.reshape(-1, h.size(-1)).float()
+    lg = logits.view(h2.size(0), -1)
+    ids = lg.topk(min(k, lg.size(-1)), dim=-1).indices                          # (B, k)
+    rows = (w[ids].float() * head.scale[ids].float()[..., None]) if w is not None else head.weight[ids].float()
+    exact = torch.bmm(rows, h2[:, :, None])[..., 0]                              # (B, k, d) @ (B, d, 1)
+    if getattr(head, "bias", None) is not None:
+        exact = exact + head.bias.float()[ids]
+    return lg.scatter(1, ids, exact).view_as(logits)
+
+
+def _qkn(cfg):
+    """The q / k head norm of this config: rms_norm, or the identity without QK-norm (the llama family)."""
+    if not cfg.qk_norm:
+        return lambda t: t
+    eps = cfg.norm_eps
+    return lambda t: rms_norm(t, eps)
 
 
 def _engram_addrs(model, tokens, lens, idx):
@@ -85,7 +121,7 @@ class _Layout:
         self.bidx = rdev[:, None].expand(-1, C)
         self.gpos = torch.where(self.valid, self.pos, torch.full_like(self.pos, cache.max_len))
         self.keep = self.valid & (self.pos >= (self.new_lens[:, None] - W))      # the last W real tokens
-        self.slot = torch.where(self.keep, self.pos % W, torch.full_like(self.pos, W))
+        self.slot = torch.where(self.keep, self.pos % max(W, 1), torch.full_like(self.pos, W))   # W 0: none kept
 
 
 def _commit(cache: KVCache, lay: _Layout, rows, rdev) -> None:
@@ -193,6 +229,9 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
 
     # short chunks on GPUs (a new turn, a tool result): explicit attention, no SDPA kernel per shape
     manual = dev.type != "cpu" and C <= EXPLICIT_ATTN_MAX
+    if not c.has_local:   # no local keys: the masks are the global part alone
+        blocks = [(s, e, lg, m[..., :lg]) for s, e, lg, m in blocks]
+    eps, qkn = c.norm_eps, _qkn(c)
     x = model.embed(idx)
     rope = model.rope
     group = -1
@@ -200,12 +239,12 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
         if blk.engram is not None:
             x = x + blk.engram(x, addrs[li])
         a = blk.attn
-        h = rms_norm(x)
-        q = _rope_pos(rope, rms_norm(a.w_q(h).view(B, C, H, D).transpose(1, 2)), pos).to(dt)
+        h = rms_norm(x, eps)
+        q = _rope_pos(rope, qkn(a.w_q(h).view(B, C, H, D).transpose(1, 2)), pos).to(dt)
         if a.mode == "full":
             group += 1
             k, v = a.w_kv_global(h).view(B, C, 2, Hk, D).permute(2, 0, 3, 1, 4)
-            k = _rope_pos(rope, rms_norm(k), pos)
+            k = _rope_pos(rope, qkn(k), pos)
             cache.gk[group][bidx, :, gpos] = k.transpose(1, 2).to(dt)
             cache.gv[group][bidx, :, gpos] = v.transpose(1, 2).to(dt)
             if rows is None:
@@ -213,15 +252,19 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
             else:
                 lgmax = blocks[-1][2]
                 Kg_all, Vg_all = cache.gk[group][rdev, :, :lgmax], cache.gv[group][rdev, :, :lgmax]
-        kl, vl = a.w_kv_local(h).view(B, C, 2, Hk, D).permute(2, 0, 3, 1, 4)
-        kl = _rope_pos(rope, rms_norm(kl), pos).to(cache.lk.dtype)
-        vl = vl.to(cache.lv.dtype)
-        seq_k = torch.cat([sel(cache.lk[li]).gather(2, ring_gather), kl], dim=2)   # (B, Hk, W + C, D): ring, new
-        seq_v = torch.cat([sel(cache.lv[li]).gather(2, ring_gather), vl], dim=2)
+        if a.w_kv_local is not None:
+            kl, vl = a.w_kv_local(h).view(B, C, 2, Hk, D).permute(2, 0, 3, 1, 4)
+            kl = _rope_pos(rope, qkn(kl), pos).to(cache.lk.dtype)
+            vl = vl.to(cache.lv.dtype)
+            seq_k = torch.cat([sel(cache.lk[li]).gather(2, ring_gather), kl], dim=2)   # (B, Hk, W + C, D)
+            seq_v = torch.cat([sel(cache.lv[li]).gather(2, ring_gather), vl], dim=2)
         ys = []
         for s, e, lg, m in blocks:
-            Kb = torch.cat([Kg_all[:, :, :lg], seq_k[:, :, s + 1:e + W]], dim=2)
-            Vb = torch.cat([Vg_all[:, :, :lg], seq_v[:, :, s + 1:e + W]], dim=2)
+            if a.w_kv_local is None:
+                Kb, Vb = Kg_all[:, :, :lg], Vg_all[:, :, :lg]
+            else:
+                Kb = torch.cat([Kg_all[:, :, :lg], seq_k[:, :, s + 1:e + W]], dim=2)
+                Vb = torch.cat([Vg_all[:, :, :lg], seq_v[:, :, s + 1:e + W]], dim=2)
             if manual:
                 ys.append(_attn_explicit(q[:, :, s:e], Kb, Vb, m, Hk))
             else:
@@ -229,9 +272,10 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
         y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=2)
         y = y.transpose(1, 2).reshape(B, C, H * D)
         x = x + a.w_o(y.to(x.dtype))
-        x = x + _mlp(blk.mlp, rms_norm(x))
-        cache.lk[li][bidx, :, slot] = kl.transpose(1, 2)
-        cache.lv[li][bidx, :, slot] = vl.transpose(1, 2)
+        x = x + _mlp(blk.mlp, rms_norm(x, eps))
+        if a.w_kv_local is not None:
+            cache.lk[li][bidx, :, slot] = kl.transpose(1, 2)
+            cache.lv[li][bidx, :, slot] = vl.transpose(1, 2)
     _commit(cache, lay, rows, rdev)
     return _softcap(model, x[torch.arange(B, device=dev), (n - 1).clamp_min(0)])
 
@@ -275,9 +319,11 @@ def _append_chunk(model, cache: KVCache, idx, n_cpu, rows=None):
     lpos_all = torch.cat([sel(cache.lpos), torch.where(valid, pos, torch.full_like(pos, -1))], dim=1)  # (B, W+1+C)
     lmask = (lpos_all[:, None, :] >= 0) & (lpos_all[:, None, :] <= pos[:, :, None]) & \
             (pos[:, :, None] - lpos_all[:, None, :] < W)
-    mask = torch.cat([gmask, lmask], dim=2)[:, None, None]                      # (B, 1, 1, C, L)
+    mask = torch.cat([gmask, lmask], dim=2) if c.has_local else gmask
+    mask = mask[:, None, None]                                                  # (B, 1, 1, C, L)
     neg = torch.finfo(torch.float32).min / 2
     scale = 1.0 / math.sqrt(D)
+    eps, qkn = c.norm_eps, _qkn(c)
 
     x = model.embed(idx)
     rope = model.rope
@@ -286,34 +332,40 @@ def _append_chunk(model, cache: KVCache, idx, n_cpu, rows=None):
         if blk.engram is not None:
             x = x + blk.engram(x, addrs[li])
         a = blk.attn
-        h = rms_norm(x)
-        q = _rope_pos(rope, rms_norm(a.w_q(h).view(B, C, H, D).transpose(1, 2)), pos)
+        h = rms_norm(x, eps)
+        q = _rope_pos(rope, qkn(a.w_q(h).view(B, C, H, D).transpose(1, 2)), pos)
         if a.mode == "full":
             group += 1
             k, v = a.w_kv_global(h).view(B, C, 2, Hk, D).permute(2, 0, 3, 1, 4)
-            k = _rope_pos(rope, rms_norm(k), pos)
+            k = _rope_pos(rope, qkn(k), pos)
             cache.gk[group][bidx, :, gpos] = k.transpose(1, 2).to(cache.gk.dtype)
             cache.gv[group][bidx, :, gpos] = v.transpose(1, 2).to(cache.gv.dtype)
-        kl, vl = a.w_kv_local(h).view(B, C, 2, Hk, D).permute(2, 0, 3, 1, 4)
-        kl = _rope_pos(rope, rms_norm(kl), pos).to(cache.lk.dtype)
-        vl = vl.to(cache.lv.dtype)
+        local = a.w_kv_local is not None
+        if local:
+            kl, vl = a.w_kv_local(h).view(B, C, 2, Hk, D).permute(2, 0, 3, 1, 4)
+            kl = _rope_pos(rope, qkn(kl), pos).to(cache.lk.dtype)
+            vl = vl.to(cache.lv.dtype)
         # grouped-query attention straight against the cache: queries (B, Hk, rep*C, D)
         q2 = q.to(cache.gk.dtype).reshape(B, Hk, rep * C, D)
         if rows is None:
             Kg, Vg = cache.gk[group][:, :, :Lg], cache.gv[group][:, :, :Lg]
         else:
             Kg, Vg = cache.gk[group][rdev, :, :Lg], cache.gv[group][rdev, :, :Lg]
-        Kl = torch.cat([sel(cache.lk[li]), kl], dim=2)                          # (B, Hk, W+1+C, D) (small)
-        Vl = torch.cat([sel(cache.lv[li]), vl], dim=2)
-        s = torch.cat([q2 @ Kg.transpose(-1, -2), q2 @ Kl.transpose(-1, -2)], dim=-1).float() * scale
+        s = q2 @ Kg.transpose(-1, -2)
+        if local:
+            Kl = torch.cat([sel(cache.lk[li]), kl], dim=2)                      # (B, Hk, W+1+C, D) (small)
+            Vl = torch.cat([sel(cache.lv[li]), vl], dim=2)
+            s = torch.cat([s, q2 @ Kl.transpose(-1, -2)], dim=-1)
+        s = s.float() * scale
         s = s.view(B, Hk, rep, C, -1).masked_fill(~mask, neg)
         p = torch.softmax(s, dim=-1).to(Vg.dtype).view(B, Hk, rep * C, -1)
-        y = p[..., :Lg] @ Vg + p[..., Lg:] @ Vl                                 # (B, Hk, rep*C, D)
+        y = p[..., :Lg] @ Vg + p[..., Lg:] @ Vl if local else p @ Vg           # (B, Hk, rep*C, D)
         y = y.view(B, H, C, D).transpose(1, 2).reshape(B, C, H * D)
         x = x + a.w_o(y.to(x.dtype))
-        x = x + blk.mlp(rms_norm(x))
-        cache.lk[li][bidx, :, slot] = kl.transpose(1, 2)
-        cache.lv[li][bidx, :, slot] = vl.transpose(1, 2)
+        x = x + blk.mlp(rms_norm(x, eps))
+        if local:
+            cache.lk[li][bidx, :, slot] = kl.transpose(1, 2)
+            cache.lv[li][bidx, :, slot] = vl.transpose(1, 2)
     _commit(cache, lay, rows, rdev)
     return _softcap(model, x[torch.arange(B, device=dev), (n - 1).clamp_min(0)])
 
@@ -331,43 +383,52 @@ def _decode_one(model, cache: KVCache, idx, L: int):
     p2 = torch.full((1, 1), L, device=dev, dtype=torch.long)
     addrs = _engram_addrs(model, cache.tokens[:1], p2[0], idx)
     cache.tokens[0, L] = idx[0, 0]
-    slot = L % W
+    slot = L % W if W else 0
     lp = torch.cat([cache.lpos[0], p2[0]])                                     # (W+2,)
-    mask = torch.cat([torch.ones(L + 1, dtype=torch.bool, device=dev), (lp >= 0) & (lp <= L) & (L - lp < W)])
+    mask = torch.ones(L + 1, dtype=torch.bool, device=dev)
+    if c.has_local:
+        mask = torch.cat([mask, (lp >= 0) & (lp <= L) & (L - lp < W)])
     inv = ~mask.view(1, 1, 1, 1, -1)
     neg = torch.finfo(torch.float32).min / 2
     scale = 1.0 / math.sqrt(D)
+    eps, qkn = c.norm_eps, _qkn(c)
     x = model.embed(idx)
     group = -1
     for li, blk in enumerate(model.blocks):
         if blk.engram is not None:
             x = x + blk.engram(x, addrs[li])
         a = blk.attn
-        h = rms_norm(x)
-        q = _rope_pos(rope, rms_norm(a.w_q(h).view(1, 1, H, D).transpose(1, 2)), p2)
+        h = rms_norm(x, eps)
+        q = _rope_pos(rope, qkn(a.w_q(h).view(1, 1, H, D).transpose(1, 2)), p2)
         if a.mode == "full":
             group += 1
             k, v = a.w_kv_global(h).view(1, 1, 2, Hk, D).permute(2, 0, 3, 1, 4)
-            k = _rope_pos(rope, rms_norm(k), p2)
+            k = _rope_pos(rope, qkn(k), p2)
             cache.gk[group][:, :, L] = k[:, :, 0].to(dt)
             cache.gv[group][:, :, L] = v[:, :, 0].to(dt)
             Kg, Vg = cache.gk[group][:, :, :L + 1], cache.gv[group][:, :, :L + 1]
-        kl, vl = a.w_kv_local(h).view(1, 1, 2, Hk, D).permute(2, 0, 3, 1, 4)
-        kl = _rope_pos(rope, rms_norm(kl), p2).to(cache.lk.dtype)
-        vl = vl.to(cache.lv.dtype)
         q2 = q.to(dt).reshape(1, Hk, rep, D)
-        Kl = torch.cat([cache.lk[li][:1], kl], dim=2)
-        Vl = torch.cat([cache.lv[li][:1], vl], dim=2)
-        s = torch.cat([q2 @ Kg.transpose(-1, -2), q2 @ Kl.transpose(-1, -2)], dim=-1).float() * scale
+        local = a.w_kv_local is not None
+        s = q2 @ Kg.transpose(-1, -2)
+        if local:
+            kl, vl = a.w_kv_local(h).view(1, 1, 2, Hk, D).permute(2, 0, 3, 1, 4)
+            kl = _rope_pos(rope, qkn(kl), p2).to(cache.lk.dtype)
+            vl = vl.to(cache.lv.dtype)
+            Kl = torch.cat([cache.lk[li][:1], kl], dim=2)
+            Vl = torch.cat([cache.lv[li][:1], vl], dim=2)
+            s = torch.cat([s, q2 @ Kl.transpose(-1, -2)], dim=-1)
+        s = s.float() * scale
         s = s.view(1, Hk, rep, 1, -1).masked_fill(inv, neg)
         p = torch.softmax(s, dim=-1).to(Vg.dtype).view(1, Hk, rep, -1)
-        y = p[..., :L + 1] @ Vg + p[..., L + 1:] @ Vl
+        y = p[..., :L + 1] @ Vg + p[..., L + 1:] @ Vl if local else p @ Vg
         y = y.view(1, H, 1, D).transpose(1, 2).reshape(1, 1, H * D)
         x = x + a.w_o(y.to(x.dtype))
-        x = x + blk.mlp(rms_norm(x))
-        cache.lk[li][:1, :, slot] = kl[:, :, 0]
-        cache.lv[li][:1, :, slot] = vl[:, :, 0]
-    cache.lpos[0, slot] = L
+        x = x + blk.mlp(rms_norm(x, eps))
+        if local:
+            cache.lk[li][:1, :, slot] = kl[:, :, 0]
+            cache.lv[li][:1, :, slot] = vl[:, :, 0]
+    if W:
+        cache.lpos[0, slot] = L
     cache.lens[0] += 1
     cache.lens_cpu[0] += 1
     return _softcap(model, x[:, 0])

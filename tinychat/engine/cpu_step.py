@@ -1,6 +1,8 @@
 """The lean batch-1 CPU decode step of a quantize_cpu model (Decoder.step on a CPU): `CpuStep`, built by the
 Decoder, holds what the step needs besides the model, and runs each token either in PyTorch ops (`_decode_fast`) or,
-for an int8 model where the kernels build, in native kernels (engine/native_step.py's `_decode_native`).
+for an int8 model where the kernels build, in native kernels (engine/native_step.py's `_decode_native`). Configs
+other than TinyAgentLM's (the llama family: no local ring, no QK-norm, SwiGLU, q/k/v biases, no softcap) run the
+general PyTorch step in engine/lean_step.py (`_decode_lean`); the native kernels express TinyAgentLM only.
 
 Batch-1 decode on a CPU is dispatch-bound as much as memory-bound: every op costs a few us, about as much as the
 weights take to stream. So the step uses far fewer ops than _decode_one: fused QKV (one weight stream and one
@@ -15,6 +17,7 @@ import torch
 from .append import _engram_addrs
 from .cache import KVCache
 from .fused import n_qk_heads, qkv_rows, rope_basis, rope_matrix
+from .lean_step import _decode_lean
 from .native_step import _decode_native, _NativeStep
 from ..options import EngineOptions
 from .quant import QUANT_CLASSES, quant_mode
@@ -57,9 +60,13 @@ class CpuStep:
         self.act = torch.bfloat16                 # what mm() takes
         self.hb = torch.empty(1, c.d_model, dtype=self.act)
         self.step_in_c = options.step_in_c
-        self.nat = _NativeStep.build(model, self) if options.native else None
+        self.tinyagent = c.is_tinyagent
+        # the native kernels express TinyAgentLM only (QK-norm, ReLU^2, local rings, softcap): other configs (the
+        # llama family) run the PyTorch lean step, which picks its own thread count (lean_step.py)
+        self.nat = _NativeStep.build(model, self) if options.native and self.tinyagent else None
         if self.nat is not None:
             self.nat.tuner = ThreadTuner(auto=options.tune_threads)
+        self.lean_tuner = ThreadTuner(auto=options.tune_threads)       # lean_step.py's
 
     @classmethod
     def build(cls, model, options: EngineOptions) -> "CpuStep | None":
@@ -71,6 +78,8 @@ class CpuStep:
         if self.nat is not None:
             return _decode_native(model, cache, tok, L, self, self.nat, step_in_c=self.step_in_c)
         idx.fill_(tok)
+        if not self.tinyagent:
+            return _decode_lean(model, cache, idx, L, self)
         return _decode_fast(model, cache, idx, L, self)
 
 

@@ -54,6 +54,15 @@ def resolve_prefill_bf16(option: bool | None) -> bool:
     return cpu_has_bf16_dot() if option is None else bool(option)
 
 
+def _rows_bias(pieces) -> torch.nn.Parameter | None:
+    """from_rows' bias: the pieces' bias rows concatenated, or None when no piece has a bias."""
+    if all(lin.bias is None for lin, _, _ in pieces):
+        return None
+    if any(lin.bias is None for lin, _, _ in pieces):
+        raise ValueError("from_rows: some pieces have a bias and some do not")
+    return torch.nn.Parameter(torch.cat([lin.bias.detach()[a:b] for lin, a, b in pieces]), requires_grad=False)
+
+
 class BF16Linear(torch.nn.Module):
     """A Linear whose weight is stored in bf16: half the bytes to stream per token. The matmul runs on bf16 inputs
     (fp32 accumulation inside oneDNN), the output is returned in the input dtype."""
@@ -68,14 +77,15 @@ class BF16Linear(torch.nn.Module):
 
     @classmethod
     def from_rows(cls, pieces) -> "BF16Linear":
-        """One BF16Linear of the rows (lin, start, end) of bias-free BF16Linears, in order (exact: rows are kept)."""
+        """One BF16Linear of the rows (lin, start, end) of BF16Linears, in order (exact: rows are kept). The pieces
+        have biases all (the llama family's q/k/v biases: their rows concatenated too) or none."""
         first = pieces[0][0]
         out = cls.__new__(cls)
         torch.nn.Module.__init__(out)
         w = torch.cat([lin.weight.detach()[a:b] for lin, a, b in pieces]).contiguous()
         out.in_features, out.out_features, out.prefill_bf16 = first.in_features, w.size(0), first.prefill_bf16
         out.weight = torch.nn.Parameter(w, requires_grad=False)
-        out.bias = None
+        out.bias = _rows_bias(pieces)
         return out
 
     def mm(self, xb):
@@ -109,8 +119,9 @@ class Int8Linear(torch.nn.Module):
 
     @classmethod
     def from_rows(cls, pieces) -> "Int8Linear":
-        """One Int8Linear of the rows (lin, start, end) of bias-free Int8Linears, in order: the int8 rows and their
-        per-row scales concatenated (exact: the same as quantizing the concatenated fp32 rows)."""
+        """One Int8Linear of the rows (lin, start, end) of Int8Linears, in order: the int8 rows and their per-row
+        scales concatenated (exact: the same as quantizing the concatenated fp32 rows). The pieces have biases all
+        (the llama family's q/k/v biases: their rows concatenated too) or none."""
         first = pieces[0][0]
         out = cls.__new__(cls)
         torch.nn.Module.__init__(out)
@@ -118,7 +129,7 @@ class Int8Linear(torch.nn.Module):
         out.in_features, out.out_features, out.prefill_bf16 = first.in_features, q.size(0), first.prefill_bf16
         out.register_buffer("qweight", q)
         out.register_buffer("scale", torch.cat([lin.scale[a:b] for lin, a, b in pieces]).contiguous())
-        out.bias = None
+        out.bias = _rows_bias(pieces)
         return out
 
     @property

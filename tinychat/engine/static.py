@@ -7,10 +7,10 @@ import math
 
 import torch
 
-from ..model import rms_norm
+from ..model import mlp_act, rms_norm
 from .append import _rope_cs, _softcap
 from .cache import KVCache
-from .fused import fused_qkv_weight, n_qk_heads, rope_basis, rope_matrix
+from .fused import fused_qkv_bias, fused_qkv_weight, n_qk_heads, rope_basis, rope_matrix
 
 
 def _graph_api(dev: torch.device):
@@ -32,6 +32,7 @@ class _StaticAux:
         Hk, D = c.n_kv_heads, c.head_dim
         dev = cache.gk.device
         self.wf = [fused_qkv_weight(blk.attn, Hk, D) for blk in model.blocks]
+        self.bf = [fused_qkv_bias(blk.attn, Hk, D) for blk in model.blocks]       # None: bias-free projections
         self.nqk = [n_qk_heads(blk.attn, c.n_heads, Hk) for blk in model.blocks]
         self.kpos = torch.arange(cache.max_len, device=dev)
         self.ar = torch.arange(max(_StaticFeed.BUCKETS), device=dev)
@@ -63,7 +64,7 @@ def _step_static(model, cache: KVCache, idx, n, aux: _StaticAux):
     new_len = lens + n
     gpos = torch.where(valid, pos, torch.full_like(pos, M))
     keep = valid & (pos >= new_len - W)
-    slot = torch.where(keep, pos % W, torch.full_like(pos, W))
+    slot = torch.where(keep, pos % max(W, 1), torch.full_like(pos, W))          # W 0: no ring, scratch slot
     lnew = torch.where(valid, pos, torch.full_like(pos, -1))
     addrs = {}
     if model.engram_modules():
@@ -75,8 +76,9 @@ def _step_static(model, cache: KVCache, idx, n, aux: _StaticAux):
     cache.tokens[0].index_copy_(0, gpos, idx[0])
     lp = torch.cat([cache.lpos[0], lnew])                                       # (W+1+C,) local key positions
     pq = pos[:, None]
-    mask = torch.cat([(aux.kpos[None, :] <= pq) & (aux.kpos[None, :] < new_len),
-                      (lp[None, :] >= 0) & (lp[None, :] <= pq) & (pq - lp[None, :] < W)], dim=1)   # (C, L)
+    mask = (aux.kpos[None, :] <= pq) & (aux.kpos[None, :] < new_len)
+    if c.has_local:
+        mask = torch.cat([mask, (lp[None, :] >= 0) & (lp[None, :] <= pq) & (pq - lp[None, :] < W)], dim=1)  # (C, L)
     mask[:, 0] |= ~valid                 # padding / no-op queries: never an all-masked row (NaN)
     x = model.embed(idx[0])                                                      # (C, d)
     xdt = x.dtype
@@ -88,37 +90,47 @@ def _step_static(model, cache: KVCache, idx, n, aux: _StaticAux):
     else:
         cs, sn = rope.cos[pos][:, None].to(xdt), rope.sin[pos][:, None].to(xdt)  # (C, 1, D/2)
     scale = 1.0 / math.sqrt(D)
+    eps, local = c.norm_eps, c.has_local
     group = -1
     for li, blk in enumerate(model.blocks):
         if blk.engram is not None:
             x = x + blk.engram(x[None], addrs[li])[0]
         a = blk.attn
         nqk = aux.nqk[li]
-        heads = torch.nn.functional.linear(rms_norm(x), aux.wf[li]).view(C, -1, D)   # (C, nqk + nv, D)
-        qk = rms_norm(heads[:, :nqk])
+        heads = torch.nn.functional.linear(rms_norm(x, eps), aux.wf[li], aux.bf[li]).view(C, -1, D)  # (C, nqk+nv, D)
+        qk = rms_norm(heads[:, :nqk], eps) if c.qk_norm else heads[:, :nqk]
         qk = qk @ R if C == 1 else _rope_cs(qk, cs, sn)                          # normed + rotated q / k heads
         q = qk[:, :H].reshape(C, Hk, rep, D).permute(1, 2, 0, 3).reshape(Hk, rep * C, D)
-        kl = qk[:, H:H + Hk].transpose(0, 1).to(cache.lk.dtype)                  # (Hk, C, D)
+        if local:
+            kl = qk[:, H:H + Hk].transpose(0, 1).to(cache.lk.dtype)              # (Hk, C, D)
         if a.mode == "full":
             group += 1
-            vl, vg = heads[:, nqk:nqk + Hk], heads[:, nqk + Hk:]
-            cache.gk[group][0].index_copy_(1, gpos, qk[:, H + Hk:].transpose(0, 1).to(dt))
+            vl, vg = (heads[:, nqk:nqk + Hk], heads[:, nqk + Hk:]) if local else (None, heads[:, nqk:])
+            cache.gk[group][0].index_copy_(1, gpos, qk[:, nqk - Hk:].transpose(0, 1).to(dt))
             cache.gv[group][0].index_copy_(1, gpos, vg.transpose(0, 1).to(dt))
             Kg, Vg = cache.gk[group][0, :, :M], cache.gv[group][0, :, :M]
         else:
             vl = heads[:, nqk:]
-        vl = vl.transpose(0, 1).to(cache.lv.dtype)                               # (Hk, C, D)
-        Kb = torch.cat([Kg, cache.lk[li][0], kl], dim=1)                         # (Hk, M + W + 1 + C, D)
-        Vb = torch.cat([Vg, cache.lv[li][0], vl], dim=1)
+        if local:
+            vl = vl.transpose(0, 1).to(cache.lv.dtype)                           # (Hk, C, D)
+            Kb = torch.cat([Kg, cache.lk[li][0], kl], dim=1)                     # (Hk, M + W + 1 + C, D)
+            Vb = torch.cat([Vg, cache.lv[li][0], vl], dim=1)
+        else:
+            Kb, Vb = Kg, Vg
         sc = torch.baddbmm(bias, q.to(dt), Kb.transpose(1, 2), alpha=scale)
         p = torch.softmax(sc, dim=-1, dtype=torch.float32).to(dt)
         y = torch.bmm(p, Vb).view(Hk, rep, C, D).permute(2, 0, 1, 3).reshape(C, H * D).to(xdt)
         x = torch.addmm(x, y, a.w_o.weight.t())
-        u = torch.nn.functional.linear(rms_norm(x), blk.mlp.up.weight)
-        torch.relu_(u)
-        x = torch.addmm(x, u.mul_(u), blk.mlp.down.weight.t())
-        cache.lk[li][0].index_copy_(1, slot, kl)
-        cache.lv[li][0].index_copy_(1, slot, vl)
+        u = torch.nn.functional.linear(rms_norm(x, eps), blk.mlp.up.weight)
+        if blk.mlp.kind == "relu2":
+            torch.relu_(u)
+            u = u.mul_(u)
+        else:
+            u = mlp_act(blk.mlp.kind, u)
+        x = torch.addmm(x, u, blk.mlp.down.weight.t())
+        if local:
+            cache.lk[li][0].index_copy_(1, slot, kl)
+            cache.lv[li][0].index_copy_(1, slot, vl)
     cache.lpos[0].index_copy_(0, slot, torch.where(keep, pos, torch.full_like(pos, -1)))
     cache.lens.add_(n)
     return _softcap(model, x.index_select(0, (n - 1).clamp_min(0)))

