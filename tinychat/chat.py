@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from . import session as S
+from . import session_tree as T
 from .engine import Decoder, EngineOptions, KVCache, append, quantize_cpu
 from .engine.quant import effective_mode, quant_mode
 from .model import TinyAgentLM
@@ -323,15 +324,95 @@ class Chat:
         return self._turn(user, on_token, self.trace if trace is None else trace, on_reply=on_reply)
 
     def regenerate(self, on_token=None, trace: bool | None = None, on_reply=None) -> TurnResult:
-        """Drop the last reply and sample it again (a new seed unless the settings fix one)."""
+        """Sample the last reply again (a new seed unless the settings fix one). The old reply is kept: the new one
+        becomes its sibling (an alternative, session_tree.py) and the active one."""
+        msgs = self.session.messages
+        if len(msgs) < 2 or msgs[-1].role != "assistant":
+            raise ChatError("no turn to take back")
+        T.link(self.session)
+        old, at = msgs[-1], len(msgs) - 2
         user = self._pop_turn()
-        return self._turn(user, on_token, self.trace if trace is None else trace, on_reply=on_reply)
+        try:
+            res = self._turn(user, on_token, self.trace if trace is None else trace, on_reply=on_reply,
+                             autosave=False)
+        except BaseException:                   # the old reply stays the active one, the cache rebuilt to it
+            del msgs[at:]
+            msgs.extend([user, old])
+            self._rebuild()
+            raise
+        self.session.branches.append(old)
+        T.link(self.session)
+        res.save_warning = self._autosave()
+        return res
 
     def undo(self) -> S.Message:
-        """Remove the last user message and its reply; returns the user message (to edit and resend)."""
+        """Remove the last user message and its reply, with their alternatives; returns the user message (to edit
+        and resend)."""
         user = self._pop_turn()
+        T.prune(self.session)
         self._autosave()
         return user
+
+    # -- branches (session_tree.py) ---------------------------------------------------------------------------
+    def alternatives(self, index: int | None = None) -> tuple[int, int]:
+        """(1-based place, count) of the active path's message `index` (default: the last reply) among its
+        siblings."""
+        index = self._reply_index(index)
+        sibs, at = T.siblings(self.session, index)
+        return at + 1, len(sibs)
+
+    def switch_alternative(self, which: str | int, index: int | None = None) -> tuple[int, int]:
+        """Make another alternative of message `index` (default: the last reply) active: "next", "prev" or a 1-based
+        number. The cache is cut back to the turn before it and the new branch's turns are fed by the restore rule
+        (one prefill per turn, one step per sampled token), so it is the cache that branch was decoded with.
+        Returns (place, count). ChatError (nothing changed) for a number out of range."""
+        index = self._reply_index(index)
+        sibs, at = T.siblings(self.session, index)
+        n = len(sibs)
+        if which == "next":
+            to = (at + 1) % n
+        elif which == "prev":
+            to = (at - 1) % n
+        elif isinstance(which, int) or (isinstance(which, str) and which.isdigit()):
+            k = int(which)
+            if not 1 <= k <= n:
+                raise ChatError(f"no alternative {k}: this reply has {n} (1..{n})" if n > 1
+                                else f"no alternative {k}: this reply has no others (regenerate makes one)")
+            to = k - 1
+        else:
+            raise ChatError("usage: /alt next|prev|N")
+        if to != at:
+            self._switch(index, sibs[to])
+            self._autosave()
+        return to + 1, n
+
+    def _reply_index(self, index: int | None) -> int:
+        msgs = self.session.messages
+        if index is None:
+            index = next((i for i in range(len(msgs) - 1, -1, -1) if msgs[i].role == "assistant"), None)
+            if index is None:
+                raise ChatError("no reply yet")
+        if not 0 <= index < len(msgs) or msgs[index].role != "assistant":
+            raise ChatError(f"message {index} is not a reply")
+        return index
+
+    def _switch(self, index: int, target: S.Message) -> None:
+        """Activate `target` in place of messages[index] (a reply), moving the cache to the new path: cut back to
+        the mark before that turn, then feed the new path's turns as they ran live."""
+        msgs = self.session.messages
+        first = 1 if msgs and msgs[0].role == "system" else 0
+        turn = (index - 1 - first) // 2          # 0-based turn of the reply
+        marks_known = len(self._marks) == self.session.n_turns   # not after a snapshot restore
+        T.switch(self.session, index, target)
+        mark = self._marks[turn] if marks_known else None
+        if mark is None:                         # a shortened-context turn, or marks unknown: rebuild exactly
+            self._rebuild()
+            return
+        self.cache.truncate(mark)
+        del self._marks[turn:]
+        self._pending = self.tok.end_ids()[1:] if turn > 0 else list(msgs[0].token_ids if first else [])
+        for at in range(index - 1, len(msgs) - 1, 2):
+            self._play(msgs[at], msgs[at + 1], at)
 
     def _pop_turn(self) -> S.Message:
         msgs = self.session.messages
@@ -352,7 +433,7 @@ class Chat:
         return int(self.cache.lens_cpu[0]) + n_feed + self.settings.max_new + 1 <= self.max_len
 
     def _turn(self, user: S.Message, on_token, trace: bool, keep_probs: bool = False,
-              context_start: int | None = None, on_reply=None) -> TurnResult:
+              context_start: int | None = None, on_reply=None, autosave: bool = True) -> TurnResult:
         st = self.settings
         self._cancel.clear()
         gen = self.tok.generation_prompt_ids()
@@ -428,7 +509,8 @@ class Chat:
                             dropped_turns=dropped, mode=self.decoder.mode, probs=hook.probs)
         if on_reply is not None:
             on_reply(result)
-        result.save_warning = self._autosave()
+        if autosave:
+            result.save_warning = self._autosave()
         return result
 
     def step_name(self) -> str | None:
