@@ -211,37 +211,58 @@ def sessions_rm(ref: str = typer.Argument(..., metavar="ID")):
 
 
 @app.command()
-def replay(ref: str = typer.Argument(..., metavar="ID|PATH", help="A saved session."),
+def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved session, or a folder of them."),
            model: Optional[Path] = typer.Option(None, "--model", "-m", help="Model folder (default: the shipped model)."),
            check: bool = typer.Option(False, "--check", help="Only report: exit 0 token-exact, 1 on divergence."),
+           json_out: bool = typer.Option(False, "--json", help="With a folder and --check: one JSON object per session."),
            play: bool = typer.Option(False, "--play", help="Play the session back in the app."),
            speed: float = typer.Option(1.0, "--speed", help="With --play: playback speed (0: as fast as it decodes)."),
            device: str = typer.Option("auto", "--device", help="auto, cpu or cuda.")):
-    """Regenerate every assistant turn with its recorded settings and seed; report the first token that differs.
+    """Regenerate every assistant turn of every branch with its recorded settings and seed; report the first token
+    that differs. A folder (with --check) checks each session in it, one line per session.
 
-    Exit 0 when every turn regenerates token-exact, 1 on a divergence (with the report), 2 on any error."""
+    Exit 0 when every branch regenerates token-exact, 1 on a divergence (with the branch and token), 2 on any
+    error."""
     from . import session as S
-    sess = S.load(ref)
     dev = resolve_device(device)
+    if Path(ref).is_dir():
+        if not check:
+            raise UsageError("a folder of sessions is replayed with --check")
+        from .replay_check import check_folder
+        rt = load_runtime(model)
+        raise typer.Exit(check_folder(Path(ref), lambda sess: open_replay_chat(rt, sess, dev), typer.echo, json_out))
+    if json_out:
+        raise UsageError("--json goes with a folder and --check")
+    sess = S.load(ref)
     if play and sys.stdin.isatty() and sys.stdout.isatty():
         from .tui.app import run_replay
         raise typer.Exit(run_replay(sess, model=model, device=dev, speed=speed))
-    from .replay import replay as run
+    from .replay import replay_tree
+    from .replay_check import branch_lines
     chat_ = open_replay_chat(load_runtime(model), sess, dev)
+    many = bool(sess.branches)
 
-    def on_turn(t):
+    def on_turn(label, t):
         if not check:
             status = "exact" if t.divergence is None else "DIVERGES"
-            typer.echo(f"turn {t.turn}: {len(t.recorded)} tokens, {status}")
+            typer.echo(f"{label + ': ' if many else ''}turn {t.turn}: {len(t.recorded)} tokens, {status}")
 
-    report = run(chat_, sess, on_turn=on_turn)
+    results = replay_tree(chat_, sess, on_turn=on_turn)
     from .textsafe import safe_line
-    for d in report.divergences:
-        typer.echo(safe_line(f"divergence: {d.describe()}"))
-    if report.step_note():
-        typer.echo(safe_line(report.step_note()))
-    if report.ok:
-        typer.echo(f"replay: {len(report.turns)} turns, {report.n_tokens} tokens, token-exact")
+    if not many:                            # one path: the report as before
+        report = results[0].report
+        for d in report.divergences:
+            typer.echo(safe_line(f"divergence: {d.describe()}"))
+        if report.step_note():
+            typer.echo(safe_line(report.step_note()))
+    else:
+        for line in branch_lines(results):
+            typer.echo(line)
+    if all(b.report.ok for b in results):
+        turns = sum(len(b.report.turns) for b in results)
+        tokens = sum(b.report.n_tokens for b in results)
+        where = f"{len(results)} branches, " if many else ""
+        typer.echo(f"replay: {where}{turns} turns, {tokens} tokens, token-exact")
         raise typer.Exit(0)
     raise typer.Exit(1)
 

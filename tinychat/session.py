@@ -41,7 +41,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tinychat import paths, session_lock
+from tinychat import paths, session_lock, session_tree
 from tinychat.fsutil import atomic_write
 from tinychat.session_check import fork_ok, order_problem, sampler_problem, seed_ok, tree_problem, vocab_problem
 from tinychat.textsafe import safe_line, strip_controls
@@ -146,9 +146,7 @@ class Session:
         return [t for m in self.messages for t in m.token_ids]
 
     def to_dict(self) -> dict[str, Any]:
-        from .session_tree import link
-
-        link(self)
+        session_tree.link(self)
         d = {"schema": SCHEMA, "version": VERSION}
         d.update(dataclasses.asdict(self))
         return d
@@ -621,8 +619,14 @@ def export_markdown(session: Session) -> str:
         "",
         f"*{model} · {session.quant} · {session.device} · started {_when(session.created)}*",
     ]
+    kids = session_tree.children(session) if session.branches else {}
     for m in session.messages:
-        lines += ["", f"## {m.role.capitalize()}", "", m.content.rstrip("\n")]
+        sibs = kids.get(m.parent, [m]) if kids else [m]
+        alt = ""
+        if len(sibs) > 1:
+            at = next(i for i, s in enumerate(sibs) if s is m) + 1
+            alt = f" ({'reply' if m.role == 'assistant' else 'message'} {at}/{len(sibs)})"
+        lines += ["", f"## {m.role.capitalize()}{alt}", "", m.content.rstrip("\n")]
         if m.finish in ("length", "cancelled"):
             lines += ["", f"*(reply cut off: {m.finish})*"]
     return "\n".join(lines) + "\n"

@@ -81,7 +81,7 @@ def paths(session: Any) -> list[list]:
     kids = children(session)
     leaves = [m for m in nodes.values() if not kids.get(m.id)]
     active_leaf = session.messages[-1] if session.messages else None
-    out = [list(session.messages)] if session.messages else []
+    out = [list(session.messages)]
     for leaf in sorted(leaves, key=lambda m: m.id):
         if leaf is active_leaf:
             continue
