@@ -19,6 +19,7 @@ import torch
 
 from . import session as S
 from . import session_tree as T
+from .branch_cache import BranchCache
 from .engine import Decoder, EngineOptions, KVCache, append, quantize_cpu
 from .engine.quant import effective_mode, quant_mode
 from .model import TinyAgentLM
@@ -99,6 +100,7 @@ class Chat:
         self._special = set(tokenizer.special_ids)
         self._cancel = threading.Event()
         self._marks: list[dict] = []          # cache mark before each turn (undo / regenerate)
+        self._left = BranchCache()            # the caches of paths this chat switched away from
         self.trace = False
         self.session = session or self._new_session()
         self._pending: list[int] = []
@@ -124,6 +126,7 @@ class Chat:
         self.close()
         self.session = self._new_session()
         self._marks.clear()
+        self._left.clear()
         self._rebuild()
 
     def save(self, title: str | None = None) -> Path | None:
@@ -331,6 +334,8 @@ class Chat:
             raise ChatError("no turn to take back")
         T.link(self.session)
         old, at = msgs[-1], len(msgs) - 2
+        if len(self._marks) == self.session.n_turns and self._marks[-1] is not None:   # switching back is a copy
+            self._left.leave(tuple(m.id for m in msgs), self.cache, self._marks[-1], self._marks[-1:], self._pending)
         user = self._pop_turn()
         try:
             res = self._turn(user, on_token, self.trace if trace is None else trace, on_reply=on_reply,
@@ -403,13 +408,20 @@ class Chat:
         first = 1 if msgs and msgs[0].role == "system" else 0
         turn = (index - 1 - first) // 2          # 0-based turn of the reply
         marks_known = len(self._marks) == self.session.n_turns   # not after a snapshot restore
+        left = tuple(m.id for m in msgs)
         T.switch(self.session, index, target)
         mark = self._marks[turn] if marks_known else None
         if mark is None:                         # a shortened-context turn, or marks unknown: rebuild exactly
             self._rebuild()
             return
+        self._left.leave(left, self.cache, mark, self._marks[turn:], self._pending)
         self.cache.truncate(mark)
         del self._marks[turn:]
+        kept = self._left.enter(tuple(m.id for m in msgs), self.cache, mark)
+        if kept is not None:                     # a path this chat left earlier: its exact cache, put back
+            self._marks += kept[0]
+            self._pending = kept[1]
+            return
         self._pending = self.tok.end_ids()[1:] if turn > 0 else list(msgs[0].token_ids if first else [])
         for at in range(index - 1, len(msgs) - 1, 2):
             self._play(msgs[at], msgs[at + 1], at)
@@ -552,6 +564,7 @@ class Chat:
         the cache rebuilt to it; then replay_turn each recorded turn in order."""
         msgs = sess.messages
         self.session.messages = list(msgs[:1] if msgs and msgs[0].role == "system" else [])
+        self._left.clear()
         self._rebuild()
 
     def replay_turn(self, user: S.Message, recorded: S.Message, on_token=None) -> TurnResult:
