@@ -79,3 +79,20 @@ def test_sessions_screen(snap_compare, chat_model, utc):
         await pilot.press("ctrl+s")
         await pilot.pause()
     assert snap_compare(frozen_app(chat_model), terminal_size=SIZE, run_before=run)
+
+
+def test_reply_with_alternatives(snap_compare, chat_model):
+    async def run(pilot):
+        from app_support import idle
+        await ready(pilot)
+        await say(pilot, "Hello! Tell me about the cat.")
+        pilot.app.chat.set("seed", "2")
+        pilot.app.chat.set("temperature", "1.0")
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        await idle(pilot)
+        await pilot.press("alt+left")
+        await pilot.pause()
+        await idle(pilot)
+        await pilot.pause(0.01)
+    assert snap_compare(frozen_app(chat_model), terminal_size=SIZE, run_before=run)

@@ -22,6 +22,7 @@ class Busy(str, Enum):
     SET = "set"
     OPEN = "open"
     SAVE = "save"
+    ALT = "alt"
     REPLAY = "replay"
 
     @property

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from textual import work
 
+from ..settings import ChatError
 from .messages import ChatOpened, JobDone, TokensReady, TurnFinished
 from .runtime import TokenBatcher
 from .state import Busy, LiveFigures
@@ -80,6 +81,11 @@ class TurnsMixin:
         self.post_message(JobDone(Busy.UNDO, user.content, chat.status()))
 
     @work(thread=True, exclusive=True, group="chat", exit_on_error=False, name="chat")
+    def _job_alt(self, chat: Chat, which: str, index: int | None) -> None:
+        place = chat.switch_alternative(which, index)
+        self.post_message(JobDone(Busy.ALT, place, chat.status()))
+
+    @work(thread=True, exclusive=True, group="chat", exit_on_error=False, name="chat")
     def _job_new(self, chat: Chat) -> None:
         chat.new_session()
         self.post_message(JobDone(Busy.NEW, None, chat.status()))
@@ -142,6 +148,9 @@ class TurnsMixin:
         self._ui_cpu = None
         m.stats = Counters.from_stats(r.stats, r.n_tokens)
         await m.finish(turn_meta(r))
+        if self.replay_sess is None:
+            m.index = len(self.chat.session.messages) - 1
+            m.set_alternatives(*self.chat.alternatives(m.index))
         self._set_busy(None)
         self._update_status(msg.status, tok_s=r.decode_tok_s or None, ttft_ms=r.ttft_ms, activity="")
         if r.traces and self.inspector.display:
@@ -182,6 +191,35 @@ class TurnsMixin:
             await replies[-1].remove()
         await self._start_turn(Busy.REGEN)
 
+    def action_next_alt(self) -> None:
+        self.switch_alt("next")
+
+    def action_prev_alt(self) -> None:
+        self.switch_alt("prev")
+
+    def switch_alt(self, which: str, index: int | None = None) -> None:
+        """Show another alternative of a reply (default: the last one): "next", "prev" or a 1-based number. Checked
+        here first, so a bad number or a switch while a reply streams is one line and changes nothing."""
+        if self.chat is not None and self.busy is not None and self.busy.decoding:
+            self.notify("wait for the reply to finish (Esc stops it), then switch alternatives", severity="error")
+            return
+        if not self._can_run("switching alternatives"):
+            return
+        try:
+            place, n = self.chat.alternatives(index)
+        except ChatError as e:
+            self.notify(str(e), severity="error")
+            return
+        if which.isdigit() and not 1 <= int(which) <= n:
+            self.notify(f"no alternative {which}: this reply has {n} (1..{n})" if n > 1 else
+                        f"no alternative {which}: this reply has no others (Ctrl+R makes one)", severity="error")
+            return
+        if n < 2:
+            self.notify("this reply has no alternatives yet (Ctrl+R makes one)")
+            return
+        self._set_busy(Busy.ALT)
+        self._job_alt(self.chat, which, index)
+
     def action_undo(self) -> None:
         if not self._can_run("undo"):
             return
@@ -208,6 +246,12 @@ class TurnsMixin:
         elif msg.kind is Busy.SET:
             names = ", ".join(f"{k.replace('_', '-')} = {v!r}" for k, v in msg.value.items())
             self.notify(f"{names} (from the next turn)")
+        elif msg.kind is Busy.ALT:
+            await self._show_history()
+            place, n = msg.value
+            self.notify(f"reply {place}/{n}")
+            if getattr(self.chat, "save_warning", None):
+                self.notify(self.chat.save_warning, severity="warning", timeout=10)
         elif msg.kind is Busy.SAVE:
             self.notify(f"saved {msg.value}" if msg.value else "nothing to save yet")
         self.prompt.focus()
