@@ -144,7 +144,10 @@ app.add_typer(sessions_app, name="sessions")
 
 
 @sessions_app.callback(invoke_without_command=True)
-def sessions_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="A JSON list.")):
+def sessions_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="A JSON list."),
+                  grep: Optional[str] = typer.Option(None, "--grep", metavar="TEXT",
+                                                     help="Only sessions whose title or any message (every branch) "
+                                                          "contains TEXT (case-insensitive).")):
     """List saved sessions, newest first."""
     if ctx.invoked_subcommand is not None:
         return
@@ -154,6 +157,10 @@ def sessions_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--js
     from . import session as S
     errors: list = []
     infos = S.list_sessions(errors=errors)
+    if grep is not None:
+        if not grep.strip():
+            raise UsageError("--grep needs some text")
+        infos = [i for i in infos if S.matches(i.path, grep)]
     if json_out:
         typer.echo(json.dumps([{"id": i.id, "path": str(i.path), "title": i.title, "updated": i.updated,
                                 "n_turns": i.n_turns} for i in infos]))

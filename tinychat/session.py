@@ -570,6 +570,17 @@ def list_sessions(dir: str | Path | None = None, errors: list[SessionError] | No
     return infos
 
 
+def matches(path: str | Path, text: str) -> bool:
+    """Whether the session at `path` has `text` (case-insensitive) in its title or any message, on any branch.
+    A file that cannot be read does not match."""
+    try:
+        s = load(path)
+    except SessionError:
+        return False
+    needle = text.casefold()
+    return any(needle in x.casefold() for x in [s.title] + [m.content for m in s.messages + s.branches])
+
+
 def delete(session_id: str, dir: str | Path | None = None) -> bool:
     """Remove a session and its KV snapshot (snapshot first: a session without one is still whole).
     True when the session file existed. SessionLocked when another process has it open."""

@@ -86,3 +86,13 @@ def test_replay_check_of_a_folder_reports_one_object_per_session(model_dir, tmp_
     assert r.exit_code == 1
     lines = r.stdout.splitlines()
     assert len(lines) == 2 and sum("DIFFERS branch" in x for x in lines) == 1
+
+
+def test_sessions_grep_finds_text_on_any_branch_and_refuses_an_empty_pattern(model_dir):
+    _run(["--model", model_dir, "--plain", "--max-new", "6", "--seed", "3"], input="all about Zebras\n")
+    _run(["--model", model_dir, "--plain", "--max-new", "6", "--seed", "3"], input="hello there\n")
+    r = _run(["sessions", "--grep", "zebra", "--json"])
+    assert r.exit_code == 0 and [i["title"] for i in json.loads(r.stdout)] == ["all about Zebras"]
+    assert json.loads(_run(["sessions", "--grep", "no such words", "--json"]).stdout) == []
+    r = _run(["sessions", "--grep", " "])
+    assert r.exit_code != 0
