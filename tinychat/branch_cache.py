@@ -42,6 +42,9 @@ class BranchCache:
 
     def leave(self, key: tuple, cache, mark: dict, marks: list, pending: list[int], row: int = 0) -> None:
         """Keep row's cache from `mark` on, as path `key` (message ids) leaves it."""
+        if any(m is None for m in marks):       # a later turn re-prefilled a shortened context over the prefix
+            self._tails.pop(key, None)
+            return
         s, L = mark["len"], int(cache.lens_cpu[row])
         self._tails[key] = _Tail(s, cache.gk[:, row, :, s:L].clone(), cache.gv[:, row, :, s:L].clone(),
                                  cache.tokens[row, s:L].clone(), cache.lk[:, row].clone(), cache.lv[:, row].clone(),

@@ -8,8 +8,11 @@ SIZE = (130, 40)
 
 
 async def _regen(pilot):
+    app = pilot.app
+    n = app.chat.alternatives()[1]
     await pilot.press("ctrl+r")
-    await pilot.pause()
+    await wait_for(pilot, lambda: app.busy is None and app.chat.session.n_turns and app.chat.alternatives()[1] == n + 1,
+                   what="the new reply")
     await idle(pilot)
 
 

@@ -25,7 +25,7 @@ def _fresh_restore(chat: Chat) -> Chat:
     import dataclasses
     path_only = dataclasses.replace(chat.session, messages=list(chat.session.messages), branches=[])
     return Chat.restore(path_only, make_chat_model(), tokenizer(),
-                        use_snapshot=False, autosave=False, max_len=512)
+                        use_snapshot=False, autosave=False, max_len=chat.max_len)
 
 
 def test_regenerate_keeps_the_old_reply_as_a_sibling():
@@ -213,3 +213,25 @@ def test_paths_lists_every_branch_and_describes_where_it_forks():
     assert len(ps) == 3 and ps[0] == chat.session.messages
     assert [T.describe_path(chat.session, p) for p in ps] == ["turn 1 reply 3/3", "turn 1 reply 1/3",
                                                               "turn 1 reply 2/3"]
+
+
+def test_switching_across_turns_that_shortened_a_full_context_stays_exact():
+    chat = make_chat(max_new=8, seed=3, max_len=80)
+    chat.send("hello there")
+    chat.send("why the cat?")
+    chat.set("seed", "4")
+    chat.regenerate()                        # turn 2 has two replies; the second goes on for three more turns
+    for text in ("and the dog", "tell me more", "ok then"):
+        chat.send(text)
+    assert any((m.settings or {}).get("context_start") for m in chat.session.messages)   # the context filled up
+    later = [m.content for m in chat.session.messages[5:]]
+    chat.switch_alternative("1", index=4)
+    assert len(chat.session.messages) == 5
+    _cache_equal(chat, _fresh_restore(chat))
+    chat.switch_alternative("2", index=4)    # its later turns re-prefilled shortened contexts: fed, not copied
+    assert [m.content for m in chat.session.messages[5:]] == later
+    _cache_equal(chat, _fresh_restore(chat))
+    twin = _fresh_restore(chat)
+    chat.set("seed", "5")
+    twin.set("seed", "5")
+    assert chat.send("last one").token_ids == twin.send("last one").token_ids
