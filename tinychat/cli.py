@@ -49,6 +49,9 @@ def chat(ctx: typer.Context,
          session: Optional[str] = typer.Option(None, "--session", "-s", help="Continue a saved session (id or path)."),
          plain: bool = typer.Option(False, "--plain", help="Line mode instead of the app (automatic when piped)."),
          json_out: bool = typer.Option(False, "--json", help="With --plain: one JSON object per reply on stdout."),
+         prompt: Optional[str] = typer.Option(None, "--prompt", "-p", metavar="TEXT",
+                                              help="One-shot: send TEXT as one message (- reads it all from stdin), "
+                                                   "print the reply and exit (--json as in plain mode)."),
          threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: torch's, one per core; the int8 step then uses fewer while that measures faster, e.g. when other programs keep a core busy). A number given here is used as is."),
          ):
     """Chat with a small local TinyAgentLM model.
@@ -58,8 +61,11 @@ def chat(ctx: typer.Context,
     if ctx.invoked_subcommand is not None:
         return
     check_choice("--quant", quant, QUANT_MODES)
-    if json_out and not plain and sys.stdin.isatty() and sys.stdout.isatty():
-        raise UsageError("--json goes with --plain")
+    if json_out and not plain and prompt is None and sys.stdin.isatty() and sys.stdout.isatty():
+        raise UsageError("--json goes with --plain or -p")
+    if prompt is not None:
+        prompt = _one_shot_text(prompt)
+        plain = True
     from .settings import ChatSettings
     overrides = {k: v for k, v in dict(seed=seed, temperature=temperature, top_p=top_p, penalty=penalty, ban=ban,
                                        ban_reply=ban_reply, system_prompt=system, max_new=max_new).items() if v is not None}
@@ -86,7 +92,23 @@ def chat(ctx: typer.Context,
     def restore(ref):
         return open_chat(rt, quant, dev, None, {}, ref, options)
 
-    raise typer.Exit(PlainREPL(chat_, json_out=json_out, restore=restore).run())
+    repl = PlainREPL(chat_, json_out=json_out, restore=restore)
+    if prompt is None:
+        raise typer.Exit(repl.run())
+    repl.interactive = False                # one reply on stdout, notices on stderr
+    r = repl.turn(lambda on_token, on_reply: chat_.send(prompt, on_token=on_token, on_reply=on_reply))
+    raise typer.Exit(0 if r is not None and not repl.errors else 2)
+
+
+def _one_shot_text(prompt: str) -> str:
+    """-p's message: the text itself, or with '-' all of stdin (not a terminal): one message, not a turn per line."""
+    if prompt == "-":
+        if sys.stdin.isatty():
+            raise UsageError("-p - reads the message from stdin, which is a terminal here: pipe the text in")
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise UsageError("-p: the message is empty")
+    return prompt
 
 
 def _int8_kernels() -> str:
@@ -282,7 +304,10 @@ def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", help="Mode
           prompt_len: int = typer.Option(100, "--prompt-len", help="Prompt tokens to prefill."),
           gen_len: int = typer.Option(64, "--gen-len", help="Tokens to decode."),
           repeats: int = typer.Option(3, "--repeats", help="Timed repeats (medians are reported)."),
-          threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads, pinned (default: torch's, with the int8 step's thread tuning on)."),
+          prompt: Optional[str] = typer.Option(None, "--prompt", "-p", metavar="TEXT",
+                                              help="One-shot: send TEXT as one message (- reads it all from stdin), "
+                                                   "print the reply and exit (--json as in plain mode)."),
+         threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads, pinned (default: torch's, with the int8 step's thread tuning on)."),
           json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Measure prefill tok/s, time to first token, batch-1 decode tok/s, KV bytes per token and peak RSS."""
     import json

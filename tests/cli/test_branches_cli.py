@@ -96,3 +96,17 @@ def test_sessions_grep_finds_text_on_any_branch_and_refuses_an_empty_pattern(mod
     assert json.loads(_run(["sessions", "--grep", "no such words", "--json"]).stdout) == []
     r = _run(["sessions", "--grep", " "])
     assert r.exit_code != 0
+
+
+def test_one_shot_prompt_sends_one_message_and_prints_the_reply(model_dir):
+    r = _run(["--model", model_dir, "-p", "hello there", "--max-new", "6", "--seed", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    (obj,) = [json.loads(x) for x in r.stdout.splitlines()]
+    assert obj["n_tokens"] >= 1
+    r = _run(["--model", model_dir, "-p", "-", "--max-new", "6", "--seed", "3"], input="line one\nline two\n")
+    assert r.exit_code == 0, r.output
+    sessions = json.loads(_run(["sessions", "--json"]).stdout)
+    assert sorted(i["n_turns"] for i in sessions) == [1, 1]           # the two lines were one message
+    assert len(json.loads(_run(["sessions", "--grep", "line one\nline two", "--json"]).stdout)) == 1
+    r = _run(["--model", model_dir, "-p", "  "])
+    assert r.exit_code != 0 and "empty" in str(r.exception)
