@@ -359,6 +359,39 @@ class Chat:
         return user
 
     # -- branches (session_tree.py) ---------------------------------------------------------------------------
+    def edit(self, index: int, text: str, on_token=None, trace: bool | None = None, on_reply=None) -> TurnResult:
+        """Send `text` in place of the active path's user message `index`: a new branch from there (the edited
+        message is a sibling of the old one, which stays in the tree with what followed it), then the reply."""
+        msgs = self.session.messages
+        if not isinstance(text, str) or not text.strip():
+            raise ChatError("empty message")
+        if not 0 <= index < len(msgs) or msgs[index].role != "user":
+            raise ChatError(f"message {index} is not one of your messages")
+        T.link(self.session)
+        first = 1 if msgs and msgs[0].role == "system" else 0
+        turn = (index - first) // 2
+        mark = self._marks[turn] if len(self._marks) == self.session.n_turns else None
+        old = msgs[index:]
+        if mark is not None:
+            self._left.leave(tuple(m.id for m in msgs), self.cache, mark, self._marks[turn:], self._pending)
+        del msgs[index:]
+        self.session.branches.extend(old)
+        if mark is None:
+            self._rebuild()
+        else:
+            self.cache.truncate(mark)
+            del self._marks[turn:]
+            self._pending = self.tok.end_ids()[1:] if turn > 0 else list(msgs[0].token_ids if first else [])
+        user = S.Message("user", text, self.tok.message_ids("user", text))
+        try:
+            return self._turn(user, on_token, self.trace if trace is None else trace, on_reply=on_reply)
+        except BaseException:                   # the old branch stays the active one, the cache rebuilt to it
+            del msgs[index:]
+            msgs.extend(old)
+            self.session.branches = [m for m in self.session.branches if all(m is not o for o in old)]
+            self._rebuild()
+            raise
+
     def alternatives(self, index: int | None = None) -> tuple[int, int]:
         """(1-based place, count) of the active path's message `index` (default: the last reply) among its
         siblings."""

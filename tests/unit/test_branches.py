@@ -235,3 +235,27 @@ def test_switching_across_turns_that_shortened_a_full_context_stays_exact():
     chat.set("seed", "5")
     twin.set("seed", "5")
     assert chat.send("last one").token_ids == twin.send("last one").token_ids
+
+
+def test_editing_an_earlier_message_branches_from_it_and_keeps_the_old_branch(tmp_path):
+    chat = make_chat(max_new=8, seed=3, sessions_dir=tmp_path)
+    chat.send("hello there")
+    chat.send("why the cat?")
+    chat.send("and the dog")
+    old = [m.content for m in chat.session.messages]
+    chat.edit(3, "why the bird?")
+    msgs = chat.session.messages
+    assert [m.content for m in msgs[:3]] == old[:3] and msgs[3].content == "why the bird?" and len(msgs) == 5
+    _cache_equal(chat, _fresh_restore(chat))
+    sibs, at = T.siblings(chat.session, 3)
+    assert [m.content for m in sibs] == ["why the cat?", "why the bird?"] and at == 1
+    chat.switch_alternative("1", index=2)    # the first reply has no siblings: nothing to switch
+    chat.close()
+    loaded = S.load(chat.session.id, tmp_path)
+    paths = T.paths(loaded)
+    assert [[m.content for m in p] for p in paths][1] == old
+    assert T.describe_path(loaded, paths[1]) == "turn 2 message 1/2"
+    with pytest.raises(ChatError):
+        chat.edit(2, "not mine")
+    with pytest.raises(ChatError, match="empty"):
+        chat.edit(3, "  ")

@@ -1,5 +1,5 @@
-"""Property: any sequence of turns, regenerations, switches and undos leaves a session that saves, loads and replays
-exactly, every branch, and a cache bit-identical to a fresh restore of the active path."""
+"""Property: any sequence of turns, regenerations, edits, switches and undos leaves a session that saves, loads and replays
+exactly (every branch), and a cache bit-identical to a fresh restore of the active path."""
 import dataclasses
 import tempfile
 
@@ -19,6 +19,7 @@ _OPS = st.lists(st.one_of(
     st.tuples(st.just("alt"), st.sampled_from(["next", "prev", "1", "2", "3"])),
     st.tuples(st.just("alt_earlier"), st.sampled_from(["next", "1"])),
     st.tuples(st.just("undo"), st.just(None)),
+    st.tuples(st.just("edit"), st.sampled_from(["first", "last"])),
 ), min_size=1, max_size=10)
 
 
@@ -42,6 +43,10 @@ def test_random_trees_save_load_and_replay_exactly(ops):
                     chat.switch_alternative(arg)
                 elif op == "alt_earlier":
                     chat.switch_alternative(arg, index=2 if chat.session.messages[0].role != "system" else 3)
+                elif op == "edit":
+                    users = [i for i, m in enumerate(chat.session.messages) if m.role == "user"]
+                    if users:
+                        chat.edit(users[0] if arg == "first" else users[-1], f"edited {arg}")
                 else:
                     chat.undo()
             except ChatError:               # nothing to regenerate / switch / undo yet, a number out of range
