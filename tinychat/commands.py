@@ -35,6 +35,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("/settings", "", "open the settings screen", plain=False),
     Command("/regen", "", "sample the last reply again (the old one stays an alternative: /alt)"),
     Command("/alt", "next|prev|N", "show another alternative of the last reply (regenerate keeps them)"),
+    Command("/edit", "[N]", "edit your Nth message (default: the last): it opens in the input, and sending it starts "
+                            "a new branch from there (/edit off: send normally again)", plain=False),
     Command("/undo", "", "take back the last turn (its text returns to the input)",
             plain_help="take back the last turn"),
     Command("/copy", "", "copy the last reply to the clipboard", plain=False),

@@ -59,3 +59,28 @@ async def test_bad_switches_are_one_line_errors_and_change_nothing(factory):
         assert any("wait for the reply to finish" in n for n in notes(app, "error"))
         await idle(pilot)
         assert app.chat.session.messages[-3] is active and app.chat.session.n_turns == 2
+
+
+async def test_edit_an_earlier_message_sends_it_as_a_new_branch(factory):
+    from tinychat.tui.widgets import UserMessage
+    app = make_app(factory(temperature=0.0, max_new=8), blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await say(pilot, "first message")
+        await say(pilot, "second message")
+        await start(pilot, "/edit 9")
+        await pilot.pause()
+        assert any("no message 9 to edit (this chat has 2)" in n for n in notes(app, "error"))
+        app.prompt.load_text("/edit 1")
+        app.prompt.submit()
+        await wait_for(pilot, lambda: app.prompt.text == "first message", what="the message in the input")
+        app.prompt.load_text("a different first message")
+        app.prompt.submit()
+        await wait_for(pilot, lambda: app.busy is None and app.chat.session.n_turns == 1
+                       and app.chat.session.messages[-2].content == "a different first message", what="the edit")
+        await idle(pilot)
+        assert len(app.view.query(UserMessage)) == 1 and len(app.view.replies()) == 1
+        sess = app.chat.session
+        assert [m.content for m in sess.branches if m.role == "user"] == ["first message", "second message"]
+        await say(pilot, "and on")                   # edit mode ended: a normal send
+        assert app.chat.session.n_turns == 2

@@ -275,6 +275,12 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
             await self._trim_to_session()
             if kind is Busy.SEND and not self.prompt.text and len(self.state.job_text) <= 4000:
                 self.prompt.set_input(self.state.job_text)
+        elif kind is Busy.EDIT and self.chat is not None:
+            # the chat put the old branch back: show it, and the edited text back in the input
+            self.state.current = None
+            await self._show_history()
+            if not self.prompt.text and len(self.state.job_text) <= 4000:
+                self.prompt.set_input(self.state.job_text)
         await self._apply_pending()
 
     # -- actions --------------------------------------------------------------------------------------------------
@@ -448,7 +454,7 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
             self._frozen = False
 
     async def action_quit(self) -> None:
-        if self.chat is not None and self.busy in (Busy.SEND, Busy.REGEN):
+        if self.chat is not None and self.busy in (Busy.SEND, Busy.REGEN, Busy.EDIT):
             self.chat.cancel()
         self._stop_replay.set()
         rc = 2 if self.load_error else 0

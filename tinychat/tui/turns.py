@@ -37,7 +37,51 @@ class TurnsMixin:
         if not self._can_run("send"):
             return
         event.area.clear_input()
+        if self.state.edit_index is not None:
+            await self.send_edit(text)
+            return
         await self.send(text)
+
+    def start_edit(self, args: list[str]) -> None:
+        """/edit [N]: your Nth message (default the last) into the input; the next send replaces it as a new branch.
+        /edit off leaves that mode."""
+        if args == ["off"]:
+            self.state.edit_index = None
+            self.notify("editing off: Enter sends a new message")
+            return
+        if self.chat is not None and self.busy is not None and self.busy.decoding:
+            self.notify("wait for the reply to finish (Esc stops it), then edit", severity="error")
+            return
+        if not self._can_run("edit"):
+            return
+        users = [i for i, m in enumerate(self.chat.session.messages) if m.role == "user"]
+        if len(args) > 1 or (args and not args[0].isdigit()):
+            self.notify("usage: /edit [N] (N: your Nth message) or /edit off", severity="error")
+            return
+        n = int(args[0]) if args else len(users)
+        if not users or not 1 <= n <= len(users):
+            self.notify(f"no message {n} to edit (this chat has {len(users)})" if users else "no message to edit yet",
+                        severity="error")
+            return
+        self.state.edit_index = users[n - 1]
+        self.prompt.set_input(self.chat.session.messages[users[n - 1]].content)
+        self.notify(f"editing message {n}: Enter sends it as a new branch from there (/edit off: cancel)")
+
+    async def send_edit(self, text: str) -> None:
+        """Send `text` in place of the message /edit opened; the view drops that message and what followed it."""
+        if not self._can_run("send"):
+            return
+        index, self.state.edit_index = self.state.edit_index, None
+        self._set_busy(Busy.EDIT)
+        users = list(self.view.query(UserMessage))
+        n = sum(m.role == "user" for m in self.chat.session.messages[:index])
+        if n < len(users):
+            children = list(self.view.children)
+            for w in children[children.index(users[n]):]:
+                await w.remove()
+        await self.view.mount(UserMessage(text, classes="message user"))
+        self.state.edit_at = index
+        await self._start_turn(Busy.EDIT, text)
 
     async def send(self, text: str) -> None:
         self._set_busy(Busy.SEND)              # at once: the awaits below let other keys in
@@ -70,6 +114,8 @@ class TurnsMixin:
         batcher = TokenBatcher(lambda items: self.post_message(TokensReady(turn_id, items)), self.pace)
         if kind is Busy.SEND:
             r = chat.send(text, on_token=batcher, trace=trace)
+        elif kind is Busy.EDIT:
+            r = chat.edit(self.state.edit_at, text, on_token=batcher, trace=trace)
         else:
             r = chat.regenerate(on_token=batcher, trace=trace)
         batcher.flush()
@@ -172,7 +218,7 @@ class TurnsMixin:
                 await w.remove()
 
     def action_stop(self) -> None:
-        if self.busy in (Busy.SEND, Busy.REGEN) and self.chat is not None:
+        if self.busy in (Busy.SEND, Busy.REGEN, Busy.EDIT) and self.chat is not None:
             self.chat.cancel()
             self.status_bar.update_status(activity="stopping…")
         elif self.busy is Busy.REPLAY:
