@@ -57,7 +57,8 @@ def main() -> None:
     chat.regenerate()
     prefix = len(chat.session.context_ids()) - len(chat.session.messages[-1].token_ids) \
         - len(chat.session.messages[-2].token_ids)
-    n_user, n_reply = len(chat.session.messages[-2].token_ids), len(chat.session.messages[-1].token_ids)
+    n_user = len(chat.session.messages[-2].token_ids)
+    n_replies = [len(m.token_ids) for m in (chat.session.branches[-1], chat.session.messages[-1])]
     chat.autosave = False                # the switch itself; the autosave after it is timed apart
     switch = [_ms(lambda: chat.switch_alternative("next")) for _ in range(a.repeats)]
     fed = []
@@ -82,7 +83,7 @@ def main() -> None:
     size = S.session_path(chat.session.id, tmp).stat().st_size
     print(f"model {rt.name} quant {chat.quant} threads {torch.get_num_threads()} step {chat.step_name()}")
     print(f"shared prefix {prefix} tokens; the switched turn's own: user message {n_user} tokens (with the pending "
-          f"newline and the generation prompt: one prefill), reply {n_reply} tokens (one step each)")
+          f"newline and the generation prompt: one prefill), replies {n_replies[0]} and {n_replies[1]} tokens (one step each)")
     print(f"switch to a branch left earlier (its cache kept): median {statistics.median(switch):.2f} ms "
           f"(min {min(switch):.2f}, n={len(switch)})")
     print(f"switch to a branch fed again (restore rule): median {statistics.median(fed):.1f} ms "
