@@ -18,6 +18,9 @@ from pathlib import Path
 import torch
 
 from . import session as S
+from . import session_tree as T
+from .branch_cache import BranchCache
+from .chat_branches import BranchesMixin
 from .engine import Decoder, EngineOptions, KVCache, append, quantize_cpu
 from .engine.quant import effective_mode, quant_mode
 from .model import TinyAgentLM
@@ -64,7 +67,7 @@ def model_identity(model: TinyAgentLM) -> str:
     return h.hexdigest()
 
 
-class Chat:
+class Chat(BranchesMixin):
     """One conversation with one model. Not thread-safe except `cancel()`: run turns on one thread."""
 
     def __init__(self, model: TinyAgentLM, tokenizer: Tokenizer, settings: ChatSettings | None = None, *,
@@ -98,6 +101,7 @@ class Chat:
         self._special = set(tokenizer.special_ids)
         self._cancel = threading.Event()
         self._marks: list[dict] = []          # cache mark before each turn (undo / regenerate)
+        self._left = BranchCache()            # the caches of paths this chat switched away from
         self.trace = False
         self.session = session or self._new_session()
         self._pending: list[int] = []
@@ -123,6 +127,7 @@ class Chat:
         self.close()
         self.session = self._new_session()
         self._marks.clear()
+        self._left.clear()
         self._rebuild()
 
     def save(self, title: str | None = None) -> Path | None:
@@ -323,13 +328,34 @@ class Chat:
         return self._turn(user, on_token, self.trace if trace is None else trace, on_reply=on_reply)
 
     def regenerate(self, on_token=None, trace: bool | None = None, on_reply=None) -> TurnResult:
-        """Drop the last reply and sample it again (a new seed unless the settings fix one)."""
+        """Sample the last reply again (a new seed unless the settings fix one). The old reply is kept: the new one
+        becomes its sibling (an alternative, session_tree.py) and the active one."""
+        msgs = self.session.messages
+        if len(msgs) < 2 or msgs[-1].role != "assistant":
+            raise ChatError("no turn to take back")
+        T.link(self.session)
+        old, at = msgs[-1], len(msgs) - 2
+        if len(self._marks) == self.session.n_turns and self._marks[-1] is not None:   # switching back is a copy
+            self._left.leave(tuple(m.id for m in msgs), self.cache, self._marks[-1], self._marks[-1:], self._pending)
         user = self._pop_turn()
-        return self._turn(user, on_token, self.trace if trace is None else trace, on_reply=on_reply)
+        try:
+            res = self._turn(user, on_token, self.trace if trace is None else trace, on_reply=on_reply,
+                             autosave=False)
+        except BaseException:                   # the old reply stays the active one, the cache rebuilt to it
+            del msgs[at:]
+            msgs.extend([user, old])
+            self._rebuild()
+            raise
+        self.session.branches.append(old)
+        T.link(self.session)
+        res.save_warning = self._autosave()
+        return res
 
     def undo(self) -> S.Message:
-        """Remove the last user message and its reply; returns the user message (to edit and resend)."""
+        """Remove the last user message and its reply, with their alternatives; returns the user message (to edit
+        and resend)."""
         user = self._pop_turn()
+        T.prune(self.session)
         self._autosave()
         return user
 
@@ -352,7 +378,7 @@ class Chat:
         return int(self.cache.lens_cpu[0]) + n_feed + self.settings.max_new + 1 <= self.max_len
 
     def _turn(self, user: S.Message, on_token, trace: bool, keep_probs: bool = False,
-              context_start: int | None = None, on_reply=None) -> TurnResult:
+              context_start: int | None = None, on_reply=None, autosave: bool = True) -> TurnResult:
         st = self.settings
         self._cancel.clear()
         gen = self.tok.generation_prompt_ids()
@@ -428,7 +454,8 @@ class Chat:
                             dropped_turns=dropped, mode=self.decoder.mode, probs=hook.probs)
         if on_reply is not None:
             on_reply(result)
-        result.save_warning = self._autosave()
+        if autosave:
+            result.save_warning = self._autosave()
         return result
 
     def step_name(self) -> str | None:
@@ -470,6 +497,7 @@ class Chat:
         the cache rebuilt to it; then replay_turn each recorded turn in order."""
         msgs = sess.messages
         self.session.messages = list(msgs[:1] if msgs and msgs[0].role == "system" else [])
+        self._left.clear()
         self._rebuild()
 
     def replay_turn(self, user: S.Message, recorded: S.Message, on_token=None) -> TurnResult:

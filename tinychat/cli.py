@@ -58,6 +58,9 @@ def chat(ctx: typer.Context,
          session: Optional[str] = typer.Option(None, "--session", "-s", help="Continue a saved session (id or path)."),
          plain: bool = typer.Option(False, "--plain", help="Line mode instead of the app (automatic when piped)."),
          json_out: bool = typer.Option(False, "--json", help="With --plain: one JSON object per reply on stdout."),
+         prompt: Optional[str] = typer.Option(None, "--prompt", "-p", metavar="TEXT",
+                                              help="One-shot: send TEXT as one message (- reads it all from stdin), "
+                                                   "print the reply and exit (--json as in plain mode)."),
          threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: torch's, one per core; the int8 step then uses fewer while that measures faster, e.g. when other programs keep a core busy). A number given here is used as is."),
          ):
     """Chat with a small local TinyAgentLM model.
@@ -67,8 +70,11 @@ def chat(ctx: typer.Context,
     if ctx.invoked_subcommand is not None:
         return
     check_choice("--quant", quant, QUANT_MODES)
-    if json_out and not plain and sys.stdin.isatty() and sys.stdout.isatty():
-        raise UsageError("--json goes with --plain")
+    if json_out and not plain and prompt is None and sys.stdin.isatty() and sys.stdout.isatty():
+        raise UsageError("--json goes with --plain or -p")
+    if prompt is not None:
+        prompt = _one_shot_text(prompt)
+        plain = True
     from .settings import ChatSettings
     overrides = {k: v for k, v in dict(seed=seed, temperature=temperature, top_p=top_p, penalty=penalty, ban=ban,
                                        ban_reply=ban_reply, system_prompt=system, max_new=max_new).items() if v is not None}
@@ -95,7 +101,23 @@ def chat(ctx: typer.Context,
     def restore(ref):
         return open_chat(rt, quant, dev, None, {}, ref, options)
 
-    raise typer.Exit(PlainREPL(chat_, json_out=json_out, restore=restore).run())
+    repl = PlainREPL(chat_, json_out=json_out, restore=restore)
+    if prompt is None:
+        raise typer.Exit(repl.run())
+    repl.interactive = False                # one reply on stdout, notices on stderr
+    r = repl.turn(lambda on_token, on_reply: chat_.send(prompt, on_token=on_token, on_reply=on_reply))
+    raise typer.Exit(0 if r is not None and not repl.errors else 2)
+
+
+def _one_shot_text(prompt: str) -> str:
+    """-p's message: the text itself, or with '-' all of stdin (not a terminal): one message, not a turn per line."""
+    if prompt == "-":
+        if sys.stdin.isatty():
+            raise UsageError("-p - reads the message from stdin, which is a terminal here: pipe the text in")
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise UsageError("-p: the message is empty")
+    return prompt
 
 
 def _int8_kernels() -> str:
@@ -153,7 +175,10 @@ app.add_typer(sessions_app, name="sessions")
 
 
 @sessions_app.callback(invoke_without_command=True)
-def sessions_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="A JSON list.")):
+def sessions_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="A JSON list."),
+                  grep: Optional[str] = typer.Option(None, "--grep", metavar="TEXT",
+                                                     help="Only sessions whose title or any message (every branch) "
+                                                          "contains TEXT (case-insensitive).")):
     """List saved sessions, newest first."""
     if ctx.invoked_subcommand is not None:
         return
@@ -163,6 +188,10 @@ def sessions_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--js
     from . import session as S
     errors: list = []
     infos = S.list_sessions(errors=errors)
+    if grep is not None:
+        if not grep.strip():
+            raise UsageError("--grep needs some text")
+        infos = [i for i in infos if S.matches(i.path, grep)]
     if json_out:
         typer.echo(json.dumps([{"id": i.id, "path": str(i.path), "title": i.title, "updated": i.updated,
                                 "n_turns": i.n_turns} for i in infos]))
@@ -220,37 +249,58 @@ def sessions_rm(ref: str = typer.Argument(..., metavar="ID")):
 
 
 @app.command()
-def replay(ref: str = typer.Argument(..., metavar="ID|PATH", help="A saved session."),
+def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved session, or a folder of them."),
            model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_HELP, callback=_model_arg),
            check: bool = typer.Option(False, "--check", help="Only report: exit 0 token-exact, 1 on divergence."),
+           json_out: bool = typer.Option(False, "--json", help="With a folder and --check: one JSON object per session."),
            play: bool = typer.Option(False, "--play", help="Play the session back in the app."),
            speed: float = typer.Option(1.0, "--speed", help="With --play: playback speed (0: as fast as it decodes)."),
            device: str = typer.Option("auto", "--device", help="auto, cpu or cuda.")):
-    """Regenerate every assistant turn with its recorded settings and seed; report the first token that differs.
+    """Regenerate every assistant turn of every branch with its recorded settings and seed; report the first token
+    that differs. A folder (with --check) checks each session in it, one line per session.
 
-    Exit 0 when every turn regenerates token-exact, 1 on a divergence (with the report), 2 on any error."""
+    Exit 0 when every branch regenerates token-exact, 1 on a divergence (with the branch and token), 2 on any
+    error."""
     from . import session as S
-    sess = S.load(ref)
     dev = resolve_device(device)
+    if Path(ref).is_dir():
+        if not check:
+            raise UsageError("a folder of sessions is replayed with --check")
+        from .replay_check import check_folder
+        rt = load_runtime(model)
+        raise typer.Exit(check_folder(Path(ref), lambda sess: open_replay_chat(rt, sess, dev), typer.echo, json_out))
+    if json_out:
+        raise UsageError("--json goes with a folder and --check")
+    sess = S.load(ref)
     if play and sys.stdin.isatty() and sys.stdout.isatty():
         from .tui.app import run_replay
         raise typer.Exit(run_replay(sess, model=model, device=dev, speed=speed))
-    from .replay import replay as run
+    from .replay import replay_tree
+    from .replay_check import branch_lines
     chat_ = open_replay_chat(load_runtime(model), sess, dev)
+    many = bool(sess.branches)
 
-    def on_turn(t):
+    def on_turn(label, t):
         if not check:
             status = "exact" if t.divergence is None else "DIVERGES"
-            typer.echo(f"turn {t.turn}: {len(t.recorded)} tokens, {status}")
+            typer.echo(f"{label + ': ' if many else ''}turn {t.turn}: {len(t.recorded)} tokens, {status}")
 
-    report = run(chat_, sess, on_turn=on_turn)
+    results = replay_tree(chat_, sess, on_turn=on_turn)
     from .textsafe import safe_line
-    for d in report.divergences:
-        typer.echo(safe_line(f"divergence: {d.describe()}"))
-    if report.step_note():
-        typer.echo(safe_line(report.step_note()))
-    if report.ok:
-        typer.echo(f"replay: {len(report.turns)} turns, {report.n_tokens} tokens, token-exact")
+    if not many:                            # one path: the report as before
+        report = results[0].report
+        for d in report.divergences:
+            typer.echo(safe_line(f"divergence: {d.describe()}"))
+        if report.step_note():
+            typer.echo(safe_line(report.step_note()))
+    else:
+        for line in branch_lines(results):
+            typer.echo(line)
+    if all(b.report.ok for b in results):
+        turns = sum(len(b.report.turns) for b in results)
+        tokens = sum(b.report.n_tokens for b in results)
+        where = f"{len(results)} branches, " if many else ""
+        typer.echo(f"replay: {where}{turns} turns, {tokens} tokens, token-exact")
         raise typer.Exit(0)
     raise typer.Exit(1)
 
@@ -263,7 +313,10 @@ def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL
           prompt_len: int = typer.Option(100, "--prompt-len", help="Prompt tokens to prefill."),
           gen_len: int = typer.Option(64, "--gen-len", help="Tokens to decode."),
           repeats: int = typer.Option(3, "--repeats", help="Timed repeats (medians are reported)."),
-          threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads, pinned (default: torch's, with the int8 step's thread tuning on)."),
+          prompt: Optional[str] = typer.Option(None, "--prompt", "-p", metavar="TEXT",
+                                              help="One-shot: send TEXT as one message (- reads it all from stdin), "
+                                                   "print the reply and exit (--json as in plain mode)."),
+         threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads, pinned (default: torch's, with the int8 step's thread tuning on)."),
           json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Measure prefill tok/s, time to first token, batch-1 decode tok/s, KV bytes per token and peak RSS."""
     import json

@@ -33,7 +33,10 @@ COMMANDS: tuple[Command, ...] = (
             plain_help="change a setting from the next turn (temperature, top-p, penalty, penalty-window, ban, "
                        "no-parrot, ban-reply, max-new, seed, system); /set alone lists them"),
     Command("/settings", "", "open the settings screen", plain=False),
-    Command("/regen", "", "sample the last reply again"),
+    Command("/regen", "", "sample the last reply again (the old one stays an alternative: /alt)"),
+    Command("/alt", "next|prev|N", "show another alternative of the last reply (regenerate keeps them)"),
+    Command("/edit", "[N]", "edit your Nth message (default: the last): it opens in the input, and sending it starts "
+                            "a new branch from there (/edit off: send normally again)", plain=False),
     Command("/undo", "", "take back the last turn (its text returns to the input)",
             plain_help="take back the last turn"),
     Command("/copy", "", "copy the last reply to the clipboard", plain=False),
@@ -92,6 +95,13 @@ def parse_trace(args: list[str]) -> bool:
     if args not in (["on"], ["off"]):
         raise CommandError("usage: /trace on|off")
     return args[0] == "on"
+
+
+def parse_alt(args: list[str]) -> str:
+    """/alt's argument: next, prev or a 1-based number; else CommandError."""
+    if len(args) != 1 or not (args[0] in ("next", "prev") or args[0].isdigit()):
+        raise CommandError("usage: /alt next|prev|N")
+    return args[0]
 
 
 def plain_help() -> str:

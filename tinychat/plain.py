@@ -183,6 +183,12 @@ class PlainREPL:
                     self.note(f"{kv[0]} = {getattr(st, key, '')!r} (from the next turn)")
             elif cmd == "/regen":
                 self.turn(lambda on_token, on_reply: self.chat.regenerate(on_token=on_token, on_reply=on_reply))
+            elif cmd == "/alt":
+                at, n = self.chat.switch_alternative(C.parse_alt(args))
+                self.note(f"reply {at}/{n}")
+                if not self.json_out:
+                    print(self.chat.session.messages[-1].content, file=self.stdout, flush=True)
+                self._save_warning(self.chat.save_warning)
             elif cmd == "/undo":
                 user = self.chat.undo()
                 self.note(f"took back: {user.content[:60]!r}")

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from . import session as S
+from . import session_tree as T
 from .chat import Chat, ChatError, ChatSettings
 
 
@@ -118,6 +119,24 @@ def replay(chat: Chat, sess: S.Session, on_turn=None, on_token=None) -> ReplayRe
         if on_turn is not None:
             on_turn(tr)
     return ReplayReport(sess.id, turns, step_here=chat.step_name())
+
+
+@dataclass
+class BranchReplay:
+    label: str               # where the branch forks off ("turn 1 reply 2/3, ..."; "the only path")
+    report: ReplayReport
+
+
+def replay_tree(chat: Chat, sess: S.Session, on_turn=None) -> list[BranchReplay]:
+    """Replay every root-to-leaf path of `sess` (the active path first), each as a session of its own on the same
+    chat. on_turn(label, TurnReplay) after each turn."""
+    out = []
+    for path in T.paths(sess):
+        label = T.describe_path(sess, path)
+        one = dataclasses.replace(sess, messages=list(path), branches=[])
+        cb = None if on_turn is None else (lambda t, _label=label: on_turn(_label, t))
+        out.append(BranchReplay(label, replay(chat, one, on_turn=cb)))
+    return out
 
 
 def describe_step(step: str | None) -> str:

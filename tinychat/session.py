@@ -41,13 +41,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tinychat import paths, session_lock
+from tinychat import paths, session_lock, session_tree
 from tinychat.fsutil import atomic_write
-from tinychat.session_check import order_problem, sampler_problem, seed_ok, vocab_problem
+from tinychat.session_check import fork_ok, order_problem, sampler_problem, seed_ok, tree_problem, vocab_problem
 from tinychat.textsafe import safe_line, strip_controls
 
 SCHEMA = "tinychat.session"
-VERSION = 1
+VERSION = 2  # the tree (session_tree.py); version 1 files (one path, no ids) still load
+READ_VERSIONS = (1, 2)
 ROLES = ("system", "user", "assistant")
 FINISH_REASONS = ("stop", "length", "cancelled")
 SNAPSHOT_SUFFIX = ".kv.safetensors"
@@ -101,6 +102,10 @@ class Message:
     seed: int | None = None  # the turn's random seed
     finish: str | None = None  # one of FINISH_REASONS
     timing_ms: list[float] | None = None  # per sampled token, milliseconds (optional)
+    # The tree (version 2; session_tree.py): 0 = not yet given an id (link() gives one before a save)
+    id: int = 0
+    parent: int | None = None  # the message before this one on its path (None: a root)
+    fork: dict[str, Any] | None = None  # a reply forced at a token: {"position": int, "token": int} (reserved)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -117,7 +122,8 @@ class Session:
     quant: str = "none"  # weight mode the turns ran under, e.g. "none", "int8", "bf16"
     device: str = "cpu"  # device kind, e.g. "cpu", "cuda"
     settings: dict[str, Any] = field(default_factory=dict)  # session-wide sampler defaults
-    messages: list[Message] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)  # the active path
+    branches: list[Message] = field(default_factory=list)  # every message off the active path (session_tree.py)
     revision: int = 0  # +1 per save: what the overwrite check compares
     kv_sha256: str = ""  # tensors_sha256 of the KV snapshot saved with this revision ("" = none)
 
@@ -140,6 +146,7 @@ class Session:
         return [t for m in self.messages for t in m.token_ids]
 
     def to_dict(self) -> dict[str, Any]:
+        session_tree.link(self)
         d = {"schema": SCHEMA, "version": VERSION}
         d.update(dataclasses.asdict(self))
         return d
@@ -467,8 +474,9 @@ def _from_dict(d: Any, where: str) -> Session:
     version = d.get("version")
     if not _is_int(version):
         raise SessionError(f"{where}: field version must be an integer, got {_show(version)}")
-    if version != VERSION:
-        raise SessionError(f"{where}: unsupported session version {version} (this tinychat reads version {VERSION})")
+    if version not in READ_VERSIONS:
+        raise SessionError(f"{where}: unsupported session version {version} (this tinychat reads versions "
+                           f"{', '.join(map(str, READ_VERSIONS))})")
 
     f = _Fields(d, where)
     sid = f.get("id", _is_str, "a string")
@@ -497,15 +505,30 @@ def _from_dict(d: Any, where: str) -> Session:
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise f.fail(f"messages[{i}]", f"must be an object, got {_show(m)}")
-        session.messages.append(_message_from_dict(_Fields(m, where, f"messages[{i}].")))
+        session.messages.append(_message_from_dict(_Fields(m, where, f"messages[{i}]."), version))
     if problem := order_problem(session.messages):
         raise SessionError(f"{where}: {problem}")
+    if version >= 2:
+        branches = f.get("branches", lambda v: isinstance(v, list), "an array")
+        for i, m in enumerate(branches):
+            if not isinstance(m, dict):
+                raise f.fail(f"branches[{i}]", f"must be an object, got {_show(m)}")
+            session.branches.append(_message_from_dict(_Fields(m, where, f"branches[{i}]."), version))
+        if problem := tree_problem(session.messages, session.branches):
+            raise SessionError(f"{where}: {problem}")
     return session
 
 
-def _message_from_dict(f: _Fields) -> Message:
+def _message_from_dict(f: _Fields, version: int = VERSION) -> Message:
     role = f.get("role", lambda v: v in ROLES, "one of " + "/".join(ROLES))
+    tree: dict[str, Any] = {}
+    if version >= 2:
+        tree = {"id": f.get("id", lambda v: _is_int(v) and 1 <= v <= _MAX_TOKEN_ID, "an integer in 1..2^31-1"),
+                "parent": f.get("parent", _is_int, "an integer", nullable=True),
+                "fork": f.get("fork", fork_ok, "an object {position, token} of non-negative integers",
+                              nullable=True)}
     return Message(
+        **tree,
         role=role,
         content=f.get("content", _is_str, "a string"),
         token_ids=f.int_list("token_ids", lambda v: _is_int(v) and 0 <= v <= _MAX_TOKEN_ID, "a token id (0..2^31-1)"),
@@ -545,6 +568,17 @@ def list_sessions(dir: str | Path | None = None, errors: list[SessionError] | No
                                  n_turns=s.n_turns))
     infos.sort(key=lambda info: (info.updated, info.id), reverse=True)
     return infos
+
+
+def matches(path: str | Path, text: str) -> bool:
+    """Whether the session at `path` has `text` (case-insensitive) in its title or any message, on any branch.
+    A file that cannot be read does not match."""
+    try:
+        s = load(path)
+    except SessionError:
+        return False
+    needle = text.casefold()
+    return any(needle in x.casefold() for x in [s.title] + [m.content for m in s.messages + s.branches])
 
 
 def delete(session_id: str, dir: str | Path | None = None) -> bool:
@@ -596,8 +630,14 @@ def export_markdown(session: Session) -> str:
         "",
         f"*{model} · {session.quant} · {session.device} · started {_when(session.created)}*",
     ]
+    kids = session_tree.children(session) if session.branches else {}
     for m in session.messages:
-        lines += ["", f"## {m.role.capitalize()}", "", m.content.rstrip("\n")]
+        sibs = kids.get(m.parent, [m]) if kids else [m]
+        alt = ""
+        if len(sibs) > 1:
+            at = next(i for i, s in enumerate(sibs) if s is m) + 1
+            alt = f" ({'reply' if m.role == 'assistant' else 'message'} {at}/{len(sibs)})"
+        lines += ["", f"## {m.role.capitalize()}{alt}", "", m.content.rstrip("\n")]
         if m.finish in ("length", "cancelled"):
             lines += ["", f"*(reply cut off: {m.finish})*"]
     return "\n".join(lines) + "\n"
@@ -682,7 +722,8 @@ def tensors_sha256(tensors: Mapping[str, Any]) -> str:
 
 def check_vocab(session: Session, vocab_size: int) -> None:
     """SessionError naming the file, message and position of the first token id outside `vocab_size`."""
-    if problem := vocab_problem(session.messages, vocab_size):
+    if problem := vocab_problem(session.messages, vocab_size) or vocab_problem(session.branches, vocab_size,
+                                                                                "branches"):
         raise SessionError(f"{getattr(session, 'source', None) or f'session {session.id}'}: {problem}")
 
 

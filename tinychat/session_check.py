@@ -101,10 +101,56 @@ def order_problem(messages: list) -> str | None:
     return None
 
 
-def vocab_problem(messages: list, vocab_size: int) -> str | None:
+def vocab_problem(messages: list, vocab_size: int, name: str = "messages") -> str | None:
     """The first token id the model has no row for, named by message and position."""
     for i, m in enumerate(messages):
         for j, t in enumerate(m.token_ids):
             if t >= vocab_size:
-                return f"messages[{i}].token_ids[{j}] = {t} is outside the model's vocabulary (0..{vocab_size - 1})"
+                return f"{name}[{i}].token_ids[{j}] = {t} is outside the model's vocabulary (0..{vocab_size - 1})"
+    return None
+
+
+def fork_ok(v: Any) -> bool:
+    """A fork record: {"position": n, "token": id}, both non-negative integers."""
+    return isinstance(v, dict) and set(v) == {"position", "token"} and all(_is_int(x) and x >= 0 for x in v.values())
+
+
+def tree_problem(messages: list, branches: list) -> str | None:
+    """The tree of a version-2 file: unique ids, the active path (`messages`) linked in order, every branch message
+    linked to a message that exists (no cycles), and every path from a root to a leaf in chat order."""
+    where: dict[int, str] = {}
+    for name, msgs in (("messages", messages), ("branches", branches)):
+        for i, m in enumerate(msgs):
+            if m.id in where:
+                return f"field {name}[{i}].id = {m.id} is also the id of {where[m.id]}"
+            where[m.id] = f"{name}[{i}]"
+    prev = None
+    for i, m in enumerate(messages):
+        if m.parent != prev:
+            return f"field messages[{i}].parent must be {_show(prev)} (the message before it), got {_show(m.parent)}"
+        prev = m.id
+    parent = {m.id: m.parent for m in list(messages) + list(branches)}
+    node = {m.id: m for m in list(messages) + list(branches)}
+    for i, m in enumerate(branches):
+        if m.parent is not None and m.parent not in parent:
+            return f"field branches[{i}].parent = {m.parent} names no message (a broken parent link)"
+    on_path = {m.id for m in messages}
+    has_kids = {p for p in parent.values() if p is not None}
+    for i, m in enumerate(branches):
+        path, seen = [m], {m.id}
+        while path[-1].parent is not None and path[-1].id not in on_path:
+            up = node[path[-1].parent]
+            if up.id in seen:
+                return f"field branches[{i}].parent: the parent links form a cycle"
+            seen.add(up.id)
+            path.append(up)
+        if m.id in has_kids:
+            continue
+        if path[-1].id in on_path:              # joined the active path: its part up to there comes first
+            k = next(j for j, a in enumerate(messages) if a.id == path[-1].id)
+            full = list(messages[:k]) + path[::-1]
+        else:
+            full = path[::-1]
+        if problem := order_problem(full):
+            return f"the branch ending at branches[{i}]: {problem} (indices along that branch)"
     return None

@@ -79,3 +79,23 @@ def test_sessions_screen(snap_compare, chat_model, utc):
         await pilot.press("ctrl+s")
         await pilot.pause()
     assert snap_compare(frozen_app(chat_model), terminal_size=SIZE, run_before=run)
+
+
+def test_reply_with_alternatives(snap_compare, chat_model):
+    async def run(pilot):
+        from app_support import idle, wait_for
+        app = pilot.app
+        await ready(pilot)
+        await say(pilot, "Hello! Tell me about the cat.")
+        app.chat.set("seed", "2")
+        app.chat.set("temperature", "1.0")
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: app.busy is None and app.chat.session.n_turns == 1
+                       and app.chat.alternatives() == (2, 2), what="the second reply")
+        await idle(pilot)
+        await pilot.press("alt+left")
+        await wait_for(pilot, lambda: app.busy is None and app.chat.alternatives() == (1, 2), what="the switch")
+        await idle(pilot)
+        app.clear_notifications()            # the toast's timing is not what this snapshot is about
+        await pilot.pause(0.01)
+    assert snap_compare(frozen_app(chat_model), terminal_size=SIZE, run_before=run)

@@ -126,7 +126,7 @@ def test_save_load_round_trip_preserves_every_field(home):
     path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # a BOM from a Windows editor is tolerated
     assert S.load(path) == s
     raw = json.loads(path.read_text(encoding="utf-8-sig"))
-    assert (raw["schema"], raw["version"]) == ("tinychat.session", 1)
+    assert (raw["schema"], raw["version"]) == ("tinychat.session", 2)
     assert loaded.messages[2].seed == 2**63 - 1  # 63-bit seeds survive JSON exactly
     assert loaded.context_ids() == [t for m in s.messages for t in m.token_ids]
     assert loaded.system_prompt == "Be brief." and loaded.n_turns == 3
@@ -352,7 +352,7 @@ def test_foreign_and_future_files_raise_session_error(valid_file):
         b"42",
         dumps({**data, "schema": "otherapp.session"}),
         dumps({k: v for k, v in data.items() if k != "schema"}),
-        dumps({**data, "version": 2}),
+        dumps({**data, "version": 3}),
         dumps({**data, "version": "1"}),
         dumps({**data, "version": 1.0}),
         dumps({**data, "version": None}),

@@ -56,6 +56,8 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         Binding("ctrl+n", "new_chat", "New"),
         Binding("ctrl+s", "sessions", "Sessions"),
         Binding("ctrl+t", "tokens", "Tokens"),
+        Binding("alt+right,f4", "next_alt", "Next alternative", show=False),
+        Binding("alt+left,shift+f4", "prev_alt", "Previous alternative", show=False),
         Binding("f2", "settings", "Settings"),
         Binding("f3", "toggle_inspector", "Inspector"),
         Binding("f1", "help", "Help"),
@@ -175,7 +177,7 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
         tok = self.chat.tok
         widgets = []
         history = []
-        for m in sess.messages:
+        for i, m in enumerate(sess.messages):
             if m.role == "user":
                 widgets.append(UserMessage(m.content, classes="message user"))
                 history.append(m.content)
@@ -185,6 +187,8 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
                     " · restored (no trace)"
                 w = AssistantMessage(m.content, meta=meta, classes="message assistant")
                 w.set_history(ids, [self._piece(t) for t in ids])
+                w.index = i
+                w.alts = self.chat.alternatives(i)
                 widgets.append(w)
         if not note and not sess.n_turns and self.replay_sess is None:
             note = (f"New chat with {self.chat.model_name or 'the model'}. Enter sends, Ctrl+J adds a line, "
@@ -271,6 +275,12 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
             await self._trim_to_session()
             if kind is Busy.SEND and not self.prompt.text and len(self.state.job_text) <= 4000:
                 self.prompt.set_input(self.state.job_text)
+        elif kind is Busy.EDIT and self.chat is not None:
+            # the chat put the old branch back: show it, and the edited text back in the input
+            self.state.current = None
+            await self._show_history()
+            if not self.prompt.text and len(self.state.job_text) <= 4000:
+                self.prompt.set_input(self.state.job_text)
         await self._apply_pending()
 
     # -- actions --------------------------------------------------------------------------------------------------
@@ -316,6 +326,9 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
 
     def on_assistant_message_clicked(self, msg: AssistantMessage.Clicked) -> None:
         self._focus_reply(msg.message)
+
+    def on_assistant_message_alt_clicked(self, msg: AssistantMessage.AltClicked) -> None:
+        self.switch_alt("next", msg.message.index)
 
     def on_token_view_selected(self, msg: TokenView.Selected) -> None:
         reply = next((r for r in self.view.replies() if r.token_view is msg.view), None)
@@ -441,7 +454,7 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
             self._frozen = False
 
     async def action_quit(self) -> None:
-        if self.chat is not None and self.busy in (Busy.SEND, Busy.REGEN):
+        if self.chat is not None and self.busy in (Busy.SEND, Busy.REGEN, Busy.EDIT):
             self.chat.cancel()
         self._stop_replay.set()
         rc = 2 if self.load_error else 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.app import SystemCommand
 
-from ..commands import ALIASES, CommandError, commands_for, parse, parse_set, parse_trace
+from ..commands import ALIASES, CommandError, commands_for, parse, parse_alt, parse_set, parse_trace
 from .state import Busy
 
 # the app's commands as (name, arguments, what it does): shown in the hint line and the help screen
@@ -85,6 +85,15 @@ class CommandsMixin:
                 await self.apply_settings(dict([kv]))
         elif cmd == "/regen":
             await self.action_regenerate()
+        elif cmd == "/alt":
+            try:
+                which = parse_alt(args)
+            except CommandError as e:
+                self.notify(str(e), severity="error")
+                return
+            self.switch_alt(which)
+        elif cmd == "/edit":
+            self.start_edit(args)
         elif cmd == "/undo":
             self.action_undo()
         elif cmd == "/copy":

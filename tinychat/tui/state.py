@@ -22,12 +22,14 @@ class Busy(str, Enum):
     SET = "set"
     OPEN = "open"
     SAVE = "save"
+    ALT = "alt"
+    EDIT = "edit"
     REPLAY = "replay"
 
     @property
     def decoding(self) -> bool:
         """A reply is being generated (Esc stops it; the cursor does not blink meanwhile)."""
-        return self in (Busy.SEND, Busy.REGEN, Busy.REPLAY)
+        return self in (Busy.SEND, Busy.REGEN, Busy.EDIT, Busy.REPLAY)
 
 
 @dataclass
@@ -58,3 +60,5 @@ class ChatState:
     live: LiveFigures = field(default_factory=LiveFigures)
     job_text: str = ""                              # the message being sent (back to the input if the turn fails)
     pending_settings: dict[str, str] = field(default_factory=dict)   # applied when the running operation ends
+    edit_index: int | None = None                   # /edit: the user message the next send replaces (a new branch)
+    edit_at: int = 0                                # the edit being sent (read by the worker)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from textual import work
 
+from ..settings import ChatError
 from .messages import ChatOpened, JobDone, TokensReady, TurnFinished
 from .runtime import TokenBatcher
 from .state import Busy, LiveFigures
@@ -36,7 +37,51 @@ class TurnsMixin:
         if not self._can_run("send"):
             return
         event.area.clear_input()
+        if self.state.edit_index is not None:
+            await self.send_edit(text)
+            return
         await self.send(text)
+
+    def start_edit(self, args: list[str]) -> None:
+        """/edit [N]: your Nth message (default the last) into the input; the next send replaces it as a new branch.
+        /edit off leaves that mode."""
+        if args == ["off"]:
+            self.state.edit_index = None
+            self.notify("editing off: Enter sends a new message")
+            return
+        if self.chat is not None and self.busy is not None and self.busy.decoding:
+            self.notify("wait for the reply to finish (Esc stops it), then edit", severity="error")
+            return
+        if not self._can_run("edit"):
+            return
+        users = [i for i, m in enumerate(self.chat.session.messages) if m.role == "user"]
+        if len(args) > 1 or (args and not args[0].isdigit()):
+            self.notify("usage: /edit [N] (N: your Nth message) or /edit off", severity="error")
+            return
+        n = int(args[0]) if args else len(users)
+        if not users or not 1 <= n <= len(users):
+            self.notify(f"no message {n} to edit (this chat has {len(users)})" if users else "no message to edit yet",
+                        severity="error")
+            return
+        self.state.edit_index = users[n - 1]
+        self.prompt.set_input(self.chat.session.messages[users[n - 1]].content)
+        self.notify(f"editing message {n}: Enter sends it as a new branch from there (/edit off: cancel)")
+
+    async def send_edit(self, text: str) -> None:
+        """Send `text` in place of the message /edit opened; the view drops that message and what followed it."""
+        if not self._can_run("send"):
+            return
+        index, self.state.edit_index = self.state.edit_index, None
+        self._set_busy(Busy.EDIT)
+        users = list(self.view.query(UserMessage))
+        n = sum(m.role == "user" for m in self.chat.session.messages[:index])
+        if n < len(users):
+            children = list(self.view.children)
+            for w in children[children.index(users[n]):]:
+                await w.remove()
+        await self.view.mount(UserMessage(text, classes="message user"))
+        self.state.edit_at = index
+        await self._start_turn(Busy.EDIT, text)
 
     async def send(self, text: str) -> None:
         self._set_busy(Busy.SEND)              # at once: the awaits below let other keys in
@@ -69,6 +114,8 @@ class TurnsMixin:
         batcher = TokenBatcher(lambda items: self.post_message(TokensReady(turn_id, items)), self.pace)
         if kind is Busy.SEND:
             r = chat.send(text, on_token=batcher, trace=trace)
+        elif kind is Busy.EDIT:
+            r = chat.edit(self.state.edit_at, text, on_token=batcher, trace=trace)
         else:
             r = chat.regenerate(on_token=batcher, trace=trace)
         batcher.flush()
@@ -78,6 +125,11 @@ class TurnsMixin:
     def _job_undo(self, chat: Chat) -> None:
         user = chat.undo()
         self.post_message(JobDone(Busy.UNDO, user.content, chat.status()))
+
+    @work(thread=True, exclusive=True, group="chat", exit_on_error=False, name="chat")
+    def _job_alt(self, chat: Chat, which: str, index: int | None) -> None:
+        place = chat.switch_alternative(which, index)
+        self.post_message(JobDone(Busy.ALT, place, chat.status()))
 
     @work(thread=True, exclusive=True, group="chat", exit_on_error=False, name="chat")
     def _job_new(self, chat: Chat) -> None:
@@ -142,6 +194,9 @@ class TurnsMixin:
         self._ui_cpu = None
         m.stats = Counters.from_stats(r.stats, r.n_tokens)
         await m.finish(turn_meta(r))
+        if self.replay_sess is None:
+            m.index = len(self.chat.session.messages) - 1
+            m.set_alternatives(*self.chat.alternatives(m.index))
         self._set_busy(None)
         self._update_status(msg.status, tok_s=r.decode_tok_s or None, ttft_ms=r.ttft_ms, activity="")
         if r.traces and self.inspector.display:
@@ -163,7 +218,7 @@ class TurnsMixin:
                 await w.remove()
 
     def action_stop(self) -> None:
-        if self.busy in (Busy.SEND, Busy.REGEN) and self.chat is not None:
+        if self.busy in (Busy.SEND, Busy.REGEN, Busy.EDIT) and self.chat is not None:
             self.chat.cancel()
             self.status_bar.update_status(activity="stopping…")
         elif self.busy is Busy.REPLAY:
@@ -181,6 +236,35 @@ class TurnsMixin:
         if replies:
             await replies[-1].remove()
         await self._start_turn(Busy.REGEN)
+
+    def action_next_alt(self) -> None:
+        self.switch_alt("next")
+
+    def action_prev_alt(self) -> None:
+        self.switch_alt("prev")
+
+    def switch_alt(self, which: str, index: int | None = None) -> None:
+        """Show another alternative of a reply (default: the last one): "next", "prev" or a 1-based number. Checked
+        here first, so a bad number or a switch while a reply streams is one line and changes nothing."""
+        if self.chat is not None and self.busy is not None and self.busy.decoding:
+            self.notify("wait for the reply to finish (Esc stops it), then switch alternatives", severity="error")
+            return
+        if not self._can_run("switching alternatives"):
+            return
+        try:
+            place, n = self.chat.alternatives(index)
+        except ChatError as e:
+            self.notify(str(e), severity="error")
+            return
+        if which.isdigit() and not 1 <= int(which) <= n:
+            self.notify(f"no alternative {which}: this reply has {n} (1..{n})" if n > 1 else
+                        f"no alternative {which}: this reply has no others (Ctrl+R makes one)", severity="error")
+            return
+        if n < 2:
+            self.notify("this reply has no alternatives yet (Ctrl+R makes one)")
+            return
+        self._set_busy(Busy.ALT)
+        self._job_alt(self.chat, which, index)
 
     def action_undo(self) -> None:
         if not self._can_run("undo"):
@@ -208,6 +292,12 @@ class TurnsMixin:
         elif msg.kind is Busy.SET:
             names = ", ".join(f"{k.replace('_', '-')} = {v!r}" for k, v in msg.value.items())
             self.notify(f"{names} (from the next turn)")
+        elif msg.kind is Busy.ALT:
+            await self._show_history()
+            place, n = msg.value
+            self.notify(f"reply {place}/{n}")
+            if getattr(self.chat, "save_warning", None):
+                self.notify(self.chat.save_warning, severity="warning", timeout=10)
         elif msg.kind is Busy.SAVE:
             self.notify(f"saved {msg.value}" if msg.value else "nothing to save yet")
         self.prompt.focus()

@@ -15,6 +15,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -189,11 +190,26 @@ class StreamMarkdown(Markdown):
         super().__init__(markdown, **kw)
 
 
+class AltSwitch(Static):
+    """A reply's place among its alternatives ("‹ 2/3 ›"); a click shows the next one."""
+
+    def on_click(self, event: events.Click) -> None:
+        event.stop()
+        reply = next((a for a in self.ancestors if isinstance(a, AssistantMessage)), None)
+        if reply is not None:
+            self.post_message(AssistantMessage.AltClicked(reply))
+
+
 class AssistantMessage(Vertical):
     """One reply: streamed markdown while it is generated; afterwards its token view on demand."""
 
     @dataclass
     class Clicked(Message):
+        message: "AssistantMessage"
+
+    @dataclass
+    class AltClicked(Message):
+        """The alternatives indicator was clicked: show the reply's next alternative."""
         message: "AssistantMessage"
 
     def __init__(self, text: str = "", *, streaming: bool = False, title: str = "assistant", meta: str = "", **kw):
@@ -213,17 +229,31 @@ class AssistantMessage(Vertical):
         self.first_divergence: int | None = None
         self._stream = None
         self.border_title = title
+        self.index: int | None = None     # its message's place on the session's active path (None: not known)
+        self.alts = (1, 1)                # (place, count) among its alternatives
 
     def compose(self) -> ComposeResult:
         yield StreamMarkdown(self.initial, classes="body")
         yield TokenView(classes="tokens")
+        yield AltSwitch(classes="alts")
         yield Static(Content(self.meta), classes="meta")
 
     def on_mount(self) -> None:
         self.query_one(TokenView).display = False
+        self.set_alternatives(*self.alts)
         if self.streaming:
             self.add_class("streaming")
             self._stream = Markdown.get_stream(self.query_one(Markdown))
+
+    def set_alternatives(self, place: int, count: int) -> None:
+        """Show "‹ place/count ›" above the reply when it has siblings (nothing otherwise)."""
+        self.alts = (place, count)
+        try:
+            alt = self.query_one(AltSwitch)
+        except NoMatches:                 # not composed yet: on_mount shows it
+            return
+        alt.display = count > 1
+        alt.update(f"‹ {place}/{count} ›" if count > 1 else "")
 
     @property
     def token_view(self) -> TokenView:

@@ -1,0 +1,108 @@
+"""A session as a tree of messages (schema v2): `session.messages` is the active path (root first), and
+`session.branches` holds every message off it. Each message has an `id` (int >= 1, unique in the session, in
+creation order) and a `parent` (the id of the message before it on its path, None for a root). The active path's
+parent links follow its order; a branch message's link is what ties it into the tree.
+
+Siblings are the messages that share a parent (and so a role): the alternatives of a reply are its siblings,
+ordered by id (the order they were made in). Torch-free; the chat runtime (chat.py) moves the cache along."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def link(session: Any) -> None:
+    """Give every message without an id (0) the next free one, and set the active path's parent links."""
+    nodes = list(session.messages) + list(session.branches)
+    nxt = max((m.id for m in nodes), default=0) + 1
+    for m in nodes:
+        if not m.id:
+            m.id, nxt = nxt, nxt + 1
+    prev = None
+    for m in session.messages:
+        m.parent = prev
+        prev = m.id
+
+
+def children(session: Any) -> dict[int | None, list]:
+    """parent id -> its children (active path and branches), in id order."""
+    out: dict[int | None, list] = {}
+    for m in list(session.messages) + list(session.branches):
+        out.setdefault(m.parent, []).append(m)
+    for kids in out.values():
+        kids.sort(key=lambda m: m.id)
+    return out
+
+
+def siblings(session: Any, index: int) -> tuple[list, int]:
+    """The alternatives of the active path's message `index` (itself included, in id order) and its place there."""
+    link(session)
+    m = session.messages[index]
+    sibs = children(session).get(m.parent, [m])
+    return sibs, next(i for i, s in enumerate(sibs) if s is m)
+
+
+def switch(session: Any, index: int, target: Any) -> None:
+    """Make `target` (a sibling of messages[index]) active: the path from `index` on moves to the branches, and the
+    new path follows target, then at each step its newest child, down to a leaf."""
+    link(session)
+    if index < 0 or index >= len(session.messages) or target.parent != session.messages[index].parent:
+        raise ValueError("not an alternative of that message")
+    kids = children(session)
+    path = [target]
+    while kids.get(path[-1].id):
+        path.append(kids[path[-1].id][-1])
+    on = {id(m) for m in path}
+    session.branches = [m for m in session.branches if id(m) not in on] + session.messages[index:]
+    session.messages[index:] = path
+
+
+def prune(session: Any) -> None:
+    """Drop the branch messages no longer tied to the tree (their parent is gone), e.g. after an undo."""
+    link(session)
+    live = {m.id for m in session.messages}
+    pending = list(session.branches)
+    kept: list = []
+    changed = True
+    while changed:
+        changed = False
+        for m in list(pending):
+            if m.parent is None or m.parent in live:
+                live.add(m.id)
+                kept.append(m)
+                pending.remove(m)
+                changed = True
+    session.branches = sorted(kept, key=lambda m: m.id)
+
+
+def paths(session: Any) -> list[list]:
+    """Every root-to-leaf path, the active path first, then the others in id order of their leaves."""
+    link(session)
+    nodes = {m.id: m for m in list(session.messages) + list(session.branches)}
+    kids = children(session)
+    leaves = [m for m in nodes.values() if not kids.get(m.id)]
+    active_leaf = session.messages[-1] if session.messages else None
+    out = [list(session.messages)]
+    for leaf in sorted(leaves, key=lambda m: m.id):
+        if leaf is active_leaf:
+            continue
+        path = [leaf]
+        while path[-1].parent is not None:
+            path.append(nodes[path[-1].parent])
+        out.append(path[::-1])
+    return out
+
+
+def describe_path(session: Any, path: list) -> str:
+    """Where a path forks off: 'turn 2 reply 2/3' for each message that has siblings ('' when none has)."""
+    kids = children(session)
+    parts = []
+    turn = 0
+    for m in path:
+        if m.role == "user":
+            turn += 1
+        sibs = kids.get(m.parent, [m])
+        if len(sibs) > 1:
+            what = "reply" if m.role == "assistant" else "message"
+            at = next(i for i, s in enumerate(sibs) if s is m)
+            parts.append(f"turn {turn} {what} {at + 1}/{len(sibs)}")
+    return ", ".join(parts) or "the only path"
