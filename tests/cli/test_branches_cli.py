@@ -5,16 +5,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from support import make_chat_model, tokenizer
+from support import tokenizer
 from tinychat.cli import app
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("model")
-    make_chat_model().save_pretrained(d)
-    tokenizer().save(d / "tokenizer.json")
-    return d
 
 
 def _run(args, input=None):

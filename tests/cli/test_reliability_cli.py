@@ -9,17 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from support import make_chat_model, tokenizer
+from support import tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("model")
-    make_chat_model().save_pretrained(d)
-    tokenizer().save(d / "tokenizer.json")
-    return d
 
 
 def _env(**extra):
