@@ -16,7 +16,8 @@ from tinychat.tokenizer import IM_END
 from tinychat.training import data as D
 from tinychat.training.evaluate import (EvalError, dictionary_fraction, distinct_n, is_word, load_wordlist,
                                         quality, teacher_loss, words)
-from tinychat.training.train import Trainer, TrainConfig, latest_checkpoint, lr_at, masked_loss
+from tinychat.training.loss import masked_loss
+from tinychat.training.train import Trainer, TrainConfig, latest_checkpoint, lr_at
 
 TOK = None
 
@@ -214,6 +215,24 @@ def test_a_few_steps_reduce_the_loss_on_a_repeated_batch(tmp_path):
     after = tr.evaluate(train)
     assert after < before - 0.5 and losses[-1] < losses[0] - 0.5
     assert tr.tokens_seen == 8 * int((train.lengths.clamp(max=cfg.seq_len + 1) - 1).sum())   # truncated rows
+
+
+def test_a_run_started_from_a_saved_model_begins_with_its_weights(tmp_path):
+    train, val = tiny_sets(6)
+    cfg = tiny_cfg(batch_tokens=4096, max_rows=16, steps=8, warmup=1, lr=1e-2)
+    first = Trainer(cfg, tok(), train, val, tmp_path / "a", log=lambda *_: None)
+    for _ in range(8):
+        first.train_step()
+    first.model.save_pretrained(tmp_path / "saved")
+    trained = first.evaluate(train)
+    fresh = Trainer(cfg, tok(), train, val, tmp_path / "b", log=lambda *_: None).evaluate(train)
+    again = Trainer(tiny_cfg(batch_tokens=4096, max_rows=16, steps=8, warmup=1, lr=1e-2, init=str(tmp_path / "saved")),
+                    tok(), train, val, tmp_path / "c", log=lambda *_: None)
+    assert again.evaluate(train) == pytest.approx(trained, rel=1e-6) and trained < fresh - 0.5
+    assert again.state()["config"]["init"] == str(tmp_path / "saved")
+    with pytest.raises(SystemExit, match="differs from this run's"):
+        Trainer(tiny_cfg(init=str(tmp_path / "saved"), model_overrides={"n_layers": 2}), tok(), train, val,
+                tmp_path / "d", log=lambda *_: None)
 
 
 def _params(model):

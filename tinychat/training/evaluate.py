@@ -95,7 +95,7 @@ def student_loss(model, tok, conversations, system: str = DEFAULT_SYSTEM, seq_le
     import torch
 
     from .data import encode_all
-    from .train import masked_loss
+    from .loss import masked_loss
     ts = encode_all(tok, conversations, system)
     order = sorted(range(len(ts)), key=lambda i: int(ts.lengths[i]))
     nats, n, cur = 0.0, 0, []

@@ -1,7 +1,7 @@
 """``python -m tinychat.training train``: train the student TinyAgentLM on the teacher's conversations.
 
 The `demo` model (with Engram; its cid_map built from the tokenizer), cross-entropy on assistant tokens only
-(content + the closing <|im_end|>, see data.py), AdamW (no decay on embeddings and Engram tables), linear
+(content + the closing <|im_end|>, see data.py; the fused head + loss in loss.py), AdamW (no decay on embeddings and Engram tables), linear
 warmup then cosine decay to min_lr, bf16 autocast on CPU (fp32 master weights), gradient clipping, a held-out
 validation loss every --eval-every steps, and a progress line with loss, val loss, tok/s and ETA.
 
@@ -26,18 +26,17 @@ import shutil
 import signal
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from tinychat.model import TinyAgentLM, config_for
 from tinychat.fsutil import atomic_write_bytes, fsync_dir
 from tinychat.tokenizer import Tokenizer
 
 from .data import DEFAULT_SYSTEM, TokenizedSet, load_tokenized, shards_arg, stats
+from .loss import masked_loss
 
 CKPT_FORMAT = 1
 
@@ -63,6 +62,7 @@ class TrainConfig:
     bf16: bool = True
     val_fraction: float = 0.02
     system_prompt: str = DEFAULT_SYSTEM
+    init: str = ""                  # a model folder (e.g. assets) to start from instead of random weights
     # bookkeeping only (may change between resumes without changing the result)
     eval_every: int = 250
     val_convs: int = 200            # periodic validation on the first this-many held-out conversations
@@ -92,30 +92,6 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
     t = min(1.0, (step - cfg.warmup) / span)
     lo = cfg.lr * cfg.min_lr_ratio
     return lo + (cfg.lr - lo) * 0.5 * (1 + math.cos(math.pi * t))
-
-
-@contextmanager
-def head_rows(model: TinyAgentLM, sel: torch.Tensor):
-    """Run the output head only on the flattened positions `sel`: forward() then returns (len(sel), V)
-    softcapped logits. The loss needs logits at target positions only, and the 8192-wide head is the biggest
-    GEMM and the biggest activation, so skipping the masked positions saves time and memory."""
-    def pre(_mod, args):
-        x = args[0]
-        return (x.reshape(-1, x.size(-1)).index_select(0, sel),)
-    h = model.head.register_forward_pre_hook(pre)
-    try:
-        yield
-    finally:
-        h.remove()
-
-
-def masked_loss(model: TinyAgentLM, idx, tgt, msk, bf16: bool = True) -> tuple[torch.Tensor, int]:
-    """(sum of cross-entropy over the masked targets, their count)."""
-    sel = msk.reshape(-1).nonzero().squeeze(1)
-    with head_rows(model, sel), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        logits = model(idx)
-    loss = F.cross_entropy(logits.float(), tgt.reshape(-1).index_select(0, sel), reduction="sum")
-    return loss, int(sel.numel())
 
 
 def _param_groups(model: TinyAgentLM, weight_decay: float):
@@ -148,6 +124,8 @@ class Trainer:
             raise SystemExit(f"tokenizer has {tok.vocab_size} entries, the {cfg.size} model only {mcfg.vocab_size}")
         self.model = TinyAgentLM(mcfg)
         self.model.reset_parameters(cfg.seed)
+        if cfg.init:
+            self._load_init(cfg.init, mcfg)
         self.model.set_token_strings(tok.token_strings())
         self.model.train()
         self.opt = torch.optim.AdamW(_param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
@@ -162,6 +140,20 @@ class Trainer:
         self._plan: tuple[int, list] | None = None
         self.total_steps = total_steps or cfg.steps or self.steps_for_tokens()
         self._stop = False
+
+    def _load_init(self, path: str, mcfg) -> None:
+        """Start from a saved model's weights (its config must be this run's); the optimizer starts fresh."""
+        from tinychat.model import CheckpointError, load_config
+        try:
+            cfg = load_config(path)
+            if cfg.to_dict() != mcfg.to_dict():
+                diff = {k: (v, mcfg.to_dict()[k]) for k, v in cfg.to_dict().items() if mcfg.to_dict().get(k) != v}
+                raise SystemExit(f"--init {path}: its model differs from this run's ({diff}); "
+                                 "pass --size / --set to match it")
+            src = TinyAgentLM.from_pretrained(path)
+        except CheckpointError as e:
+            raise SystemExit(f"--init {path}: {e}") from None
+        self.model.load_state_dict(src.state_dict(), strict=True)
 
     # -- data order ---------------------------------------------------------------------------------------------
     def plan(self, epoch: int) -> list[list[int]]:
@@ -439,6 +431,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-after", type=int, default=None, help="stop (with a checkpoint) after this many steps")
     p.add_argument("--time-limit", type=float, default=None, help="stop (with a checkpoint) after this many s")
     p.add_argument("--no-resume", action="store_true", help="refuse to continue an existing run")
+    p.add_argument("--init", default=None, metavar="MODEL_DIR",
+                   help="start a new run from this model folder's weights (e.g. assets), not random ones")
     g = p.add_argument_group("training config (fixed for a run; a resumed run keeps its own)")
     g.add_argument("--size", default=None, help=f"model size (default {d.size})")
     g.add_argument("--set", type=_kv, action="append", default=None, metavar="FIELD=VALUE",
@@ -467,6 +461,8 @@ def run(args) -> int:
              if getattr(args, k) is not None}
     if args.set:
         given["model_overrides"] = dict(args.set)
+    if args.init:
+        given["init"] = str(args.init)
     if args.no_bf16:
         given["bf16"] = False
     book = {k: getattr(args, k) for k in TrainConfig.MUTABLE if getattr(args, k) is not None}
