@@ -570,15 +570,20 @@ def list_sessions(dir: str | Path | None = None, errors: list[SessionError] | No
     return infos
 
 
-def matches(path: str | Path, text: str) -> bool:
-    """Whether the session at `path` has `text` (case-insensitive) in its title or any message, on any branch.
-    A file that cannot be read does not match."""
+def search_text(path: str | Path) -> str:
+    """The session's title and every message on any branch, casefolded, NUL between them (no match spans two;
+    '' if unreadable)."""
     try:
         s = load(path)
     except SessionError:
-        return False
-    needle = text.casefold()
-    return any(needle in x.casefold() for x in [s.title] + [m.content for m in s.messages + s.branches])
+        return ""
+    return "\x00".join(x.casefold() for x in [s.title] + [m.content for m in s.messages + s.branches])
+
+
+def matches(path: str | Path, text: str) -> bool:
+    """Whether the session at `path` has `text` (case-insensitive) in its title or any message, on any branch.
+    A file that cannot be read does not match."""
+    return bool(text) and text.casefold() in search_text(path)
 
 
 def delete(session_id: str, dir: str | Path | None = None) -> bool:
