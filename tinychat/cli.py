@@ -262,6 +262,23 @@ def sessions_rename(ref: str = typer.Argument(..., metavar="ID"), title: str = t
     S.rename(ref, title)
 
 
+@sessions_app.command("copy")
+def sessions_copy(ref: str = typer.Argument(..., metavar="ID"),
+                  title: Optional[str] = typer.Option(None, "--title", help="The copy's title (default: TITLE (copy))."),
+                  json_out: bool = typer.Option(False, "--json", help="Print the copy's id and path as JSON.")):
+    """Save a copy of a session under a new id (also while it is open elsewhere); continue it with -s NEW_ID."""
+    import json
+
+    from . import session as S
+    dup = S.copy(ref, title=title)
+    path = S.session_path(dup.id)
+    if json_out:
+        typer.echo(json.dumps({"id": dup.id, "path": str(path), "title": dup.title}))
+    else:
+        typer.echo(dup.id)
+        typer.echo(f"copied {ref} to {dup.id} ({dup.title}): continue it with `tinychat -s {dup.id}`", err=True)
+
+
 @sessions_app.command("rm")
 def sessions_rm(ref: str = typer.Argument(..., metavar="ID")):
     """Delete a session (and its KV snapshot)."""

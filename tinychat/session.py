@@ -613,6 +613,17 @@ def rename(session_id: str, title: str, dir: str | Path | None = None) -> Sessio
     return session
 
 
+def copy(session_id: str, dir: str | Path | None = None, title: str | None = None) -> Session:
+    """Save a copy of a session under a new id (every branch; no KV snapshot: the copy's first restore prefills).
+    Reads the file as it is on disk, so it works while another process has the session open."""
+    src = load(session_id, dir)
+    dup = dataclasses.replace(src, id=new_id(), revision=0, kv_sha256="",
+                              title=" ".join(strip_controls(title).split()) if title else f"{src.title} (copy)".strip())
+    dup.created = dup.updated = time.time()
+    save(dup, dir, touch=False)
+    return dup
+
+
 # -- export ---------------------------------------------------------------------------------------------------
 
 
