@@ -100,7 +100,7 @@ def chat(ctx: typer.Context,
         from .tui.app import run_app
         raise typer.Exit(run_app(model=model, quant=quant, device=dev, settings=settings, overrides=overrides,
                                  session=session, options=options))
-    rt = load_runtime(model)
+    rt = load_runtime(model, quant)
     chat_ = open_chat(rt, quant, dev, settings, overrides, session, options)
     from .plain import PlainREPL
 
