@@ -205,9 +205,15 @@ def explain(a: Side, b: Side, j: int | None, chat: Chat) -> str:
             why.append(f"top-p cut (top-p {other.settings.top_p:g})")
         if why:
             return f"{mine.name}'s {q(t)} is {' and '.join(why)} on side {other.name}"
-    greedy = [s.name for s in (a, b) if s.settings.temperature <= 0]
-    how = f"greedy on {'/'.join(greedy)}: the most likely token moved" if greedy else \
-        "the same seeded draw landed on another token as the distribution changed"
+    greedy = [s for s in (a, b) if s.settings.temperature <= 0]
+    if len(greedy) == 2:
+        how = "both sides take their most likely token, and it moved"
+    elif greedy:
+        drawn = b if greedy[0] is a else a
+        how = f"{greedy[0].name} takes its most likely token, {drawn.name} draws at temperature " \
+              f"{drawn.settings.temperature:g}"
+    else:
+        how = "the same seeded draw landed on another token as the distribution changed"
     return f"a different draw: {how} (p {q(ta)} {_p(tra, ta)} on A, {_p(trb, ta)} on B; " \
            f"{q(tb)} {_p(tra, tb)} on A, {_p(trb, tb)} on B)"
 
