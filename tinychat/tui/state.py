@@ -24,12 +24,13 @@ class Busy(str, Enum):
     SAVE = "save"
     ALT = "alt"
     EDIT = "edit"
+    AB = "ab"
     REPLAY = "replay"
 
     @property
     def decoding(self) -> bool:
         """A reply is being generated (Esc stops it; the cursor does not blink meanwhile)."""
-        return self in (Busy.SEND, Busy.REGEN, Busy.EDIT, Busy.REPLAY)
+        return self in (Busy.SEND, Busy.REGEN, Busy.EDIT, Busy.REPLAY, Busy.AB)
 
 
 @dataclass
