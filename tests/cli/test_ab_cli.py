@@ -51,3 +51,12 @@ def test_bad_ab_input_is_a_one_line_error_and_loses_nothing(model_dir):
     assert [e.split(":")[1].strip() for e in errors] == ["no reply to compare yet", "usage", "unknown setting 'warmth' (settings"]
     data = json.loads(open(_only_session()["path"]).read())
     assert len(data["messages"]) == 3 and not data.get("branches")
+
+
+def test_side_by_side_wraps_both_texts_into_two_columns():
+    from tinychat.plain import side_by_side
+    lines = side_by_side("A: the cat sat on the mat and then it slept", "B: the dog", 43)
+    assert all(" │ " in line or line.endswith(" │") for line in lines) and len(lines) > 1
+    left = " ".join(line.split(" │")[0].strip() for line in lines)
+    assert left == "A: the cat sat on the mat and then it slept" and lines[0].split(" │ ")[1] == "B: the dog"
+    assert max(len(line.split(" │")[0]) for line in lines) == 20

@@ -30,7 +30,7 @@ class Busy(str, Enum):
     @property
     def decoding(self) -> bool:
         """A reply is being generated (Esc stops it; the cursor does not blink meanwhile)."""
-        return self in (Busy.SEND, Busy.REGEN, Busy.EDIT, Busy.REPLAY, Busy.AB)
+        return self in (Busy.SEND, Busy.REGEN, Busy.EDIT, Busy.REPLAY)
 
 
 @dataclass
