@@ -333,9 +333,11 @@ class Chat(BranchesMixin):
         user = S.Message("user", text, self.tok.message_ids("user", text))
         return self._turn(user, on_token, self.trace if trace is None else trace, on_reply=on_reply)
 
-    def regenerate(self, on_token=None, trace: bool | None = None, on_reply=None) -> TurnResult:
+    def regenerate(self, on_token=None, trace: bool | None = None, on_reply=None,
+                   settings: ChatSettings | None = None) -> TurnResult:
         """Sample the last reply again (a new seed unless the settings fix one). The old reply is kept: the new one
-        becomes its sibling (an alternative, session_tree.py) and the active one."""
+        becomes its sibling (an alternative, session_tree.py) and the active one. settings: this reply's own (the
+        sampler A/B, ab.py; recorded with the reply), else the chat's."""
         msgs = self.session.messages
         if len(msgs) < 2 or msgs[-1].role != "assistant":
             raise ChatError("no turn to take back")
@@ -346,7 +348,7 @@ class Chat(BranchesMixin):
         user = self._pop_turn()
         try:
             res = self._turn(user, on_token, self.trace if trace is None else trace, on_reply=on_reply,
-                             autosave=False)
+                             autosave=False, settings=settings)
         except BaseException:                   # the old reply stays the active one, the cache rebuilt to it
             del msgs[at:]
             msgs.extend([user, old])
@@ -380,20 +382,21 @@ class Chat(BranchesMixin):
                 else (msgs[0].token_ids if msgs and msgs[0].role == "system" else [])
         return user
 
-    def _room(self, n_feed: int) -> bool:
-        return int(self.cache.lens_cpu[0]) + n_feed + self.settings.max_new + 1 <= self.max_len
+    def _room(self, n_feed: int, max_new: int) -> bool:
+        return int(self.cache.lens_cpu[0]) + n_feed + max_new + 1 <= self.max_len
 
     def _turn(self, user: S.Message, on_token, trace: bool, keep_probs: bool = False,
-              context_start: int | None = None, on_reply=None, autosave: bool = True) -> TurnResult:
-        st = self.settings
+              context_start: int | None = None, on_reply=None, autosave: bool = True,
+              settings: ChatSettings | None = None) -> TurnResult:
+        st = settings or self.settings           # this turn's settings (recorded with it); the chat's stay as they are
         self._cancel.clear()
         gen = self.tok.generation_prompt_ids()
         feed = self._pending + user.token_ids + gen
         dropped = 0
         if context_start is not None:        # replay: shorten the context exactly as the recorded turn did
             feed = self._context_ids(context_start, len(self.session.messages)) + user.token_ids + gen
-        elif not self._room(len(feed)):
-            feed, context_start, dropped = self._shorten(user, gen)
+        elif not self._room(len(feed), st.max_new):
+            feed, context_start, dropped = self._shorten(user, gen, st.max_new)
         seed = st.seed if st.seed is not None else random.SystemRandom().randrange(2 ** 63)
         g = torch.Generator(device=self.device).manual_seed(seed)
         msgs = self.session.messages
@@ -452,7 +455,7 @@ class Chat(BranchesMixin):
         reply = S.Message("assistant", text, gen + sampled + self.tok.end_ids(), settings=sampler, seed=seed,
                           finish=finish, timing_ms=[round(ms, 3) for ms in hook.times] or None)
         msgs.extend([user, reply])
-        self.session.settings = st.sampler()
+        self.session.settings = self.settings.sampler()
         self._marks.append(mark if context_start is None else None)
         self._pending = self.tok.end_ids()[1:]
         result = TurnResult(text=text, token_ids=sampled, finish=finish, seed=seed, prefill_tokens=len(feed),
@@ -475,7 +478,7 @@ class Chat(BranchesMixin):
             return f"native-int8-v{INT8_STEP_VERSION}"
         return "torch-int8"
 
-    def _shorten(self, user: S.Message, gen: list[int]):
+    def _shorten(self, user: S.Message, gen: list[int], max_new: int):
         """Context full: drop the oldest turns (the system prompt stays) until this turn fits; the cache is
         rebuilt from the shortened history in one prefill."""
         msgs = self.session.messages
@@ -485,13 +488,13 @@ class Chat(BranchesMixin):
             if dropped == 0:
                 continue
             feed = self._context_ids(start, len(msgs)) + user.token_ids + gen
-            if len(feed) + self.settings.max_new + 1 <= self.max_len:
+            if len(feed) + max_new + 1 <= self.max_len:
                 return feed, start, dropped
         sys_n = len(msgs[0].token_ids) if first else 0
         if sys_n > len(user.token_ids):         # the system prompt is what does not fit, not the message
             raise ChatError(f"system prompt too long: its {sys_n} tokens, this message's {len(user.token_ids)} and "
-                            f"a {self.settings.max_new}-token reply do not fit the {self.max_len}-token context")
-        raise ChatError(f"message too long: {len(user.token_ids)} tokens plus a {self.settings.max_new}-token "
+                            f"a {max_new}-token reply do not fit the {self.max_len}-token context")
+        raise ChatError(f"message too long: {len(user.token_ids)} tokens plus a {max_new}-token "
                         f"reply do not fit the {self.max_len}-token context")
 
     def _content(self, m: S.Message) -> list[int]:

@@ -35,6 +35,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("/settings", "", "open the settings screen", plain=False),
     Command("/regen", "", "sample the last reply again (the old one stays an alternative: /alt)"),
     Command("/alt", "next|prev|N", "show another alternative of the last reply (regenerate keeps them)"),
+    Command("/ab", "KEY=VALUE ...", "decode the last turn twice with one seed, the current settings against KEY=VALUE, "
+                                    "side by side, with the first token where they differ and why; either can be kept",
+            plain_help="decode the last turn twice with one seed, the current settings (A) against KEY=VALUE (B): "
+                       "both replies, the first token where they differ and why; A stays active, /alt keeps B"),
     Command("/edit", "[N]", "edit your Nth message (default: the last): it opens in the input, and sending it starts "
                             "a new branch from there (/edit off: send normally again)", plain=False),
     Command("/undo", "", "take back the last turn (its text returns to the input)",
@@ -102,6 +106,20 @@ def parse_alt(args: list[str]) -> str:
     if len(args) != 1 or not (args[0] in ("next", "prev") or args[0].isdigit()):
         raise CommandError("usage: /alt next|prev|N")
     return args[0]
+
+
+def parse_ab(args: list[str]) -> dict[str, str]:
+    """/ab's arguments -> {key: value} in the order given ('top-p=0.5' -> {'top-p': '0.5'}); CommandError when there
+    are none or one is not KEY=VALUE."""
+    out: dict[str, str] = {}
+    for a in args:
+        key, eq, value = a.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise CommandError(f"usage: /ab KEY=VALUE [...] (not KEY=VALUE: {a!r})")
+        out[key.strip()] = value.strip()
+    if not out:
+        raise CommandError("usage: /ab KEY=VALUE [...] (e.g. /ab top-p=0.5 penalty=1.5)")
+    return out
 
 
 def plain_help() -> str:

@@ -3,13 +3,15 @@ turn and stdout carries only the replies (`--json`: one JSON object per assistan
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import textwrap
 import threading
 
 from . import commands as C
 from .chat import Chat, ChatError, TurnResult
 from .session import SessionError
-from .textsafe import safe_line
+from .textsafe import safe_line, safe_text
 
 class PlainREPL:
     def __init__(self, chat: Chat, json_out: bool = False, stdin=None, stdout=None, stderr=None, restore=None):
@@ -142,6 +144,47 @@ class PlainREPL:
         self.note(f"  banned {s.banned_tokens} candidates in {s.banned_steps} steps (mass {s.banned_mass:.2f}), "
                   f"{s.lifts} dead-end lifts, {s.penalised} ids penalised")
 
+    # -- the sampler A/B ----------------------------------------------------------------------------------------
+    def ab(self, changes: dict[str, str]) -> None:
+        """/ab KEY=VALUE ...: both replies (side by side on a wide terminal, else one after the other; --json: one
+        object), the first differing token (between ⟦ ⟧) and its cause, and how to keep B."""
+        from .ab import place_of, run_ab
+        box: dict = {}
+        done = threading.Event()
+
+        def work():
+            try:
+                box["result"] = run_ab(self.chat, changes)
+            except BaseException as e:  # noqa: BLE001  reported on the main thread
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=work, daemon=True).start()
+        while not done.is_set():
+            try:
+                done.wait(0.1)
+            except KeyboardInterrupt:
+                self.chat.cancel()
+        if "error" in box:
+            self._error(box["error"])
+            return
+        r = box["result"]
+        if self.json_out:
+            print(json.dumps(r.summary()), file=self.stdout, flush=True)
+        else:
+            width = shutil.get_terminal_size((80, 24)).columns
+            left, right = f"A (current settings): {_mark(r.a)}", f"B ({r.label}): {_mark(r.b)}"
+            lines = side_by_side(left, right, width) if self.interactive and width >= 100 else [left, right]
+            print("\n".join(lines), file=self.stdout, flush=True)
+        where = "no difference" if r.diff is None else f"first difference at token {r.diff}"
+        self.note(safe_line(f"A/B, seed {r.seed}: {where}: {r.cause}"))
+        pa, pb = place_of(self.chat, r.a), place_of(self.chat, r.b)
+        n = self.chat.alternatives()[1]
+        sets = "; ".join(f"/set {k.replace('_', '-')} {v}" for k, v in r.changes.items())
+        self.note(safe_line(f"A is the active reply ({pa}/{n}); /alt {pb} keeps B (and {sets} adopts its settings)"))
+        self._save_warning(self.chat.save_warning)
+
     # -- slash commands ---------------------------------------------------------------------------------------
     def command(self, line: str) -> str | None:
         """Run one slash command (the table in tinychat/commands.py); "quit" to leave."""
@@ -189,6 +232,8 @@ class PlainREPL:
                 if not self.json_out:
                     print(self.chat.session.messages[-1].content, file=self.stdout, flush=True)
                 self._save_warning(self.chat.save_warning)
+            elif cmd == "/ab":
+                self.ab(C.parse_ab(args))
             elif cmd == "/undo":
                 user = self.chat.undo()
                 self.note(f"took back: {user.content[:60]!r}")
@@ -203,6 +248,23 @@ class PlainREPL:
             self.errors += 1
             self.note(safe_line(f"error: {e}"))
         return None
+
+
+def _mark(side) -> str:
+    """A side's text with its first differing token between ⟦ ⟧."""
+    mark = f"⟦{side.token_text}⟧" if side.token_text else ""
+    return safe_text(side.before + mark + side.after)
+
+
+def side_by_side(left: str, right: str, width: int) -> list[str]:
+    """Two texts in two columns of (width - 3) // 2, wrapped at words; ' │ ' between them."""
+    col = max(10, (width - 3) // 2)
+
+    def wrap(t: str) -> list[str]:
+        return [w for para in t.split("\n") for w in (textwrap.wrap(para, col) or [""])]
+    a, b = wrap(left), wrap(right)
+    n = max(len(a), len(b))
+    return [f"{x:<{col}} │ {y}".rstrip() for x, y in zip(a + [""] * (n - len(a)), b + [""] * (n - len(b)))]
 
 
 def _replace_bad_bytes(stream) -> None:

@@ -99,3 +99,17 @@ def test_reply_with_alternatives(snap_compare, chat_model):
         app.clear_notifications()            # the toast's timing is not what this snapshot is about
         await pilot.pause(0.01)
     assert snap_compare(frozen_app(chat_model), terminal_size=SIZE, run_before=run)
+
+
+def test_ab_screen(snap_compare, chat_model):
+    async def run(pilot):
+        from app_support import start, wait_for
+        from tinychat.tui.screens.ab import ABScreen
+        app = pilot.app
+        await two_turns(pilot)
+        await start(pilot, "/ab ban=off")
+        await wait_for(pilot, lambda: isinstance(app.screen, ABScreen) and app.screen.result is not None,
+                       what="the A/B result")
+        app.clear_notifications()
+        await pilot.pause(0.01)
+    assert snap_compare(frozen_app(chat_model, max_new=16), terminal_size=(140, 40), run_before=run)

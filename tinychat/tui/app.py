@@ -29,6 +29,7 @@ from textual.containers import Horizontal, Vertical
 from textual.worker import Worker, WorkerState
 from textual.widgets import Footer
 
+from .ab_flow import ABMixin
 from .commands import CommandsMixin
 from .messages import ChatOpened, ReplayFinished, RuntimeReady
 from .playback import PlaybackMixin
@@ -44,7 +45,7 @@ from .widgets.inspector import Counters
 WIDE = 120                  # columns from which the inspector is shown by default
 
 
-class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
+class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, ABMixin, App[int]):
     CSS_PATH = Path(__file__).with_name("app.tcss")     # absolute: subclasses elsewhere find it too
     TITLE = "tinychat"
 
@@ -275,6 +276,8 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
             await self._trim_to_session()
             if kind is Busy.SEND and not self.prompt.text and len(self.state.job_text) <= 4000:
                 self.prompt.set_input(self.state.job_text)
+        elif kind is Busy.AB and self.chat is not None:
+            await self.ab_failed()
         elif kind is Busy.EDIT and self.chat is not None:
             # the chat put the old branch back: show it, and the edited text back in the input
             self.state.current = None
@@ -454,7 +457,7 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, App[int]):
             self._frozen = False
 
     async def action_quit(self) -> None:
-        if self.chat is not None and self.busy in (Busy.SEND, Busy.REGEN, Busy.EDIT):
+        if self.chat is not None and self.busy in (Busy.SEND, Busy.REGEN, Busy.EDIT, Busy.AB):
             self.chat.cancel()
         self._stop_replay.set()
         rc = 2 if self.load_error else 0

@@ -92,6 +92,8 @@ class CommandsMixin:
                 self.notify(str(e), severity="error")
                 return
             self.switch_alt(which)
+        elif cmd == "/ab":
+            self.start_ab(args)
         elif cmd == "/edit":
             self.start_edit(args)
         elif cmd == "/undo":

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from textual.message import Message
 
 if TYPE_CHECKING:                       # types only: the UI never imports the chat runtime (torch) at run time
+    from ..ab import ABResult
     from ..chat import Chat, TurnResult
     from ..replay import TurnReplay
     from ..sampler import TokenTrace
@@ -88,4 +89,11 @@ class JobDone(Message):
     settings (value: {field: the value applied}), save (value: the path, or None when there was nothing to save)."""
     kind: Busy
     value: Any = None
+    status: dict = field(default_factory=dict)
+
+
+@dataclass
+class AbReady(Message):
+    """The sampler A/B's two decodes are done (tinychat/ab.py); side A is the active reply."""
+    result: ABResult
     status: dict = field(default_factory=dict)

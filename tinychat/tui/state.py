@@ -24,6 +24,7 @@ class Busy(str, Enum):
     SAVE = "save"
     ALT = "alt"
     EDIT = "edit"
+    AB = "ab"
     REPLAY = "replay"
 
     @property
