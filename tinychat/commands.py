@@ -35,6 +35,9 @@ COMMANDS: tuple[Command, ...] = (
     Command("/settings", "", "open the settings screen", plain=False),
     Command("/regen", "", "sample the last reply again (the old one stays an alternative: /alt)"),
     Command("/alt", "next|prev|N", "show another alternative of the last reply (regenerate keeps them)"),
+    Command("/fork", "POSITION TOKEN", "fork the last reply at its token POSITION (0-based, as the trace numbers "
+                                       "them): TOKEN (a token id, or the text of one token, quoted: \" cat\") is "
+                                       "forced there and the rest sampled again (the old reply stays an alternative)"),
     Command("/edit", "[N]", "edit your Nth message (default: the last): it opens in the input, and sending it starts "
                             "a new branch from there (/edit off: send normally again)", plain=False),
     Command("/undo", "", "take back the last turn (its text returns to the input)",
@@ -102,6 +105,14 @@ def parse_alt(args: list[str]) -> str:
     if len(args) != 1 or not (args[0] in ("next", "prev") or args[0].isdigit()):
         raise CommandError("usage: /alt next|prev|N")
     return args[0]
+
+
+def parse_fork(args: list[str]) -> tuple[int, str]:
+    """/fork's arguments: a 0-based token position and a token (digits: an id; else the text of one token, which the
+    chat resolves); else CommandError."""
+    if len(args) != 2 or not args[0].isdigit() or not args[1]:
+        raise CommandError('usage: /fork POSITION TOKEN (TOKEN: an id, or the text of one token: " cat")')
+    return int(args[0]), args[1]
 
 
 def plain_help() -> str:

@@ -103,6 +103,7 @@ def test_replay_check_reproduces_forks_of_forks_and_names_a_tampered_one(tmp_pat
     assert sum(m.fork is not None for m in loaded.messages + loaded.branches) == 3
     results = _all_exact(loaded)
     assert len(results) == 4
+    assert results[0].label == "turn 1 reply 2/2 (forked at token 1)"
     # a forked reply whose recorded continuation was changed by hand: that branch differs, at that token
     m = next(m for m in loaded.branches if m.fork and m.fork["position"] == 5)
     head = len(tokenizer().generation_prompt_ids())
