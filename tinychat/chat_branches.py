@@ -86,19 +86,11 @@ class BranchesMixin:
         of the current settings, else a fresh one; recorded). The new reply is a sibling of the old one (which stays
         in the tree with what followed it) and the active one; returns its TurnResult, as send() does. ChatError,
         with nothing changed, for a position or token it cannot take or a fork that does not fit the context."""
-        index = self._reply_index(index)
-        msgs = self.session.messages
-        old = msgs[index]
-        content = self._content(old)
-        tok_id = self._fork_token(token)
-        if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position <= len(content):
-            raise ChatError(f"no token {position} in this reply: it has {len(content)} (fork at 0..{len(content)})")
         if seed is None:
             seed = self.settings.seed if self.settings.seed is not None else random.SystemRandom().randrange(2 ** 63)
-        st = dataclasses.replace(turn_settings(self.settings, old), seed=seed)
-        if tok_id != self.stop_id and position + 1 > st.max_new:
-            raise ChatError(f"token {position} is this turn's last (max-new {st.max_new}): nothing can follow it")
-        fork = Fork(position, tok_id, tuple(content[:position]) + (tok_id,))
+        index, fork, st = self._fork_plan(position, token, index, seed)
+        msgs = self.session.messages
+        old = msgs[index]
         T.link(self.session)
         first = 1 if msgs and msgs[0].role == "system" else 0
         turn = (index - 1 - first) // 2
@@ -130,6 +122,24 @@ class BranchesMixin:
         T.link(self.session)
         res.save_warning = self._autosave()
         return res
+
+    def check_fork(self, position: int, token: int | str, index: int | None = None) -> int:
+        """What fork() would refuse, refused the same way (ChatError), without changing anything; returns the token
+        id to force."""
+        return self._fork_plan(position, token, index, 0)[1].token
+
+    def _fork_plan(self, position, token, index, seed: int):
+        """(reply index, Fork, the turn's settings with `seed`) for a fork; ChatError for one it cannot take."""
+        index = self._reply_index(index)
+        old = self.session.messages[index]
+        content = self._content(old)
+        tok_id = self._fork_token(token)
+        if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position <= len(content):
+            raise ChatError(f"no token {position} in this reply: it has {len(content)} (fork at 0..{len(content)})")
+        st = dataclasses.replace(turn_settings(self.settings, old), seed=seed)
+        if tok_id != self.stop_id and position + 1 > st.max_new:
+            raise ChatError(f"token {position} is this turn's last (max-new {st.max_new}): nothing can follow it")
+        return index, Fork(position, tok_id, tuple(content[:position]) + (tok_id,)), st
 
     def _fork_token(self, token: int | str) -> int:
         """A token to force: an id (int, or digits), or text that is exactly one token (" cat")."""
