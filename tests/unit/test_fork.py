@@ -270,3 +270,32 @@ def test_a_forked_reply_is_marked_in_paths_and_sessions_survive_a_round_trip(tmp
     assert sess.messages[-1].fork is not None and T.siblings(sess, 2)[1] == 1
     S.save(sess, tmp_path)
     assert S.load(path).messages[-1].fork == sess.messages[-1].fork
+
+
+def test_a_stopped_fork_replays_the_part_it_sampled():
+    chat = make_chat(max_new=20, seed=3, temperature=1.0)
+    chat.send("hello there")
+    c = _content(chat, chat.session.messages[-1])
+
+    def stop_soon(i, tok, text, tr, ms):
+        if i >= 5:
+            chat.cancel()
+    r = chat.fork(2, _other(c[2]), on_token=stop_soon)
+    assert r.finish == "cancelled" and 3 <= len(r.token_ids) < 20
+    _cache_equal(chat, _fresh_restore(chat))
+    _all_exact(chat.session)
+
+
+def test_a_fork_on_the_device_loop_decodes_eagerly_and_replays_exactly():
+    """graph="static": the device loop's step, uncaptured, on the CPU. A fork runs the eager loop over that step
+    (the on-device phrase ban does not see given tokens); its replay does the same."""
+    chat = make_chat(max_new=12, seed=3, temperature=1.0, graph="static")
+    chat.send("hello there")
+    c = _content(chat, chat.session.messages[-1])
+    r = chat.fork(3, _other(c[3]), trace=True)
+    assert r.token_ids[:3] == c[:3] and len(r.traces) == len(r.token_ids) - 4 + (r.finish == "stop")
+    fresh = Chat.restore(dataclasses.replace(chat.session, branches=[]), make_chat_model(), tokenizer(),
+                         use_snapshot=False, autosave=False, max_len=chat.max_len, graph="static")
+    _cache_equal(chat, fresh)
+    results = replay_tree(make_chat(autosave=False, graph="static"), chat.session)
+    assert all(b.report.ok for b in results), [b.report.divergences for b in results]
