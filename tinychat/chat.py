@@ -63,7 +63,11 @@ def model_identity(model: TinyAgentLM) -> str:
     h = hashlib.sha256(json.dumps(model.cfg.to_dict(), sort_keys=True).encode())
     for k, v in sorted(model.state_dict().items()):
         h.update(k.encode())
-        h.update(v.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if v.numel() else b"")
+        v = v.detach().cpu().contiguous().reshape(-1)
+        widen = v.is_floating_point() and v.dtype != torch.float32   # Linear weights kept as stored (bf16) hash
+        for part in v.split(1 << 18):                                 # as the fp32 values they load as; in parts,
+            part = part.float() if widen else part                    # no whole-tensor copy (the same digest)
+            h.update(part.view(torch.uint8).numpy())
     return h.hexdigest()
 
 
@@ -86,6 +90,8 @@ class Chat(BranchesMixin):
         self.model_hash = model_hash or model_identity(model)
         have = quant_mode(model)
         want = have if quant is None else effective_mode(quant)
+        if want == "none":
+            model.linears_to(torch.float32)   # a model loaded to be quantized (stored_linears) runs in fp32 here
         if want != have:
             if have != "none":
                 raise ChatError(f"the model is already loaded as --quant {have}; --quant {want} needs it loaded "

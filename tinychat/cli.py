@@ -61,6 +61,8 @@ def chat(ctx: typer.Context,
          prompt: Optional[str] = typer.Option(None, "--prompt", "-p", metavar="TEXT",
                                               help="One-shot: send TEXT as one message (- reads it all from stdin), "
                                                    "print the reply and exit (--json as in plain mode)."),
+         prompt_file: Optional[Path] = typer.Option(None, "--file", "-f", metavar="FILE",
+                                                    help="One-shot like -p, the message read from FILE (UTF-8)."),
          threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: torch's, one per core; the int8 step then uses fewer while that measures faster, e.g. when other programs keep a core busy). A number given here is used as is."),
          ):
     """Chat with a small local TinyAgentLM model.
@@ -72,6 +74,10 @@ def chat(ctx: typer.Context,
     check_choice("--quant", quant, QUANT_MODES)
     if json_out and not plain and prompt is None and sys.stdin.isatty() and sys.stdout.isatty():
         raise UsageError("--json goes with --plain or -p")
+    if prompt is not None and prompt_file is not None:
+        raise UsageError("give the message with -p or with -f, not both")
+    if prompt_file is not None:
+        prompt = _file_text(prompt_file)
     if prompt is not None:
         prompt = _one_shot_text(prompt)
         plain = True
@@ -94,7 +100,7 @@ def chat(ctx: typer.Context,
         from .tui.app import run_app
         raise typer.Exit(run_app(model=model, quant=quant, device=dev, settings=settings, overrides=overrides,
                                  session=session, options=options))
-    rt = load_runtime(model)
+    rt = load_runtime(model, quant)
     chat_ = open_chat(rt, quant, dev, settings, overrides, session, options)
     from .plain import PlainREPL
 
@@ -118,6 +124,23 @@ def _one_shot_text(prompt: str) -> str:
     if not prompt.strip():
         raise UsageError("-p: the message is empty")
     return prompt
+
+
+def _file_text(path: Path) -> str:
+    """-f's message: the whole file as UTF-8 text (one message)."""
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise UsageError(f"-f {path}: a folder, not a file") from None
+    except OSError as e:
+        raise UsageError(f"-f {path}: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"-f {path}: not UTF-8 text (byte {e.start})") from None
+    if "\x00" in text:
+        raise UsageError(f"-f {path}: a binary file (it holds NUL bytes)")
+    return text
 
 
 def _int8_kernels() -> str:
@@ -237,6 +260,23 @@ def sessions_rename(ref: str = typer.Argument(..., metavar="ID"), title: str = t
     """Give a session a new title."""
     from . import session as S
     S.rename(ref, title)
+
+
+@sessions_app.command("copy")
+def sessions_copy(ref: str = typer.Argument(..., metavar="ID"),
+                  title: Optional[str] = typer.Option(None, "--title", help="The copy's title (default: TITLE (copy))."),
+                  json_out: bool = typer.Option(False, "--json", help="Print the copy's id and path as JSON.")):
+    """Save a copy of a session under a new id (also while it is open elsewhere); continue it with -s NEW_ID."""
+    import json
+
+    from . import session as S
+    dup = S.copy(ref, title=title)
+    path = S.session_path(dup.id)
+    if json_out:
+        typer.echo(json.dumps({"id": dup.id, "path": str(path), "title": dup.title}))
+    else:
+        typer.echo(dup.id)
+        typer.echo(f"copied {ref} to {dup.id} ({dup.title}): continue it with `tinychat -s {dup.id}`", err=True)
 
 
 @sessions_app.command("rm")

@@ -84,8 +84,9 @@ class Runtime:
         return iter((self.model, self.tokenizer, self.name, self.identity))
 
 
-def load_runtime(model: Path | None) -> Runtime:
-    """The model and tokenizer for chatting: a checkpoint folder with its tokenizer.json (None: the shipped one)."""
+def load_runtime(model: Path | None, quant: str = "none") -> Runtime:
+    """The model and tokenizer for chatting: a checkpoint folder with its tokenizer.json (None: the shipped one).
+    quant: the mode the chats will run (int8 / bf16: the Linear weights stay as stored until quantized)."""
     from .chat import model_identity
     from .model import TOKENIZER_FILE, TinyAgentLM
     from .tokenizer import Tokenizer
@@ -93,7 +94,7 @@ def load_runtime(model: Path | None) -> Runtime:
     if path is None:
         raise LoadError("no model given and no default model is shipped in this install; "
                         "use --model PATH (a folder with config.json, model.safetensors, tokenizer.json)")
-    m = TinyAgentLM.from_pretrained(path)
+    m = TinyAgentLM.from_pretrained(path, stored_linears=quant in ("int8", "bf16"))
     if not (Path(path) / TOKENIZER_FILE).is_file():
         raise LoadError(f"{path}: no {TOKENIZER_FILE} (a chat model folder needs its tokenizer)")
     tok = Tokenizer.from_file(Path(path) / TOKENIZER_FILE)

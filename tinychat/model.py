@@ -17,6 +17,7 @@ TinyAgentLM's own behaviour.
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import math
@@ -182,6 +183,27 @@ def softcap(logits: torch.Tensor, cap: float) -> torch.Tensor:
     return cap * torch.tanh(logits / cap) if cap else logits
 
 
+_SKIP_INIT = contextvars.ContextVar("tinychat_skip_init", default=False)
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose construction-time random init is skipped inside from_pretrained, which replaces every
+    weight: the init would write every page of the fp32 weights (87 MB for `demo`) only for the file to replace
+    them, and a model loaded for --quant int8 never needs fp32 Linear weights at all."""
+
+    def reset_parameters(self) -> None:
+        if not _SKIP_INIT.get():
+            super().reset_parameters()
+
+
+class Embedding(nn.Embedding):
+    """nn.Embedding with the same skippable init (see Linear)."""
+
+    def reset_parameters(self) -> None:
+        if not _SKIP_INIT.get():
+            super().reset_parameters()
+
+
 def rope_inv_freq(head_dim: int, base: float, scaling: dict | None = None) -> torch.Tensor:
     """(head_dim/2,) float64 inverse frequencies; scaling as Hugging Face's rope_scaling: None / "default",
     "linear" (all divided by factor), "llama3" (long wavelengths divided by factor, short ones kept, a smooth
@@ -246,9 +268,9 @@ class Engram(nn.Module):
         self.orders, self.heads, self.size = cfg.engram_orders, cfg.engram_heads, cfg.engram_table_size
         self.n_max = max(self.orders)
         n_tables = len(self.orders) * self.heads
-        self.table = nn.Embedding(n_tables * self.size, cfg.engram_dim)
-        self.w_k = nn.Linear(n_tables * cfg.engram_dim, cfg.d_model, bias=False)
-        self.w_v = nn.Linear(n_tables * cfg.engram_dim, cfg.d_model, bias=False)
+        self.table = Embedding(n_tables * self.size, cfg.engram_dim)
+        self.w_k = Linear(n_tables * cfg.engram_dim, cfg.d_model, bias=False)
+        self.w_v = Linear(n_tables * cfg.engram_dim, cfg.d_model, bias=False)
         # odd multipliers < 2^31 (so cid * mult fits in int64 without wrapping), fixed per layer; saved with weights
         g = torch.Generator().manual_seed(0x5EED + 7919 * layer)
         mult = torch.randint(1 << 20, 1 << 31, (n_tables, self.n_max), generator=g) | 1
@@ -286,11 +308,11 @@ class Attention(nn.Module):
         super().__init__()
         self.mode = "full" if layer % cfg.kv_group == 0 else "local"
         d, H, Hk, D, b = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.attn_bias
-        self.w_q = nn.Linear(d, H * D, bias=b)
+        self.w_q = Linear(d, H * D, bias=b)
         # K rows then V rows; no local K/V when swa_window is 0 (every layer global: the llama family)
-        self.w_kv_local = nn.Linear(d, 2 * Hk * D, bias=b) if cfg.has_local else None
-        self.w_kv_global = nn.Linear(d, 2 * Hk * D, bias=b) if self.mode == "full" else None
-        self.w_o = nn.Linear(H * D, d, bias=False)
+        self.w_kv_local = Linear(d, 2 * Hk * D, bias=b) if cfg.has_local else None
+        self.w_kv_global = Linear(d, 2 * Hk * D, bias=b) if self.mode == "full" else None
+        self.w_o = Linear(H * D, d, bias=False)
 
 
 class MLP(nn.Module):
@@ -299,8 +321,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.kind = cfg.mlp_kind
-        self.up = nn.Linear(cfg.d_model, cfg.mlp_hidden * (2 if self.kind == "swiglu" else 1), bias=False)
-        self.down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
+        self.up = Linear(cfg.d_model, cfg.mlp_hidden * (2 if self.kind == "swiglu" else 1), bias=False)
+        self.down = Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
 
     def forward(self, x):
         return self.down(mlp_act(self.kind, self.up(x)))
@@ -363,15 +385,16 @@ class TinyAgentLM(nn.Module):
     def __init__(self, cfg: ModelConfig, token_strings: list[str] | None = None):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed = Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.rope = Rope(cfg.head_dim, cfg.max_seq_len, cfg.rope_base, cfg.rope_scaling)
         self.register_buffer("cid_map", torch.arange(cfg.vocab_size))
         if token_strings is not None:
             self.set_token_strings(token_strings)
         self._engrams = [b.engram for b in self.blocks if b.engram is not None]
-        self.reset_parameters()
+        if not _SKIP_INIT.get():            # from_pretrained replaces every parameter
+            self.reset_parameters()
 
     def set_token_strings(self, token_strings: list[str]) -> None:
         """Build cid_map from the tokenizer's token texts (ids past the tokenizer's vocabulary map to themselves)."""
@@ -471,7 +494,10 @@ class TinyAgentLM(nn.Module):
             atomic_write(path / TOKENIZER_FILE, lambda tmp: tmp.write_bytes(data))
 
     @classmethod
-    def from_pretrained(cls, path, dtype: torch.dtype = torch.float32) -> "TinyAgentLM":
+    def from_pretrained(cls, path, dtype: torch.dtype = torch.float32, stored_linears: bool = False) -> "TinyAgentLM":
+        """The model in folder `path`, its tensors in `dtype`. stored_linears: keep the Linear weights in the file's
+        own dtype (bf16 for the shipped model), for a model about to be quantized: no fp32 copy of them is ever
+        made; a Chat with --quant none converts them (linears_to). The file is memory-mapped, not read whole."""
         cfg = load_config(path)
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -482,8 +508,13 @@ class TinyAgentLM(nn.Module):
             sd = load_file(str(wpath))
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"{wpath}: unreadable safetensors file ({str(e).splitlines()[0][:120]})") from None
-        # the model itself (not a meta-device copy: building one imports ~800 modules, ~75 MB resident for good)
-        model = cls(cfg)
+        # the model itself, its random init skipped (not a meta-device copy: that imports ~800 modules, ~75 MB
+        # resident for good); the storage torch.empty gave it is never written, and freed once replaced below
+        token = _SKIP_INIT.set(True)
+        try:
+            model = cls(cfg)
+        finally:
+            _SKIP_INIT.reset(token)
         expected = {k: v for k, v in model.state_dict().items()}
         missing = sorted(set(expected) - set(sd))
         extra = sorted(set(sd) - set(expected))
@@ -495,8 +526,28 @@ class TinyAgentLM(nn.Module):
             if tuple(sd[k].shape) != tuple(v.shape):
                 raise CheckpointError(f"{wpath}: {k} has shape {tuple(sd[k].shape)}, config.json implies "
                                       f"{tuple(v.shape)}")
-        model.load_state_dict(sd, strict=True)     # copies into the fp32 parameters, casting per tensor (no fp32 dict)
-        return model.to(dtype).eval()
+        linears = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+        for k, v in sd.items():             # one tensor at a time: no second whole copy of the weights
+            want = expected[k].dtype
+            if v.is_floating_point() and want.is_floating_point:
+                want = v.dtype if stored_linears and k in linears else dtype
+            # stored Linear weights stay views of the mapped file (freed with it once quantized); anything else
+            # kept in the file's dtype is copied out, so no small buffer holds the whole mapping alive
+            sd[k] = v if want == v.dtype and stored_linears and k in linears else v.to(want, copy=True)
+        model.load_state_dict(sd, strict=True, assign=True)   # parameters become the tensors above
+        if dtype != torch.float32:          # buffers made by __init__ (RoPE tables) follow
+            for name, buf in model.named_buffers():
+                if buf.is_floating_point():
+                    mod, _, leaf = name.rpartition(".")
+                    setattr(model.get_submodule(mod) if mod else model, leaf, buf.to(dtype))
+        return model.eval()
+
+    def linears_to(self, dtype: torch.dtype = torch.float32) -> "TinyAgentLM":
+        """Every plain Linear's weight and bias in dtype (after from_pretrained(stored_linears=True))."""
+        for m in self.modules():
+            if type(m) in (nn.Linear, Linear) and m.weight.dtype != dtype:
+                m.to(dtype)
+        return self
 
 
 def load_config(path) -> ModelConfig:

@@ -573,15 +573,20 @@ def list_sessions(dir: str | Path | None = None, errors: list[SessionError] | No
     return infos
 
 
-def matches(path: str | Path, text: str) -> bool:
-    """Whether the session at `path` has `text` (case-insensitive) in its title or any message, on any branch.
-    A file that cannot be read does not match."""
+def search_text(path: str | Path) -> str:
+    """The session's title and every message on any branch, casefolded, NUL between them (no match spans two;
+    '' if unreadable)."""
     try:
         s = load(path)
     except SessionError:
-        return False
-    needle = text.casefold()
-    return any(needle in x.casefold() for x in [s.title] + [m.content for m in s.messages + s.branches])
+        return ""
+    return "\x00".join(x.casefold() for x in [s.title] + [m.content for m in s.messages + s.branches])
+
+
+def matches(path: str | Path, text: str) -> bool:
+    """Whether the session at `path` has `text` (case-insensitive) in its title or any message, on any branch.
+    A file that cannot be read does not match."""
+    return bool(text) and text.casefold() in search_text(path)
 
 
 def delete(session_id: str, dir: str | Path | None = None) -> bool:
@@ -609,6 +614,17 @@ def rename(session_id: str, title: str, dir: str | Path | None = None) -> Sessio
     session.title = title
     save(session, dir, touch=False)
     return session
+
+
+def copy(session_id: str, dir: str | Path | None = None, title: str | None = None) -> Session:
+    """Save a copy of a session under a new id (every branch; no KV snapshot: the copy's first restore prefills).
+    Reads the file as it is on disk, so it works while another process has the session open."""
+    src = load(session_id, dir)
+    dup = dataclasses.replace(src, id=new_id(), revision=0, kv_sha256="",
+                              title=" ".join(strip_controls(title).split()) if title else f"{src.title} (copy)".strip())
+    dup.created = dup.updated = time.time()
+    save(dup, dir, touch=False)
+    return dup
 
 
 # -- export ---------------------------------------------------------------------------------------------------

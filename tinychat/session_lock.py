@@ -39,8 +39,9 @@ class LockHeld(OSError):
 
     def __init__(self, session_id: str, pid: int | None):
         who = f"another tinychat (pid {pid})" if pid else "another tinychat"
-        super().__init__(errno.EAGAIN, f"session {session_id} is open in {who}: close it there first, or read it "
-                                       f"with `tinychat sessions show {session_id}`")
+        super().__init__(errno.EAGAIN, f"session {session_id} is open in {who}: close it there first, continue a "
+                                       f"copy (`tinychat sessions copy {session_id}`), or read it "
+                                       f"(`tinychat sessions show {session_id}`)")
         self.session_id, self.pid = session_id, pid
 
     def __str__(self) -> str:

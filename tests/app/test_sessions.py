@@ -86,6 +86,37 @@ async def test_sessions_screen_open_rename_export_delete_and_new(factory, chat_m
         assert not app.view.replies()
 
 
+async def test_the_sessions_filter_keeps_chats_whose_title_or_text_match(factory, chat_model):
+    recorded_session(chat_model, turns=("tell me about the dog",))
+    time.sleep(0.01)
+    b = recorded_session(chat_model, turns=("the moon at night",))
+    time.sleep(0.01)
+    c = recorded_session(chat_model, turns=("hello there", "and the red DOG runs"))
+    S.rename(c.id, "Evening chat")
+    app = make_app(factory(temperature=0.0, max_new=4), blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        screen = app.screen
+        assert len(screen.infos) == 3
+        await pilot.press("slash", *"dog")                  # typed into the box: 'd' does not delete a chat
+        await pilot.pause()
+        assert screen.query_one("#sessions-filter").value == "dog"
+        assert sorted(i.id for i in screen.infos) == sorted([c.id, screen.every[-1].id])   # text, any case
+        assert "2 of 3 match" in str(screen.query_one("#sessions-note").render())
+        assert len(S.list_sessions()) == 3
+        screen.query_one("#sessions-filter").value = "evening"
+        await pilot.pause()
+        assert [i.id for i in screen.infos] == [c.id]                                      # the title
+        await pilot.press("escape")                        # clears the box, back to the list
+        await pilot.pause()
+        assert app.screen is screen and len(screen.infos) == 3
+        await pilot.press("slash", *"moon", "enter")       # Enter opens the first match
+        await idle(pilot)
+        assert app.chat.session.id == b.id
+
+
 async def test_opening_a_foreign_session_is_an_error_notification(factory, chat_model):
     from support import make_chat_model
     other = recorded_session(make_chat_model(seed=5), turns=("x",))

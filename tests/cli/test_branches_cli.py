@@ -130,3 +130,32 @@ def test_a_bad_plain_fork_is_a_one_line_error_and_loses_nothing(model_dir, line,
     assert len([x for x in r.stderr.splitlines() if x.startswith("error:")]) == 1
     data = json.loads(open(_only_session()["path"]).read())
     assert len(data["messages"]) == 3 and data["branches"] == []
+
+
+def test_one_shot_from_a_file_sends_its_whole_text_as_one_message(model_dir, tmp_path):
+    msg = tmp_path / "question.txt"
+    msg.write_text("first line of the file\nsecond line\n", encoding="utf-8")
+    r = _run(["--model", model_dir, "-f", msg, "--max-new", "6", "--seed", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    (obj,) = [json.loads(x) for x in r.stdout.splitlines()]
+    (info,) = json.loads(_run(["sessions", "--grep", "first line of the file\nsecond line", "--json"]).stdout)
+    assert info["n_turns"] == 1 and obj["n_tokens"] >= 1
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p / "absent.txt", "No such file"),
+    (lambda p: p, "a folder, not a file"),
+    (lambda p: (p / "b.bin").write_bytes(b"\xff\xfe\x00bad") and p / "b.bin", "not UTF-8 text"),
+    (lambda p: (p / "n.txt").write_bytes(b"ab\x00cd") and p / "n.txt", "binary file"),
+    (lambda p: (p / "e.txt").write_text("  \n") and p / "e.txt", "empty"),
+])
+def test_a_bad_message_file_is_refused_in_one_line(model_dir, tmp_path, make, message):
+    r = _run(["--model", model_dir, "-f", make(tmp_path)])
+    assert type(r.exception).__name__ == "UsageError" and message in str(r.exception)    # main(): one line, exit 2
+    assert json.loads(_run(["sessions", "--json"]).stdout) == []
+
+
+def test_one_shot_takes_the_message_from_p_or_f_not_both(model_dir, tmp_path):
+    (tmp_path / "m.txt").write_text("hi")
+    r = _run(["--model", model_dir, "-p", "hello", "-f", tmp_path / "m.txt"])
+    assert type(r.exception).__name__ == "UsageError" and "not both" in str(r.exception)

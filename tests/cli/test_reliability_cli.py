@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from support import tokenizer
 
+from tinychat import session as S
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -56,6 +58,12 @@ def test_a_second_process_continuing_an_open_session_exits_2_and_no_turn_is_lost
                           input=b"B\n")
         assert rc == 2 and out == "" and time.monotonic() - t < 60
         assert err.count("\n") == 1 and f"session {sid} is open in another tinychat (pid {first.pid})" in err
+        assert f"tinychat sessions copy {sid}" in err
+        rc, out, err = tc("sessions", "copy", sid)                       # the offered way on: a copy, continued
+        assert rc == 0, err
+        copy_id = out.strip()
+        rc, _, err = tc("--model", model_dir, "--plain", "--session", copy_id, "--max-new", "6", input=b"B\n")
+        assert rc == 0, err
         first.stdin.write(b"A again\n")
         first.stdin.close()
         assert first.wait(timeout=120) == 0
@@ -63,11 +71,14 @@ def test_a_second_process_continuing_an_open_session_exits_2_and_no_turn_is_lost
         if first.poll() is None:
             first.send_signal(signal.SIGKILL)
             first.wait()
-    users = [m["content"] for m in _only_session()["messages"] if m["role"] == "user"]
+    users = [m.content for m in S.load(sid).messages if m.role == "user"]
     assert users == ["hello there", "why the cat?", "A", "A again"]
+    copied = S.load(copy_id)
+    assert [m.content for m in copied.messages if m.role == "user"] == ["hello there", "why the cat?", "A", "B"]
+    assert copied.title.endswith("(copy)")
     rc, _, err = tc("--model", model_dir, "--plain", "--session", sid, "--max-new", "6", input=b"B\n")
     assert rc == 0, err                                                   # free again once A has exited
-    assert [m["content"] for m in _only_session()["messages"] if m["role"] == "user"][-1] == "B"
+    assert [m.content for m in S.load(sid).messages if m.role == "user"][-1] == "B"
 
 
 # -- 2. an older copy by path ---------------------------------------------------------------------------------------
@@ -191,3 +202,22 @@ def test_a_truncated_cached_kernel_is_rebuilt_instead_of_crashing(tmp_path):
     again = subprocess.run([sys.executable, "-c", LOAD_KERNELS], capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0 and again.stdout.strip() == "ok", (again.returncode, again.stderr[-500:])
     assert so.stat().st_size > 1000
+
+
+def test_a_copy_keeps_every_branch_leaves_the_original_untouched_and_replays_exactly(model_dir):
+    rc, _, err = tc("--model", model_dir, "--plain", "--max-new", "8", "--seed", "3",
+                    input=b"hello there\n/set seed 4\n/regen\nwhy the cat?\n")
+    assert rc == 0, err
+    sid = _only_session()["id"]
+    before = S.session_path(sid).read_bytes()
+    rc, out, err = tc("sessions", "copy", sid, "--title", "my fork", "--json")
+    assert rc == 0, err
+    info = json.loads(out)
+    orig, dup = S.load(sid), S.load(info["id"])
+    assert S.session_path(sid).read_bytes() == before and info["id"] != sid and dup.title == "my fork"
+    assert [m.token_ids for m in dup.messages] == [m.token_ids for m in orig.messages]
+    assert [m.token_ids for m in dup.branches] == [m.token_ids for m in orig.branches] and dup.branches
+    rc, _, err = tc("replay", info["id"], "--check", "--model", model_dir)
+    assert rc == 0, err
+    rc, out, err = tc("sessions", "copy", "20990101-000000-000-abcdef")
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err

@@ -143,6 +143,42 @@ def _measure(args):
     print(json.dumps(out))
 
 
+def _greedy(args):
+    """stdin: {"prompts": [[ids], ...], "max_new": N, "stop": id}; stdout: {"tokens": [[ids], ...]} from greedy
+    decoding of the shipped Q4_1 GGUF itself (the weights tinychat imports), every penalty off."""
+    import numpy as np
+    from llama_cpp import Llama
+    job = json.load(sys.stdin)
+    llm = Llama(model_path=str(_src_gguf()), n_threads=args.threads, n_threads_batch=args.threads, n_ctx=2048,
+                n_batch=512, verbose=False)
+    vocab = llm.n_vocab()
+    outs = []
+    for prompt in job["prompts"]:
+        llm.reset()
+        llm.eval(prompt)
+        toks = []
+        for _ in range(job["max_new"]):
+            t = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))))
+            toks.append(t)
+            if t == job["stop"]:
+                break
+            llm.eval([t])
+        outs.append(toks)
+    print(json.dumps({"tokens": outs, "llama_cpp_python": __import__("llama_cpp").__version__,
+                      "gguf": _src_gguf().name}))
+
+
+def greedy(job: dict, threads: int = 1) -> dict:
+    """Run _greedy in the peer venv (see setup)."""
+    if not PY.exists():
+        raise SystemExit(f"no {PY}: run `python {__file__} setup` first")
+    r = subprocess.run([str(PY), __file__, "_greedy", "--threads", str(threads)], input=json.dumps(job),
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    if r.returncode != 0:
+        raise SystemExit(f"llama.cpp greedy run failed: {r.stderr.strip()[-400:]}")
+    return json.loads(r.stdout)
+
+
 def measure(args):
     if not GGUF_Q8.exists():
         raise SystemExit(f"no {GGUF_Q8}: run `python {__file__} setup` first")
@@ -155,7 +191,7 @@ def measure(args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("cmd", choices=["setup", "measure", "_measure", "_quantize"])
+    ap.add_argument("cmd", choices=["setup", "measure", "_measure", "_quantize", "_greedy"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-len", type=int, default=100)
     ap.add_argument("--gen-len", type=int, default=128)
@@ -165,7 +201,7 @@ def main(argv=None):
                     help="ggml's extra CPU buffer types (AMX / repacked kernels); auto: off where the CPU lists AMX")
     args = ap.parse_args(argv)
     args.prefill_max = max(args.prefill + [args.prompt_len])
-    {"setup": setup, "measure": measure, "_measure": _measure, "_quantize": _quantize}[args.cmd](args)
+    {"setup": setup, "measure": measure, "_measure": _measure, "_quantize": _quantize, "_greedy": _greedy}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -99,6 +99,9 @@ class BF16Linear(torch.nn.Module):
         return torch.nn.functional.linear(x.to(torch.bfloat16), self.weight, self.bias).to(x.dtype)
 
 
+QUANT_ROWS = 1024     # rows quantized at a time (int8 from fp32/bf16 weights)
+
+
 class Int8Linear(torch.nn.Module):
     """Weight-only int8 Linear: int8 weights with one scale per output channel (symmetric, max-abs; the scale is
     stored in bf16, the kernel's dtype, and the weights are rounded against that stored value), bf16 activations into
@@ -108,9 +111,13 @@ class Int8Linear(torch.nn.Module):
 
     def __init__(self, lin: torch.nn.Linear, prefill_bf16: bool | None = None):
         super().__init__()
-        w = lin.weight.detach().float()
-        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12).to(torch.bfloat16)
-        q = torch.round(w / scale.float()[:, None]).clamp_(-127, 127).to(torch.int8)
+        src = lin.weight.detach()
+        q = torch.empty(src.shape, dtype=torch.int8)
+        scale = torch.empty(src.size(0), dtype=torch.bfloat16)
+        for r in range(0, src.size(0), QUANT_ROWS):        # row blocks: fp32 temporaries stay small
+            w = src[r:r + QUANT_ROWS].float()
+            scale[r:r + QUANT_ROWS] = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
+            q[r:r + QUANT_ROWS] = torch.round(w / scale[r:r + QUANT_ROWS].float()[:, None]).clamp_(-127, 127)
         self.in_features, self.out_features = lin.in_features, lin.out_features
         self.register_buffer("qweight", q.contiguous())
         self.register_buffer("scale", scale.contiguous())
@@ -217,4 +224,17 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
     for name, mod in targets:
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
         setattr(parent, name.rsplit(".", 1)[-1], cls(mod, pbf))
+    del targets, mod
+    release_freed_memory()
     return model
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc malloc_trim): the weights just replaced were freed,
+    but glibc keeps freed heap memory for reuse, and resident memory would stay at its peak (~70 MB for `demo`).
+    A no-op where there is no glibc."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -129,7 +129,7 @@ class Backend:
     def load_runtime(self) -> Runtime:
         from ..loading import load_runtime, resolve_device
         self.device = resolve_device(self.device)      # "auto" -> cpu or cuda (imports torch: on the worker)
-        return load_runtime(self.model_path)
+        return load_runtime(self.model_path, self.quant)
 
     def load(self):
         """The first chat (loads the model)."""

@@ -20,7 +20,7 @@ KEYS = [
     ("Ctrl+B", "undo the last turn (its text returns to the input)"),
     ("Ctrl+O", "copy the last reply to the clipboard"),
     ("Ctrl+N", "new chat (the current one stays saved)"),
-    ("Ctrl+S", "sessions: open, rename, delete, export"),
+    ("Ctrl+S", "sessions: open, rename, delete, export, / filter"),
     ("Ctrl+T", "select tokens of the last reply (then ←/→, ↑/↓ between replies, Enter back); "
                "or click a reply, then a token"),
     ("Tab or 1-9 (token view)", "the selected token's candidates in the inspector: ↑/↓ (or 1-9) pick one, Enter "

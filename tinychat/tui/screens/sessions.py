@@ -1,5 +1,6 @@
 """The sessions screen: saved chats (title, date, turns) to open, rename, delete and export; a new chat is one
-key away. File operations go through tinychat.session (no torch)."""
+key away; a filter box (/) keeps the chats whose title or any message (on any branch) holds the text. File
+operations go through tinychat.session (no torch)."""
 from __future__ import annotations
 
 import time
@@ -10,7 +11,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Footer, Input, Static
 
 from ... import session as S
 from ...fsutil import atomic_write_bytes
@@ -30,6 +31,7 @@ class SessionsScreen(ModalScreen[tuple | None]):
         Binding("r", "rename", "Rename"),
         Binding("d,delete", "delete", "Delete"),
         Binding("e", "export", "Export"),
+        Binding("slash", "filter", "Filter"),
         Binding("escape", "close", "Close"),
     ]
 
@@ -39,11 +41,15 @@ class SessionsScreen(ModalScreen[tuple | None]):
         self.current, self.sessions_dir = current, sessions_dir
         self.export_dir = export_dir
         self.on_renamed = on_renamed
-        self.infos: list[S.SessionInfo] = []
+        self.infos: list[S.SessionInfo] = []       # the rows shown (filtered)
+        self.every: list[S.SessionInfo] = []       # every readable session, newest first
+        self.errors: list = []
+        self._texts: dict[tuple, str] = {}         # (path, updated) -> S.search_text: each file read once
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="sessions"):
             yield Static("Sessions", classes="title")
+            yield Input(placeholder="/ filter: title or any message", id="sessions-filter")
             yield DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)
             yield Static("", id="sessions-note", classes="dim")
         yield Footer()
@@ -56,21 +62,46 @@ class SessionsScreen(ModalScreen[tuple | None]):
 
     def reload(self, keep: str | None = None) -> None:
         errors: list = []
-        self.infos = S.list_sessions(self.sessions_dir, errors=errors)
+        self.every = S.list_sessions(self.sessions_dir, errors=errors)
+        self.errors = errors
+        self.show(keep)
+
+    def _text(self, info: S.SessionInfo) -> str:
+        key = (str(info.path), info.updated)
+        if key not in self._texts:
+            self._texts[key] = S.search_text(info.path)
+        return self._texts[key]
+
+    def show(self, keep: str | None = None) -> None:
+        """Fill the table with the sessions the filter keeps (all when it is empty)."""
+        needle = self.query_one("#sessions-filter", Input).value.strip().casefold()
+        self.infos = [i for i in self.every if not needle or needle in i.title.casefold() or needle in self._text(i)]
         table = self.query_one(DataTable)
         table.clear()
         for info in self.infos:
             mark = "● " if info.id == self.current else "  "
             table.add_row(mark + info.title, when(info.updated), str(info.n_turns), info.id, key=info.id)
-        note = f"{len(self.infos)} saved" if self.infos else "no saved sessions yet: press n for a new chat"
-        if errors:
-            note += f" · {len(errors)} unreadable file(s) skipped: {errors[0]}"
+        if not self.every:
+            note = "no saved sessions yet: press n for a new chat"
+        elif needle:
+            note = f"{len(self.infos)} of {len(self.every)} match “{needle}”"
+        else:
+            note = f"{len(self.every)} saved"
+        if self.errors:
+            note += f" · {len(self.errors)} unreadable file(s) skipped: {self.errors[0]}"
         note += " · ● open now"
         self.query_one("#sessions-note", Static).update(note)
         if keep is not None:
             ids = [i.id for i in self.infos]
             if keep in ids:
                 table.move_cursor(row=ids.index(keep))
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "sessions-filter":
+            self.show()
+
+    def action_filter(self) -> None:
+        self.query_one("#sessions-filter", Input).focus()
 
     def selected(self) -> S.SessionInfo | None:
         table = self.query_one(DataTable)
@@ -90,6 +121,11 @@ class SessionsScreen(ModalScreen[tuple | None]):
         self.dismiss(("new", None))
 
     def action_close(self) -> None:
+        box = self.query_one("#sessions-filter", Input)
+        if box.has_focus:                   # Escape in the filter box: clear it, back to the list
+            box.value = ""
+            self.query_one(DataTable).focus()
+            return
         self.dismiss(None)
 
     def action_rename(self) -> None:
