@@ -20,7 +20,7 @@ import torch
 from . import session as S
 from . import session_tree as T
 from .branch_cache import BranchCache
-from .chat_branches import BranchesMixin
+from .chat_branches import BranchesMixin, Fork
 from .engine import Decoder, EngineOptions, KVCache, append, quantize_cpu
 from .engine.quant import effective_mode, quant_mode
 from .model import TinyAgentLM
@@ -387,8 +387,11 @@ class Chat(BranchesMixin):
 
     def _turn(self, user: S.Message, on_token, trace: bool, keep_probs: bool = False,
               context_start: int | None = None, on_reply=None, autosave: bool = True,
-              settings: ChatSettings | None = None) -> TurnResult:
-        st = settings or self.settings           # this turn's settings (recorded with it); the chat's stay as they are
+              settings: ChatSettings | None = None, fork: Fork | None = None) -> TurnResult:
+        """settings: this turn's (recorded with it; the chat's stay as they are). fork: the reply's first tokens are
+        given (chat_branches.Fork): stepped one by one after the prefill (the restore rule), then sampling goes on in
+        the eager loop, the sampler seeing them as the reply so far."""
+        st = settings or self.settings
         self._cancel.clear()
         gen = self.tok.generation_prompt_ids()
         feed = self._pending + user.token_ids + gen
@@ -396,6 +399,9 @@ class Chat(BranchesMixin):
         if context_start is not None:        # replay: shorten the context exactly as the recorded turn did
             feed = self._context_ids(context_start, len(self.session.messages)) + user.token_ids + gen
         elif not self._room(len(feed), st.max_new):
+            if fork is not None:             # a fork re-decodes the turn on its own context: never a shorter one
+                raise ChatError(f"this fork does not fit the {self.max_len}-token context (the turn's prompt and a "
+                                f"{st.max_new}-token reply); continue the session with a longer context to fork it")
             feed, context_start, dropped = self._shorten(user, gen, st.max_new)
         seed = st.seed if st.seed is not None else random.SystemRandom().randrange(2 ** 63)
         g = torch.Generator(device=self.device).manual_seed(seed)
@@ -413,21 +419,30 @@ class Chat(BranchesMixin):
             if on_token is not None:
                 on_token(i, tok, stream.push(tok), tr, ms)
 
+        given = list(fork.given) if fork is not None else []
         hook = TurnHook(table, st.temperature, st.top_p, st.penalty, pen_ids, self.stop_id, trace=trace,
-                        on_token=emit, cancel=self._cancel, keep_probs=keep_probs, reply=st.ban_reply)
+                        on_token=emit, cancel=self._cancel, keep_probs=keep_probs, reply=st.ban_reply, given=given)
         mark = self.cache.mark()
         if context_start is not None:
             self.cache.reset([0])
-        graph = self.decoder.graph              # device loop: streams every few tokens, traces afterwards
+        graph = self.decoder.graph and not given   # device loop: streams every few tokens, traces afterwards
         self.decoder.on_sync = hook.on_sync if graph else None
         self.decoder.keep_logits = bool(trace and graph)
         self.decoder.last_logits = None
         t0 = time.perf_counter()
         logits = self._feed(feed)
+        for t in given:                          # a fork's kept tokens and the forced one: one step each
+            logits = self.decoder.step(t)
         finish = "stop"
         try:
-            out = self.decoder.generate(logits, st.max_new, self.stop_id, st.temperature, st.top_p, st.penalty,
-                                        pen_ids, (), g, hook)
+            if given and given[-1] == self.stop_id:  # the forced token ends the reply
+                out = given
+            elif given:                          # the eager loop (a plain callable), the hook adding the given tokens
+                out = given + self.decoder.generate(logits, max(0, st.max_new - len(given)), self.stop_id,
+                                                    st.temperature, st.top_p, st.penalty, pen_ids, (), g, hook.__call__)
+            else:
+                out = self.decoder.generate(logits, st.max_new, self.stop_id, st.temperature, st.top_p, st.penalty,
+                                            pen_ids, (), g, hook)
         except Cancelled:
             out = list(hook.out)
             self.decoder.step(self.stop_id)       # every assistant turn ends in <|im_end|> in the cache
@@ -445,7 +460,8 @@ class Chat(BranchesMixin):
         if finish == "stop" and (not out or out[-1] != self.stop_id):
             finish = "length"
         ttft = ((hook.t_first or t1) - t0) * 1000
-        rate = (len(out) - 1) / (t1 - hook.t_first) if hook.t_first and len(out) > 1 and t1 > hook.t_first else 0.0
+        n = len(out) - len(given)                # sampled here (a fork's given tokens are not)
+        rate = (n - 1) / (t1 - hook.t_first) if hook.t_first and n > 1 and t1 > hook.t_first else 0.0
         sampler = {**st.sampler(), "seed": seed}
         if context_start is not None:
             sampler["context_start"] = context_start
@@ -453,14 +469,16 @@ class Chat(BranchesMixin):
             sampler["step"] = self.step_name()
         text = self.tok.decode(sampled, skip_special=True)
         reply = S.Message("assistant", text, gen + sampled + self.tok.end_ids(), settings=sampler, seed=seed,
-                          finish=finish, timing_ms=[round(ms, 3) for ms in hook.times] or None)
+                          finish=finish, timing_ms=[round(ms, 3) for ms in hook.times] or None,
+                          fork=fork.record() if fork is not None else None)
         msgs.extend([user, reply])
         self.session.settings = self.settings.sampler()
         self._marks.append(mark if context_start is None else None)
         self._pending = self.tok.end_ids()[1:]
         result = TurnResult(text=text, token_ids=sampled, finish=finish, seed=seed, prefill_tokens=len(feed),
                             ttft_ms=ttft, decode_tok_s=rate, traces=hook.traces, stats=hook.stats,
-                            dropped_turns=dropped, mode=self.decoder.mode, probs=hook.probs)
+                            dropped_turns=dropped, mode=self.decoder.mode,
+                            probs=[None] * min(len(given), len(sampled)) + hook.probs)
         if on_reply is not None:
             on_reply(result)
         if autosave:
@@ -511,14 +529,15 @@ class Chat(BranchesMixin):
 
     def replay_turn(self, user: S.Message, recorded: S.Message, on_token=None) -> TurnResult:
         """Regenerate one recorded turn (user message, recorded reply) with the chat's current settings (a replay
-        sets the recorded ones first), shortening the context where the recorded turn did, with traces and each
+        sets the recorded ones first), shortening the context where the recorded turn did, forced where a fork
+        recorded it (its kept tokens taken from the record, chat_branches.Fork), with traces and each
         step's final distribution (TurnResult.probs); then put the recorded turn in place of the regenerated one,
         in the history and in the cache, so the next turn runs on the recorded context. on_token as in send()."""
         at = len(self.session.messages)
         pending, mark = self._pending, self.cache.mark()
         start = (recorded.settings or {}).get("context_start")
         res = self._turn(S.Message("user", user.content, list(user.token_ids)), on_token, True, keep_probs=True,
-                         context_start=start)
+                         context_start=start, fork=self.recorded_fork(recorded))
         del self.session.messages[at:]
         if start is None:
             self.cache.truncate(mark)

@@ -1,13 +1,44 @@
 """The Chat's branch operations (issue #14; session_tree.py has the tree itself): edit an earlier message into a new
-branch, list and switch a reply's alternatives. The cache follows the active path: cut back to the switched turn's
+branch, fork a reply at a token, list and switch a reply's alternatives. The cache follows the active path: cut back to the switched turn's
 mark, then the new path's part put back from what the chat kept when it left it (branch_cache.py) or fed by the
 restore rule (one prefill per turn, one decoder step per sampled token), so it is bit-identical to the cache that
 path was decoded with. A mixin of Chat (chat.py), which owns the cache, the marks and the turn loop."""
 from __future__ import annotations
 
+import dataclasses
+import random
+from dataclasses import dataclass
+
 from . import session as S
 from . import session_tree as T
-from .settings import ChatError
+from .settings import ChatError, ChatSettings
+
+
+@dataclass(frozen=True)
+class Fork:
+    """A reply forced at a token: its sampled tokens before `position` kept, `token` forced there, then sampling goes on
+    with a new seed. `given` is what the turn steps before it samples (the kept tokens, then the forced one); the
+    stop token forced ends the reply there. Recorded in the reply as {"position", "token"}: the kept tokens are the
+    reply's own first `position` tokens, so a replay rebuilds `given` from the record (recorded_fork)."""
+    position: int
+    token: int
+    given: tuple[int, ...]
+
+    def record(self) -> dict:
+        return {"position": self.position, "token": self.token}
+
+
+def turn_settings(base: ChatSettings, rec: S.Message) -> ChatSettings:
+    """The settings a recorded reply was sampled with (its recorded sampler settings over `base`; the system prompt
+    stays base's). ChatError for settings this version cannot take."""
+    known = {f.name for f in dataclasses.fields(ChatSettings)} - {"system_prompt"}
+    d = {k: v for k, v in (rec.settings or {}).items() if k in known}
+    d.setdefault("ban_reply", False)      # turns recorded before the reply ban existed were sampled without it
+    d["seed"] = rec.seed if rec.seed is not None else d.get("seed")
+    try:
+        return dataclasses.replace(base, **d)
+    except (TypeError, ChatError) as e:
+        raise ChatError(f"unusable turn settings ({e})") from None
 
 
 class BranchesMixin:
@@ -46,6 +77,96 @@ class BranchesMixin:
             self.session.branches = [m for m in self.session.branches if all(m is not o for o in old)]
             self._rebuild()
             raise
+
+    def fork(self, position: int, token: int | str, index: int | None = None, on_token=None, trace: bool | None = None,
+             on_reply=None, seed: int | None = None):
+        """Fork the active path's reply `index` (default: the last) at its token `position` (0-based; its length: go
+        on past where it ended): the tokens before it kept, `token` (an id, or text that is exactly one token)
+        forced there, and decoding goes on with that turn's own settings and a new seed (`seed`, else the fixed seed
+        of the current settings, else a fresh one; recorded). The new reply is a sibling of the old one (which stays
+        in the tree with what followed it) and the active one; returns its TurnResult, as send() does. ChatError,
+        with nothing changed, for a position or token it cannot take or a fork that does not fit the context."""
+        if seed is None:
+            seed = self.settings.seed if self.settings.seed is not None else random.SystemRandom().randrange(2 ** 63)
+        index, fork, st = self._fork_plan(position, token, index, seed)
+        msgs = self.session.messages
+        old = msgs[index]
+        T.link(self.session)
+        first = 1 if msgs and msgs[0].role == "system" else 0
+        turn = (index - 1 - first) // 2
+        mark = self._marks[turn] if len(self._marks) == self.session.n_turns else None
+        tail = msgs[index - 1:]                  # the turn's user message, the old reply, what followed them
+        if mark is not None:
+            self._left.leave(tuple(m.id for m in msgs), self.cache, mark, self._marks[turn:], self._pending)
+        del msgs[index - 1:]
+        if mark is None:
+            self._rebuild()
+        else:
+            self.cache.truncate(mark)
+            del self._marks[turn:]
+            self._pending = self.tok.end_ids()[1:] if turn > 0 else list(msgs[0].token_ids if first else [])
+        try:
+            res = self._turn(tail[0], on_token, self.trace if trace is None else trace, on_reply=on_reply,
+                             autosave=False, context_start=(old.settings or {}).get("context_start"), fork=fork,
+                             settings=st)        # the turn's own settings; the chat's (and the next turn's) stay
+        except BaseException:                   # the old reply stays the active one, the cache rebuilt to it
+            del msgs[index - 1:]
+            msgs.extend(tail)
+            self._rebuild()
+            raise
+        self.session.branches.extend(tail[1:])
+        T.link(self.session)
+        res.save_warning = self._autosave()
+        return res
+
+    def check_fork(self, position: int, token: int | str, index: int | None = None) -> int:
+        """What fork() would refuse, refused the same way (ChatError), without changing anything; returns the token
+        id to force."""
+        return self._fork_plan(position, token, index, 0)[1].token
+
+    def _fork_plan(self, position, token, index, seed: int):
+        """(reply index, Fork, the turn's settings with `seed`) for a fork; ChatError for one it cannot take."""
+        index = self._reply_index(index)
+        old = self.session.messages[index]
+        content = self._content(old)
+        tok_id = self._fork_token(token)
+        if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position <= len(content):
+            raise ChatError(f"no token {position} in this reply: it has {len(content)} (fork at 0..{len(content)})")
+        st = dataclasses.replace(turn_settings(self.settings, old), seed=seed)
+        if tok_id != self.stop_id and position + 1 > st.max_new:
+            raise ChatError(f"token {position} is this turn's last (max-new {st.max_new}): nothing can follow it")
+        return index, Fork(position, tok_id, tuple(content[:position]) + (tok_id,)), st
+
+    def _fork_token(self, token: int | str) -> int:
+        """A token to force: an id (int, or digits), or text that is exactly one token (" cat")."""
+        if isinstance(token, str) and not token.strip().isdigit():
+            ids = self.tok.encode(token)
+            if len(ids) != 1:
+                raise ChatError(f"{token!r} is {len(ids)} tokens, not one: give a token id, or the text of one token")
+            token = ids[0]
+        elif isinstance(token, bool) or not isinstance(token, (int, str)):
+            raise ChatError(f"not a token: {token!r}")
+        token = int(token)
+        V = self.model.cfg.vocab_size
+        if not 0 <= token < V:
+            raise ChatError(f"token {token} is outside the model's vocabulary (0..{V - 1})")
+        if token in self._special and token != self.stop_id:
+            raise ChatError(f"token {token} is a special token: of those only the stop token can be forced (it ends "
+                            f"the reply)")
+        return token
+
+    def recorded_fork(self, rec: S.Message) -> Fork | None:
+        """The Fork a recorded reply was made with (None: not a fork), its kept tokens taken from the reply itself.
+        ChatError when the record cannot be one (a position past the reply, a token the model does not have)."""
+        if not rec.fork:
+            return None
+        content = self._content(rec)
+        p, t = rec.fork["position"], rec.fork["token"]
+        if p > len(content):
+            raise ChatError(f"session {self.session.id}: a reply forked at token {p} has only {len(content)}")
+        if not 0 <= t < self.model.cfg.vocab_size:
+            raise ChatError(f"session {self.session.id}: a reply forked to token {t}, outside the model's vocabulary")
+        return Fork(p, t, tuple(content[:p]) + (t,))
 
     def alternatives(self, index: int | None = None) -> tuple[int, int]:
         """(1-based place, count) of the active path's message `index` (default: the last reply) among its

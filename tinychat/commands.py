@@ -39,6 +39,9 @@ COMMANDS: tuple[Command, ...] = (
                                     "side by side, with the first token where they differ and why; either can be kept",
             plain_help="decode the last turn twice with one seed, the current settings (A) against KEY=VALUE (B): "
                        "both replies, the first token where they differ and why; A stays active, /alt keeps B"),
+    Command("/fork", "POSITION TOKEN", "fork the last reply at its token POSITION (0-based, as the trace numbers "
+                                       "them): TOKEN (a token id, or the text of one token, quoted: \" cat\") is "
+                                       "forced there and the rest sampled again (the old reply stays an alternative)"),
     Command("/edit", "[N]", "edit your Nth message (default: the last): it opens in the input, and sending it starts "
                             "a new branch from there (/edit off: send normally again)", plain=False),
     Command("/undo", "", "take back the last turn (its text returns to the input)",
@@ -120,6 +123,12 @@ def parse_ab(args: list[str]) -> dict[str, str]:
     if not out:
         raise CommandError("usage: /ab KEY=VALUE [...] (e.g. /ab top-p=0.5 penalty=1.5)")
     return out
+def parse_fork(args: list[str]) -> tuple[int, str]:
+    """/fork's arguments: a 0-based token position and a token (digits: an id; else the text of one token, which the
+    chat resolves); else CommandError."""
+    if len(args) != 2 or not args[0].isdigit() or not args[1]:
+        raise CommandError('usage: /fork POSITION TOKEN (TOKEN: an id, or the text of one token: " cat")')
+    return int(args[0]), args[1]
 
 
 def plain_help() -> str:

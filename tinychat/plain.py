@@ -226,6 +226,13 @@ class PlainREPL:
                     self.note(f"{kv[0]} = {getattr(st, key, '')!r} (from the next turn)")
             elif cmd == "/regen":
                 self.turn(lambda on_token, on_reply: self.chat.regenerate(on_token=on_token, on_reply=on_reply))
+            elif cmd == "/fork":
+                pos, token = C.parse_fork(args)
+                r = self.turn(lambda on_token, on_reply: self.chat.fork(pos, token, on_token=on_token,
+                                                                        on_reply=on_reply))
+                if r is not None:
+                    at, n = self.chat.alternatives()
+                    self.note(f"reply {at}/{n}: forked at token {pos}")
             elif cmd == "/alt":
                 at, n = self.chat.switch_alternative(C.parse_alt(args))
                 self.note(f"reply {at}/{n}")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from . import session as S
 from . import session_tree as T
 from .chat import Chat, ChatError, ChatSettings
+from .chat_branches import turn_settings
 
 
 @dataclass
@@ -151,16 +152,12 @@ def describe_step(step: str | None) -> str:
 
 
 def _turn_settings(base: ChatSettings, rec: S.Message, sess: S.Session) -> ChatSettings:
-    known = {f.name for f in dataclasses.fields(ChatSettings)} - {"system_prompt"}
-    d = {k: v for k, v in (rec.settings or {}).items() if k in known}
-    d.setdefault("ban_reply", False)      # turns recorded before the reply ban existed were sampled without it
-    d["seed"] = rec.seed if rec.seed is not None else d.get("seed")
-    if d.get("seed") is None:
+    if rec.seed is None and (rec.settings or {}).get("seed") is None:
         raise ChatError(f"session {sess.id}: a turn has no recorded seed, it cannot be replayed")
     try:
-        return dataclasses.replace(base, **d)
-    except (TypeError, ChatError) as e:
-        raise ChatError(f"session {sess.id}: unusable turn settings ({e})") from None
+        return turn_settings(base, rec)
+    except ChatError as e:
+        raise ChatError(f"session {sess.id}: {e}") from None
 
 
 def _first_difference(turn, recorded, out, probs, tok) -> Divergence | None:

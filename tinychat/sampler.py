@@ -93,8 +93,10 @@ class TurnHook:
 
     def __init__(self, table: dict, temperature: float, top_p: float, pen: float, pen_ids: list[int], stop: int,
                  trace: bool = False, on_token=None, cancel: threading.Event | None = None, guard: bool = True,
-                 keep_probs: bool = False, reply: bool = False):
+                 keep_probs: bool = False, reply: bool = False, given: list[int] | None = None):
         self.table, self.k = table, BAN_N - 1
+        self.given = list(given or ())    # a fork: the reply's tokens before the decoder's own (kept, then forced):
+                                          # the ban contexts, the reply's n-grams and the indices count them
         self.reply = reply                # the ban also covers the n-grams of the reply being sampled
         self._reply_table: dict = {}      # ... indexed up to _reply_upto tokens of it
         self._reply_upto = 0
@@ -117,6 +119,8 @@ class TurnHook:
 
     # -- called by Decoder.generate before every draw -------------------------------------------------------------
     def __call__(self, out: list[int], logits: torch.Tensor) -> torch.Tensor:
+        if self.given:
+            out = self.given + out
         self.out = out
         self._emit_new()
         if self.cancel is not None and self.cancel.is_set():
@@ -125,7 +129,7 @@ class TurnHook:
 
     def on_sync(self, toks: list[int]) -> bool:
         """The device loop's read-back (every few tokens): stream them; False stops the turn."""
-        self.finish(toks)
+        self.finish(self.given + toks if self.given else toks)
         return not (self.cancel is not None and self.cancel.is_set())
 
     def traces_from_logits(self, out: list[int], rows: torch.Tensor) -> None:
@@ -284,6 +288,7 @@ class TurnHook:
             self.emitted += 1
 
     def finish(self, out: list[int]) -> None:
-        """After generate returns (or was cancelled): emit what the loop sampled after the last hook call."""
+        """After generate returns (or was cancelled): emit what the loop sampled after the last hook call (out: the
+        whole reply, given tokens included)."""
         self.out = out
         self._emit_new()

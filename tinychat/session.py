@@ -43,7 +43,7 @@ from typing import Any
 
 from tinychat import paths, session_lock, session_tree
 from tinychat.fsutil import atomic_write
-from tinychat.session_check import fork_ok, order_problem, sampler_problem, seed_ok, tree_problem, vocab_problem
+from tinychat.session_check import fork_ok, fork_problem, order_problem, sampler_problem, seed_ok, tree_problem, vocab_problem
 from tinychat.textsafe import safe_line, strip_controls
 
 SCHEMA = "tinychat.session"
@@ -105,7 +105,7 @@ class Message:
     # The tree (version 2; session_tree.py): 0 = not yet given an id (link() gives one before a save)
     id: int = 0
     parent: int | None = None  # the message before this one on its path (None: a root)
-    fork: dict[str, Any] | None = None  # a reply forced at a token: {"position": int, "token": int} (reserved)
+    fork: dict[str, Any] | None = None  # a reply forced at a token: {"position": int, "token": int} (chat_branches.Fork)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -527,7 +527,7 @@ def _message_from_dict(f: _Fields, version: int = VERSION) -> Message:
                 "parent": f.get("parent", _is_int, "an integer", nullable=True),
                 "fork": f.get("fork", fork_ok, "an object {position, token} of non-negative integers",
                               nullable=True)}
-    return Message(
+    msg = Message(
         **tree,
         role=role,
         content=f.get("content", _is_str, "a string"),
@@ -538,6 +538,9 @@ def _message_from_dict(f: _Fields, version: int = VERSION) -> Message:
         finish=f.get("finish", lambda v: v in FINISH_REASONS, "one of " + "/".join(FINISH_REASONS), nullable=True),
         timing_ms=f.int_list("timing_ms", _is_time, "a non-negative number", nullable=True),
     )
+    if problem := fork_problem(msg):
+        raise f.fail("fork", problem)
+    return msg
 
 
 # -- listing and management -----------------------------------------------------------------------------------

@@ -107,12 +107,26 @@ def vocab_problem(messages: list, vocab_size: int, name: str = "messages") -> st
         for j, t in enumerate(m.token_ids):
             if t >= vocab_size:
                 return f"{name}[{i}].token_ids[{j}] = {t} is outside the model's vocabulary (0..{vocab_size - 1})"
+        if m.fork is not None and m.fork["token"] >= vocab_size:
+            return f"{name}[{i}].fork.token = {m.fork['token']} is outside the model's vocabulary (0..{vocab_size - 1})"
     return None
 
 
 def fork_ok(v: Any) -> bool:
     """A fork record: {"position": n, "token": id}, both non-negative integers."""
     return isinstance(v, dict) and set(v) == {"position", "token"} and all(_is_int(x) and x >= 0 for x in v.values())
+
+
+def fork_problem(m: Any) -> str | None:
+    """A fork record (a valid shape) on a message it cannot belong to: only a reply is forked, at a position within
+    its tokens (the frame's tokens bound it; replay checks it against the reply's content)."""
+    if m.fork is None:
+        return None
+    if m.role != "assistant":
+        return f"is only for a reply, not a {m.role} message"
+    if m.fork["position"] >= len(m.token_ids):
+        return f"position {m.fork['position']} is past the message's {len(m.token_ids)} tokens"
+    return None
 
 
 def tree_problem(messages: list, branches: list) -> str | None:

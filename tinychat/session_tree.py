@@ -93,7 +93,8 @@ def paths(session: Any) -> list[list]:
 
 
 def describe_path(session: Any, path: list) -> str:
-    """Where a path forks off: 'turn 2 reply 2/3' for each message that has siblings ('' when none has)."""
+    """Where a path forks off: 'turn 2 reply 2/3' for each message that has siblings, '(forked at token 4)' added for
+    a reply forked at a token ('the only path' when none has siblings)."""
     kids = children(session)
     parts = []
     turn = 0
@@ -104,5 +105,6 @@ def describe_path(session: Any, path: list) -> str:
         if len(sibs) > 1:
             what = "reply" if m.role == "assistant" else "message"
             at = next(i for i, s in enumerate(sibs) if s is m)
-            parts.append(f"turn {turn} {what} {at + 1}/{len(sibs)}")
+            fork = f" (forked at token {m.fork['position']})" if getattr(m, "fork", None) else ""
+            parts.append(f"turn {turn} {what} {at + 1}/{len(sibs)}{fork}")
     return ", ".join(parts) or "the only path"

@@ -369,4 +369,4 @@ def test_live_figures_and_busy_states():
         live.add(ms)
     assert (live.n, live.ttft, live.ms) == (4, 30.0, 40.0) and live.tok_s == 75.0
     assert ChatState().busy is Busy.LOAD and Busy.SEND == "send" and Busy("regen") is Busy.REGEN
-    assert {b for b in Busy if b.decoding} == {Busy.SEND, Busy.REGEN, Busy.EDIT, Busy.REPLAY}
+    assert {b for b in Busy if b.decoding} == {Busy.SEND, Busy.REGEN, Busy.EDIT, Busy.FORK, Busy.REPLAY}

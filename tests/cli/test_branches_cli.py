@@ -104,6 +104,34 @@ def test_one_shot_prompt_sends_one_message_and_prints_the_reply(model_dir):
     assert r.exit_code != 0 and "empty" in str(r.exception)
 
 
+def test_plain_fork_forces_a_token_keeps_the_old_reply_and_replays_exactly(model_dir):
+    r = _run(["--model", model_dir, "--plain", "--max-new", "10", "--seed", "3"],
+             input='hello there\n/fork 2 " cat"\n')
+    assert r.exit_code == 0, r.output
+    assert "reply 2/2: forked at token 2" in r.stderr
+    info = _only_session()
+    data = json.loads(open(info["path"]).read())
+    head = len(tokenizer().generation_prompt_ids())
+    (cat,) = tokenizer().encode(" cat")
+    reply, (old,) = data["messages"][-1], data["branches"]
+    assert reply["fork"] == {"position": 2, "token": cat} and reply["token_ids"][head + 2] == cat
+    assert reply["token_ids"][:head + 2] == old["token_ids"][:head + 2] and reply["parent"] == old["parent"]
+    r = _run(["replay", info["id"], "--check", "--model", model_dir])
+    assert r.exit_code == 0 and "2 branches" in r.stdout and "token-exact" in r.stdout, r.output
+
+
+@pytest.mark.parametrize("line, message", [("/fork 99 5", "no token 99 in this reply"),
+                                           ("/fork 1 999999", "outside the model's vocabulary"),
+                                           ('/fork 1 "the cat sees"', "not one"),
+                                           ("/fork one 5", "usage: /fork POSITION TOKEN")])
+def test_a_bad_plain_fork_is_a_one_line_error_and_loses_nothing(model_dir, line, message):
+    r = _run(["--model", model_dir, "--plain", "--max-new", "8", "--seed", "3"], input=f"hello there\n{line}\n")
+    assert r.exit_code == 2 and message in r.stderr
+    assert len([x for x in r.stderr.splitlines() if x.startswith("error:")]) == 1
+    data = json.loads(open(_only_session()["path"]).read())
+    assert len(data["messages"]) == 3 and data["branches"] == []
+
+
 def test_one_shot_from_a_file_sends_its_whole_text_as_one_message(model_dir, tmp_path):
     msg = tmp_path / "question.txt"
     msg.write_text("first line of the file\nsecond line\n", encoding="utf-8")

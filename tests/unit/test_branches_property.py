@@ -1,5 +1,5 @@
-"""Property: any sequence of turns, regenerations, edits, switches and undos leaves a session that saves, loads and replays
-exactly (every branch), and a cache bit-identical to a fresh restore of the active path."""
+"""Property: any sequence of turns, regenerations, edits, forks, switches and undos leaves a session that saves, loads and
+replays exactly (every branch), and a cache bit-identical to a fresh restore of the active path."""
 import dataclasses
 import tempfile
 
@@ -20,7 +20,13 @@ _OPS = st.lists(st.one_of(
     st.tuples(st.just("alt_earlier"), st.sampled_from(["next", "1"])),
     st.tuples(st.just("undo"), st.just(None)),
     st.tuples(st.just("edit"), st.sampled_from(["first", "last"])),
+    st.tuples(st.just("fork"), st.tuples(st.integers(0, 8), st.sampled_from([5, 17, 40, 123, 301, tokenizer().im_end]),
+                                         st.booleans())),
 ), min_size=1, max_size=10)
+
+
+def _first_reply(chat) -> int:
+    return 2 if chat.session.messages and chat.session.messages[0].role == "system" else 1
 
 
 def _ring_free(sd: dict) -> dict:
@@ -32,7 +38,7 @@ def _ring_free(sd: dict) -> dict:
 def test_random_trees_save_load_and_replay_exactly(ops):
     with tempfile.TemporaryDirectory() as d:
         chat = make_chat(_MODEL, max_new=6, seed=1, sessions_dir=d)
-        for op, arg in ops:
+        for op, arg in [("send", "hello there"), *ops]:     # a first turn: most ops need a reply
             try:
                 if op == "send":
                     chat.send(arg)
@@ -42,7 +48,10 @@ def test_random_trees_save_load_and_replay_exactly(ops):
                 elif op == "alt":
                     chat.switch_alternative(arg)
                 elif op == "alt_earlier":
-                    chat.switch_alternative(arg, index=2 if chat.session.messages[0].role != "system" else 3)
+                    chat.switch_alternative(arg, index=_first_reply(chat))
+                elif op == "fork":              # the last reply, or the first turn's (its later turns move off)
+                    pos, token, earlier = arg
+                    chat.fork(pos, token, index=_first_reply(chat) if earlier else None)
                 elif op == "edit":
                     users = [i for i, m in enumerate(chat.session.messages) if m.role == "user"]
                     if users:
@@ -56,7 +65,8 @@ def test_random_trees_save_load_and_replay_exactly(ops):
         chat.save()
         chat.close()
         loaded = S.load(chat.session.id, d)
-        tree = lambda s: sorted((m.id, m.parent, m.role, tuple(m.token_ids)) for m in s.messages + s.branches)  # noqa: E731
+        tree = lambda s: sorted((m.id, m.parent, m.role, tuple(m.token_ids), str(m.fork))  # noqa: E731
+                                for m in s.messages + s.branches)
         assert tree(loaded) == tree(chat.session)
         assert [m.id for m in loaded.messages] == [m.id for m in chat.session.messages]
         fresh = Chat.restore(dataclasses.replace(loaded, branches=[]), _MODEL, tokenizer(), use_snapshot=False,

@@ -48,6 +48,14 @@ def test_set_and_trace_arguments():
         C.parse_trace(["maybe"])
 
 
+def test_fork_arguments_are_a_position_and_a_token():
+    assert C.parse_fork(["3", "42"]) == (3, "42")
+    assert C.parse("/fork 0 ' cat'")[1] == ["0", " cat"] and C.parse_fork(["0", " cat"]) == (0, " cat")
+    for bad in ([], ["3"], ["-1", "5"], ["x", "5"], ["3", ""], ["1", "2", "3"]):
+        with pytest.raises(C.CommandError, match="usage: /fork POSITION TOKEN"):
+            C.parse_fork(bad)
+
+
 def test_app_only_commands_are_unknown_in_the_plain_mode():
     assert C.lookup("/copy", "app").name == "/copy"
     with pytest.raises(C.CommandError, match="unknown command /copy"):

@@ -9,7 +9,8 @@ and never touches a widget. Stop is `chat.cancel()` (thread-safe). The UI reads 
 status) only between operations. A worker's failure arrives as `Worker.StateChanged` (ERROR) and becomes a
 notification; a failing model load is shown in the app.
 
-Turns live in turns.py, slash commands in commands.py, replay playback in playback.py (mixins of the app); the
+Turns live in turns.py, forking at a token in forking.py, slash commands in commands.py, replay playback in
+playback.py (mixins of the app); the
 state they share (the open chat, the running operation, the reply being written) is one ChatState (state.py),
 owned by the app as `app.state`.
 Entry points for the CLI: `run_app(...)` and `run_replay(...)`.
@@ -31,6 +32,7 @@ from textual.widgets import Footer
 
 from .ab_flow import ABMixin
 from .commands import CommandsMixin
+from .forking import ForkMixin
 from .messages import ChatOpened, ReplayFinished, RuntimeReady
 from .playback import PlaybackMixin
 from .runtime import Backend, FactoryBackend, Pace, ReplayBackend
@@ -45,7 +47,7 @@ from .widgets.inspector import Counters
 WIDE = 120                  # columns from which the inspector is shown by default
 
 
-class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, ABMixin, App[int]):
+class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, App[int]):
     CSS_PATH = Path(__file__).with_name("app.tcss")     # absolute: subclasses elsewhere find it too
     TITLE = "tinychat"
 
@@ -188,6 +190,8 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, ABMixin, App[int]):
                     " · restored (no trace)"
                 w = AssistantMessage(m.content, meta=meta, classes="message assistant")
                 w.set_history(ids, [self._piece(t) for t in ids])
+                if m.fork:
+                    w.marks[m.fork["position"]] = "forked"
                 w.index = i
                 w.alts = self.chat.alternatives(i)
                 widgets.append(w)
@@ -278,11 +282,11 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, ABMixin, App[int]):
                 self.prompt.set_input(self.state.job_text)
         elif kind is Busy.AB and self.chat is not None:
             await self.ab_failed()
-        elif kind is Busy.EDIT and self.chat is not None:
-            # the chat put the old branch back: show it, and the edited text back in the input
+        elif kind in (Busy.EDIT, Busy.FORK) and self.chat is not None:
+            # the chat put the old branch back: show it (and the edited text back in the input)
             self.state.current = None
             await self._show_history()
-            if not self.prompt.text and len(self.state.job_text) <= 4000:
+            if kind is Busy.EDIT and not self.prompt.text and len(self.state.job_text) <= 4000:
                 self.prompt.set_input(self.state.job_text)
         await self._apply_pending()
 
@@ -344,7 +348,11 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, ABMixin, App[int]):
         heading = f"reply {n} · token #{i} «{token_label(reply.pieces[i], 16)}»"
         if reply.first_divergence is not None and i >= reply.first_divergence:
             heading += " · after the divergence"
-        self.inspector.show_trace(trace, self.strings, counters, heading)
+        if reply.marks.get(i) == "forked":
+            heading += " · forced here (a fork)"
+        self.state.inspected = (reply, i)
+        self.inspector.show_trace(trace, self.strings, counters, heading,
+                                  pickable=self.replay_sess is None and reply.index is not None)
 
     def on_token_view_leave(self, msg: TokenView.Leave) -> None:
         replies = [r for r in self.view.replies() if r.tokens]
@@ -457,7 +465,7 @@ class TinyChatApp(TurnsMixin, CommandsMixin, PlaybackMixin, ABMixin, App[int]):
             self._frozen = False
 
     async def action_quit(self) -> None:
-        if self.chat is not None and self.busy in (Busy.SEND, Busy.REGEN, Busy.EDIT, Busy.AB):
+        if self.chat is not None and self.busy in (Busy.SEND, Busy.REGEN, Busy.EDIT, Busy.AB, Busy.FORK):
             self.chat.cancel()
         self._stop_replay.set()
         rc = 2 if self.load_error else 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.app import SystemCommand
 
-from ..commands import ALIASES, CommandError, commands_for, parse, parse_alt, parse_set, parse_trace
+from ..commands import ALIASES, CommandError, commands_for, parse, parse_alt, parse_fork, parse_set, parse_trace
 from .state import Busy
 
 # the app's commands as (name, arguments, what it does): shown in the hint line and the help screen
@@ -94,6 +94,13 @@ class CommandsMixin:
             self.switch_alt(which)
         elif cmd == "/ab":
             self.start_ab(args)
+        elif cmd == "/fork":
+            try:
+                position, token = parse_fork(args)
+            except CommandError as e:
+                self.notify(str(e), severity="error")
+                return
+            await self.fork_command(position, token)
         elif cmd == "/edit":
             self.start_edit(args)
         elif cmd == "/undo":

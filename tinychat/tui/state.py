@@ -25,12 +25,13 @@ class Busy(str, Enum):
     ALT = "alt"
     EDIT = "edit"
     AB = "ab"
+    FORK = "fork"
     REPLAY = "replay"
 
     @property
     def decoding(self) -> bool:
         """A reply is being generated (Esc stops it; the cursor does not blink meanwhile)."""
-        return self in (Busy.SEND, Busy.REGEN, Busy.EDIT, Busy.REPLAY)
+        return self in (Busy.SEND, Busy.REGEN, Busy.EDIT, Busy.FORK, Busy.REPLAY)
 
 
 @dataclass
@@ -63,3 +64,5 @@ class ChatState:
     pending_settings: dict[str, str] = field(default_factory=dict)   # applied when the running operation ends
     edit_index: int | None = None                   # /edit: the user message the next send replaces (a new branch)
     edit_at: int = 0                                # the edit being sent (read by the worker)
+    inspected: tuple[AssistantMessage, int] | None = None   # the reply and token the inspector shows (token view)
+    fork_at: tuple[int, int, int | str] | None = None       # the fork running: (reply index, position, token)

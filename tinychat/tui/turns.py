@@ -110,12 +110,16 @@ class TurnsMixin:
     # -- the chat thread: one worker per operation (group "chat": one at a time), each posting its result --------
     @work(thread=True, exclusive=True, group="chat", exit_on_error=False, name="chat")
     def _job_turn(self, chat: Chat, kind: Busy, text: str, turn_id: int, trace: bool) -> None:
-        """A turn: send `text`, or regenerate the last reply; tokens posted in batches, then TurnFinished."""
+        """A turn: send `text`, an edit, a fork, or regenerate the last reply; tokens posted in batches, then
+        TurnFinished."""
         batcher = TokenBatcher(lambda items: self.post_message(TokensReady(turn_id, items)), self.pace)
         if kind is Busy.SEND:
             r = chat.send(text, on_token=batcher, trace=trace)
         elif kind is Busy.EDIT:
             r = chat.edit(self.state.edit_at, text, on_token=batcher, trace=trace)
+        elif kind is Busy.FORK:
+            index, position, token = self.state.fork_at
+            r = chat.fork(position, token, index, on_token=batcher, trace=trace)
         else:
             r = chat.regenerate(on_token=batcher, trace=trace)
         batcher.flush()
@@ -218,7 +222,7 @@ class TurnsMixin:
                 await w.remove()
 
     def action_stop(self) -> None:
-        if self.busy in (Busy.SEND, Busy.REGEN, Busy.EDIT) and self.chat is not None:
+        if self.busy in (Busy.SEND, Busy.REGEN, Busy.EDIT, Busy.FORK) and self.chat is not None:
             self.chat.cancel()
             self.status_bar.update_status(activity="stopping…")
         elif self.busy is Busy.REPLAY:

@@ -23,6 +23,9 @@ KEYS = [
     ("Ctrl+S", "sessions: open, rename, delete, export, / filter"),
     ("Ctrl+T", "select tokens of the last reply (then ←/→, ↑/↓ between replies, Enter back); "
                "or click a reply, then a token"),
+    ("Tab or 1-9 (token view)", "the selected token's candidates in the inspector: ↑/↓ (or 1-9) pick one, Enter "
+                                "forks the reply there (cut, that token forced, the rest sampled again; the old reply "
+                                "stays an alternative), Esc back; or click a candidate, then click it again"),
     ("F2", "settings"),
     ("F3", "toggle the sampler inspector"),
     ("F1", "this help"),

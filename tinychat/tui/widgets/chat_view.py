@@ -53,7 +53,8 @@ class NoticeMessage(Static):
 
 class TokenView(Widget, can_focus=True):
     """A finished reply as its tokens: one is selected (cursor); ←/→ move, Home/End jump, ↑/↓ go to the
-    previous/next reply, Enter or Esc returns to the prompt. Clicking a token selects it."""
+    previous/next reply, Enter or Esc returns to the prompt. Clicking a token selects it. Tab (or a digit: that
+    candidate row) moves into the inspector's candidates of the selected token, to fork the reply there."""
 
     BINDINGS = [
         Binding("left", "move(-1)", "Prev token", show=False),
@@ -65,6 +66,8 @@ class TokenView(Widget, can_focus=True):
         Binding("up", "other(-1)", "Prev reply", show=False),
         Binding("down", "other(1)", "Next reply", show=False),
         Binding("enter,escape", "leave", "Back to prompt", show=False),
+        Binding("tab", "pick", "Candidates", show=False),
+        *(Binding(str(n), f"pick({n - 1})", show=False) for n in range(1, 10)),
     ]
 
     cursor = reactive(0)
@@ -73,6 +76,13 @@ class TokenView(Widget, can_focus=True):
     class Selected(Message):
         view: "TokenView"
         index: int
+
+    @dataclass
+    class Pick(Message):
+        """Choose among the selected token's candidates (the inspector's rows; row None: start at the chosen one)."""
+        view: "TokenView"
+        index: int
+        row: int | None = None
 
     @dataclass
     class Leave(Message):
@@ -85,14 +95,15 @@ class TokenView(Widget, can_focus=True):
     def __init__(self, **kw):
         super().__init__(**kw)
         self.pieces: list[str] = []
-        self.marks: dict[int, str] = {}     # index -> CSS-like style name: "banned", "lifted", "low", "diverged"
+        self.marks: dict[int, str] = {}     # index -> style name: "banned", "lifted", "low", "diverged", "forked"
 
     def set_tokens(self, pieces: list[str], marks: dict[int, str]) -> None:
         self.pieces, self.marks = pieces, marks
         self.cursor = min(self.cursor, max(0, len(pieces) - 1))
         self.refresh(layout=True)
 
-    STYLES = {"banned": "underline", "lifted": "bold magenta", "low": "yellow", "diverged": "bold red"}
+    STYLES = {"banned": "underline", "lifted": "bold magenta", "low": "yellow", "diverged": "bold red",
+              "forked": "bold cyan"}
 
     def render(self) -> Text:
         t = Text()
@@ -143,6 +154,10 @@ class TokenView(Widget, can_focus=True):
 
     def action_leave(self) -> None:
         self.post_message(self.Leave(self, 0))
+
+    def action_pick(self, row: int | None = None) -> None:
+        if self.pieces:
+            self.post_message(self.Pick(self, self.cursor, row))
 
     def scroll_to_cursor(self) -> None:
         self.scroll_visible()

@@ -9,9 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from rich.style import Style
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.message import Message
 from textual.widget import Widget
 
 from .format import token_label
@@ -106,11 +110,31 @@ class InspectorBody(Widget):
 class Inspector(VerticalScroll):
     """Side panel; `show_trace` / `show_text` replace what it shows."""
 
+    BINDINGS = [
+        Binding("up", "pick_move(-1)", "Prev candidate", show=False),
+        Binding("down", "pick_move(1)", "Next candidate", show=False),
+        Binding("enter", "pick_confirm", "Fork here", show=False),
+        Binding("escape,tab", "back", "Back to the tokens", show=False),
+        *(Binding(str(n), f"pick_row({n - 1})", show=False) for n in range(1, 10)),
+    ]
+
+    @dataclass
+    class Picked(Message):
+        """A candidate was chosen (Enter, or a second click on its row): fork the reply there with it."""
+        token: int
+
+    @dataclass
+    class Back(Message):
+        """Leave the candidates (Esc, Tab): back to the token view."""
+
     def __init__(self, **kw):
         super().__init__(**kw)
         self.border_title = "sampler"
         self.trace: Any = None
         self.rendered: Text = Text()
+        self.pickable = False           # the trace is a finished reply's: its candidates can be picked
+        self.pick: int | None = None    # the candidate row picked (shown while the panel has focus)
+        self._shown: tuple = ()         # what show_trace was given (to render again with the pick)
 
     def compose(self) -> ComposeResult:
         yield InspectorBody(Text("Send a message: each token's candidates appear here as it is sampled.",
@@ -122,18 +146,82 @@ class Inspector(VerticalScroll):
 
     def show_text(self, text: str) -> None:
         self.trace = None
+        self.pickable, self.pick = False, None
         self._set(Text(text, style="dim"))
 
-    def show_trace(self, trace: Any, strings: Sequence[str], counters: Counters | None, heading: str = "") -> None:
+    def show_trace(self, trace: Any, strings: Sequence[str], counters: Counters | None, heading: str = "",
+                   pickable: bool = False) -> None:
         self.trace = trace
+        self.pickable, self.pick = pickable and trace is not None and bool(trace.candidates), None
+        self._shown = (strings, counters, heading)
         self._set(render_trace(trace, strings, counters, heading))
+
+    # -- picking a candidate (a finished reply's token): the app forks the reply with it ---------------------------
+    def start_pick(self, row: int | None = None) -> bool:
+        """Focus the candidates with `row` picked (default: the chosen token's); False when there are none."""
+        if not self.pickable:
+            return False
+        cands = self.trace.candidates
+        if row is None:
+            row = next((i for i, c in enumerate(cands) if c.token == self.trace.token), 0)
+        self._repick(max(0, min(len(cands) - 1, row)))
+        self.focus()
+        return True
+
+    def _repick(self, row: int | None) -> None:
+        self.pick = row
+        strings, counters, heading = self._shown
+        if row is not None:
+            heading = (heading + "\n" if heading else "") + "fork: ↑/↓ 1-9 pick · Enter forks here · Esc back"
+        self._set(render_trace(self.trace, strings, counters, heading, pick=row))
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """The picking keys only while candidates are picked: else Esc, Tab, Enter and digits do what they do in
+        the app (Esc stops a reply or a replay)."""
+        if action in ("back", "pick_confirm", "pick_row"):
+            return self.pick is not None
+        return True
+
+    def on_blur(self) -> None:
+        if self.pick is not None:
+            self._repick(None)
+
+    def action_pick_move(self, delta: int) -> None:
+        if self.pick is None:
+            self.scroll_relative(y=delta, animate=False)
+            return
+        self._repick(max(0, min(len(self.trace.candidates) - 1, self.pick + delta)))
+
+    def action_pick_row(self, row: int) -> None:
+        if self.pickable and row < len(self.trace.candidates):
+            self._repick(row)
+
+    def action_pick_confirm(self) -> None:
+        if self.pick is not None:
+            self.post_message(self.Picked(self.trace.candidates[self.pick].token))
+
+    def action_back(self) -> None:
+        self.post_message(self.Back())
+
+    def on_click(self, event: events.Click) -> None:
+        row = event.style.meta.get("candidate") if event.style else None
+        if not self.pickable or not isinstance(row, int):
+            return
+        event.stop()
+        if self.pick == row and self.has_focus:
+            self.action_pick_confirm()
+        else:
+            self.start_pick(row)
 
 
 def _label(strings: Sequence[str], tok: int, width: int = 10) -> str:
     return token_label(strings[tok] if 0 <= tok < len(strings) else f"<{tok}>", width)
 
 
-def render_trace(trace: Any, strings: Sequence[str], counters: Counters | None, heading: str = "") -> Text:
+def render_trace(trace: Any, strings: Sequence[str], counters: Counters | None, heading: str = "",
+                 pick: int | None = None) -> Text:
+    """The panel's text; each candidate row carries its place ({"candidate": i} in its style's meta, for clicks);
+    `pick`: the row picked (reversed)."""
     t = Text(no_wrap=False)
     if heading:
         t.append(heading + "\n", style="bold")
@@ -151,7 +239,8 @@ def render_trace(trace: Any, strings: Sequence[str], counters: Counters | None, 
         elif trace.banned:
             t.append(f"✗ {len(trace.banned)} banned · mass {trace.banned_mass:.3f}\n", style="red")
         t.append("\n  token      " + "raw".ljust(BAR + 1) + "final".ljust(BAR + 1) + "  p\n", style="dim")
-        for c in trace.candidates:
+        for row, c in enumerate(trace.candidates):
+            start = len(t)
             chosen = c.token == trace.token
             row_style = "" if c.in_nucleus or c.banned_by else "dim"
             t.append("▸ " if chosen else "  ", style="bold green" if chosen else "")
@@ -171,6 +260,9 @@ def render_trace(trace: Any, strings: Sequence[str], counters: Counters | None, 
             marks = ("✗" if c.banned_by is not None else "") + ("↓" if c.penalised else "") + \
                     ("" if c.in_nucleus or c.banned_by is not None else "○")
             t.append(f" {marks}\n", style="red" if c.banned_by is not None else "yellow")
+            t.stylize(Style(meta={"candidate": row}), start, len(t) - 1)
+            if row == pick:
+                t.stylize("reverse", start, len(t) - 1)
             if c.banned_by is not None:
                 gram = " ".join(_label(strings, x, 8) for x in (*c.banned_by, c.token))
                 t.append(f"    banned: «{gram}» said before\n", style="red dim")
