@@ -1,6 +1,6 @@
 """Regenerate the README's screenshots of the app (SVG, exported by Textual).
 
-    python docs/screenshots.py [--model PATH] [--out docs]
+    python docs/screenshots.py [--model PATH] [--out docs] [--only NAME ...]
 
 Without --model the app runs the random-weight test model of tests/support.py (its replies are noise: the
 screenshots show the app, not a model); the replay screenshot always does. Each screenshot is one scripted session
@@ -36,11 +36,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=ROOT / "docs")
+    ap.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                    help="only these: chat settings sessions replay fork ab")
     a = ap.parse_args()
     os.environ["TINYCHAT_HOME"] = tempfile.mkdtemp(prefix="tinychat-shots-")
     import torch
     torch.set_num_threads(1)
-    from app_support import ChatFactory, idle, say, wait_for
+    from app_support import ChatFactory, idle, say, start, wait_for
     from support import make_chat, make_chat_model, tokenizer
 
     from tinychat.chat import ChatSettings
@@ -70,15 +72,42 @@ def main() -> None:
         await say(pilot, PROMPT)
         await pilot.press("ctrl+s")
 
+    async def fork(pilot):
+        # a reply forked once at token #4 (Tab, Down, Enter in the inspector), then the forked reply's token #6 being
+        # picked: the candidates to fork at, the pick on the second, the ‹ 2/2 › of the first fork
+        await say(pilot, "Any tips for a beginner runner?")
+        await pilot.press("ctrl+t", "home", *["right"] * 4, "tab", "down", "enter")
+        await idle(pilot)
+        await pilot.press("ctrl+t", "home", *["right"] * 6, "tab", "down")
+
+    async def ab(pilot):
+        await say(pilot, PROMPT)
+        await say(pilot, PROMPT)
+        await start(pilot, "/ab ban=off penalty=1.0")
+        await wait_for(pilot, lambda: getattr(pilot.app.screen, "result", None) is not None, what="the A/B result")
+
+    def want(name):
+        return a.only is None or name in a.only
+
     a.out.mkdir(parents=True, exist_ok=True)
-    asyncio.run(shoot(app_for(), chat_and_inspect, a.out / "app-chat.svg"))
-    asyncio.run(shoot(app_for(), settings_screen, a.out / "app-settings.svg"))
-    for title, turns in (("Cats and dogs", ("hello", "tell me about the dog")), ("A poem about the river", ("poem",))):
-        chat = make_chat(model=model, max_new=12)
-        for t in turns:
-            chat.send(t)
-        chat.save(title)
-    asyncio.run(shoot(app_for(), sessions_screen, a.out / "app-sessions.svg"))
+    if want("chat"):
+        asyncio.run(shoot(app_for(), chat_and_inspect, a.out / "app-chat.svg"))
+    if want("settings"):
+        asyncio.run(shoot(app_for(), settings_screen, a.out / "app-settings.svg"))
+    if want("fork"):
+        asyncio.run(shoot(app_for(), fork, a.out / "app-fork.svg"))
+    if want("ab"):
+        asyncio.run(shoot(app_for(), ab, a.out / "app-ab.svg"))
+    if want("sessions"):
+        for title, turns in (("Cats and dogs", ("hello", "tell me about the dog")),
+                             ("A poem about the river", ("poem",))):
+            chat = make_chat(model=model, max_new=12)
+            for t in turns:
+                chat.send(t)
+            chat.save(title)
+        asyncio.run(shoot(app_for(), sessions_screen, a.out / "app-sessions.svg"))
+    if not want("replay"):
+        return
 
     # replay: a recorded session played back; its second reply was edited after the fact (one token), so the
     # regeneration departs from the record there and the app marks it
