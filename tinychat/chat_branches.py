@@ -169,20 +169,22 @@ class BranchesMixin:
         return Fork(p, t, tuple(content[:p]) + (t,))
 
     def alternatives(self, index: int | None = None) -> tuple[int, int]:
-        """(1-based place, count) of the active path's message `index` (default: the last reply) among its
-        siblings."""
-        index = self._reply_index(index)
+        """(1-based place, count) of the active path's message `index` (default: the last reply; a user message: its
+        edits) among its siblings."""
+        index = self._alt_index(index)
         sibs, at = T.siblings(self.session, index)
         return at + 1, len(sibs)
 
     def switch_alternative(self, which: str | int, index: int | None = None) -> tuple[int, int]:
-        """Make another alternative of message `index` (default: the last reply) active: "next", "prev" or a 1-based
-        number. The cache is cut back to the turn before it and the new branch's turns are fed by the restore rule
-        (one prefill per turn, one step per sampled token), so it is the cache that branch was decoded with.
-        Returns (place, count). ChatError (nothing changed) for a number out of range."""
-        index = self._reply_index(index)
+        """Make another alternative of message `index` active (default: the last reply; a user message: one of its
+        edits, with the replies that followed it): "next", "prev" or a 1-based number. The cache is cut back to the
+        turn before it and the new branch's turns are fed by the restore rule (one prefill per turn, one step per
+        sampled token), so it is the cache that branch was decoded with. Returns (place, count). ChatError (nothing
+        changed) for a number out of range."""
+        index = self._alt_index(index)
         sibs, at = T.siblings(self.session, index)
         n = len(sibs)
+        what = "reply" if self.session.messages[index].role == "assistant" else "message"
         if which == "next":
             to = (at + 1) % n
         elif which == "prev":
@@ -190,8 +192,9 @@ class BranchesMixin:
         elif isinstance(which, int) or (isinstance(which, str) and which.isdigit()):
             k = int(which)
             if not 1 <= k <= n:
-                raise ChatError(f"no alternative {k}: this reply has {n} (1..{n})" if n > 1
-                                else f"no alternative {k}: this reply has no others (regenerate makes one)")
+                raise ChatError(f"no alternative {k}: this {what} has {n} (1..{n})" if n > 1
+                                else f"no alternative {k}: this {what} has no others "
+                                     f"({'regenerate' if what == 'reply' else 'editing it'} makes one)")
             to = k - 1
         else:
             raise ChatError("usage: /alt next|prev|N")
@@ -199,6 +202,13 @@ class BranchesMixin:
             self._switch(index, sibs[to])
             self._autosave()
         return to + 1, n
+
+    def _alt_index(self, index: int | None) -> int:
+        """A reply's or a user message's index (None: the last reply); ChatError for the system prompt."""
+        msgs = self.session.messages
+        if index is not None and 0 <= index < len(msgs) and msgs[index].role == "user":
+            return index
+        return self._reply_index(index)
 
     def _reply_index(self, index: int | None) -> int:
         msgs = self.session.messages
@@ -211,11 +221,12 @@ class BranchesMixin:
         return index
 
     def _switch(self, index: int, target: S.Message) -> None:
-        """Activate `target` in place of messages[index] (a reply), moving the cache to the new path: cut back to
-        the mark before that turn, then feed the new path's turns as they ran live."""
+        """Activate `target` in place of messages[index] (a reply, or a user message), moving the cache to the new
+        path: cut back to the mark before that turn, then feed the new path's turns as they ran live."""
         msgs = self.session.messages
         first = 1 if msgs and msgs[0].role == "system" else 0
-        turn = (index - 1 - first) // 2          # 0-based turn of the reply
+        start = index if msgs[index].role == "user" else index - 1    # the turn's user message
+        turn = (start - first) // 2              # 0-based turn
         marks_known = len(self._marks) == self.session.n_turns   # not after a snapshot restore
         left = tuple(m.id for m in msgs)
         T.switch(self.session, index, target)
@@ -232,5 +243,5 @@ class BranchesMixin:
             self._pending = kept[1]
             return
         self._pending = self.tok.end_ids()[1:] if turn > 0 else list(msgs[0].token_ids if first else [])
-        for at in range(index - 1, len(msgs) - 1, 2):
+        for at in range(start, len(msgs) - 1, 2):
             self._play(msgs[at], msgs[at + 1], at)

@@ -84,3 +84,13 @@ async def test_edit_an_earlier_message_sends_it_as_a_new_branch(factory):
         assert [m.content for m in sess.branches if m.role == "user"] == ["first message", "second message"]
         await say(pilot, "and on")                   # edit mode ended: a normal send
         assert app.chat.session.n_turns == 2
+        # the edited message shows its place among its edits; a click on it brings the original branch back
+        edited = app.view.query(UserMessage).first()
+        assert edited.alts == (2, 2) and "‹ 2/2 ›" in str(edited.border_subtitle)
+        await pilot.click(edited)
+        await wait_for(pilot, lambda: app.busy is None and app.chat.session.messages[1].content == "first message",
+                       what="the original branch")
+        await idle(pilot)
+        assert [u.text for u in app.view.query(UserMessage)] == ["first message", "second message"]
+        assert app.view.query(UserMessage).first().alts == (1, 2) and "message 1/2" in notes(app)
+        assert len(app.view.replies()) == 2

@@ -259,3 +259,32 @@ def test_editing_an_earlier_message_branches_from_it_and_keeps_the_old_branch(tm
         chat.edit(2, "not mine")
     with pytest.raises(ChatError, match="empty"):
         chat.edit(3, "  ")
+
+
+def test_an_edited_message_switches_back_to_its_original_with_what_followed_it(tmp_path, monkeypatch):
+    chat = make_chat(max_new=8, seed=3, sessions_dir=tmp_path)
+    chat.send("hello there")
+    chat.send("why the cat?")
+    chat.send("and the dog")
+    old = [m.token_ids for m in chat.session.messages]
+    chat.edit(3, "why the bird?")
+    edited = [m.token_ids for m in chat.session.messages]
+    assert chat.alternatives(3) == (2, 2) and chat.alternatives(1) == (1, 1)
+    monkeypatch.setattr(chat, "_rebuild", None)          # the switch cuts back, then puts the kept cache back
+    assert chat.switch_alternative("prev", index=3) == (1, 2)
+    assert [m.token_ids for m in chat.session.messages] == old     # both later turns came back with it
+    _cache_equal(chat, _fresh_restore(chat))
+    assert chat.switch_alternative("next", index=3) == (2, 2)
+    assert [m.token_ids for m in chat.session.messages] == edited
+    _cache_equal(chat, _fresh_restore(chat))
+    with pytest.raises(ChatError, match="this message has 2"):
+        chat.switch_alternative("3", index=3)
+    with pytest.raises(ChatError, match="not a reply"):
+        chat.alternatives(0)                                         # the system prompt has no alternatives
+    chat.close()
+    fresh = Chat.restore(S.load(chat.session.id, tmp_path), make_chat_model(), tokenizer(), use_snapshot=False,
+                         autosave=False)
+    monkeypatch.undo()
+    fresh.switch_alternative("1", index=3)                          # a chat that never decoded the old branch
+    assert [m.token_ids for m in fresh.session.messages] == old
+    _cache_equal(fresh, _fresh_restore(fresh))

@@ -182,7 +182,11 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         history = []
         for i, m in enumerate(sess.messages):
             if m.role == "user":
-                widgets.append(UserMessage(m.content, classes="message user"))
+                u = UserMessage(m.content, classes="message user")
+                if self.replay_sess is None:
+                    u.index = i
+                    u.set_alternatives(*self.chat.alternatives(i))
+                widgets.append(u)
                 history.append(m.content)
             elif m.role == "assistant" and self.replay_sess is None:
                 ids = tok.content_ids(m.role, m.token_ids)
@@ -335,6 +339,9 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         self._focus_reply(msg.message)
 
     def on_assistant_message_alt_clicked(self, msg: AssistantMessage.AltClicked) -> None:
+        self.switch_alt("next", msg.message.index)
+
+    def on_user_message_alt_clicked(self, msg: UserMessage.AltClicked) -> None:
         self.switch_alt("next", msg.message.index)
 
     def on_token_view_selected(self, msg: TokenView.Selected) -> None:

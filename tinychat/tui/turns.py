@@ -201,6 +201,10 @@ class TurnsMixin:
         if self.replay_sess is None:
             m.index = len(self.chat.session.messages) - 1
             m.set_alternatives(*self.chat.alternatives(m.index))
+            users = list(self.view.query(UserMessage))
+            if users:                       # this turn's message: after an edit, one of several
+                users[-1].index = m.index - 1
+                users[-1].set_alternatives(*self.chat.alternatives(m.index - 1))
         self._set_busy(None)
         self._update_status(msg.status, tok_s=r.decode_tok_s or None, ttft_ms=r.ttft_ms, activity="")
         if r.traces and self.inspector.display:
@@ -260,12 +264,15 @@ class TurnsMixin:
         except ChatError as e:
             self.notify(str(e), severity="error")
             return
+        is_reply = index is None or self.chat.session.messages[index].role == "assistant"
+        what, how = ("reply", "Ctrl+R") if is_reply else ("message", "/edit")
+        self._alt_what = what
         if which.isdigit() and not 1 <= int(which) <= n:
-            self.notify(f"no alternative {which}: this reply has {n} (1..{n})" if n > 1 else
-                        f"no alternative {which}: this reply has no others (Ctrl+R makes one)", severity="error")
+            self.notify(f"no alternative {which}: this {what} has {n} (1..{n})" if n > 1 else
+                        f"no alternative {which}: this {what} has no others ({how} makes one)", severity="error")
             return
         if n < 2:
-            self.notify("this reply has no alternatives yet (Ctrl+R makes one)")
+            self.notify(f"this {what} has no alternatives yet ({how} makes one)")
             return
         self._set_busy(Busy.ALT)
         self._job_alt(self.chat, which, index)
@@ -299,7 +306,7 @@ class TurnsMixin:
         elif msg.kind is Busy.ALT:
             await self._show_history()
             place, n = msg.value
-            self.notify(f"reply {place}/{n}")
+            self.notify(f"{getattr(self, '_alt_what', 'reply')} {place}/{n}")
             if getattr(self.chat, "save_warning", None):
                 self.notify(self.chat.save_warning, severity="warning", timeout=10)
         elif msg.kind is Busy.SAVE:

@@ -30,7 +30,12 @@ USER_DISPLAY_LIMIT = 4000       # characters of a user message shown (a 100 KB p
 
 
 class UserMessage(Static):
-    """What the user sent (plain text, never markup)."""
+    """What the user sent (plain text, never markup). An edited message shows its place among its edits
+    ("‹ 1/2 ›" on the border); a click on it then shows the next one."""
+
+    @dataclass
+    class AltClicked(Message):
+        message: "UserMessage"
 
     def __init__(self, text: str, **kw):
         shown = visible(text)
@@ -40,6 +45,17 @@ class UserMessage(Static):
         super().__init__(Content(shown), **kw)
         self.text = text
         self.border_title = "you"
+        self.index: int | None = None     # its place in the session's active path
+        self.alts = (1, 1)
+
+    def set_alternatives(self, place: int, count: int) -> None:
+        self.alts = (place, count)
+        self.border_subtitle = f"‹ {place}/{count} › click: next" if count > 1 else ""
+
+    def on_click(self, event: events.Click) -> None:
+        if self.alts[1] > 1:
+            event.stop()
+            self.post_message(UserMessage.AltClicked(self))
 
 
 class NoticeMessage(Static):
