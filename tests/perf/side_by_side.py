@@ -5,6 +5,7 @@ hits them alike; the table gives medians over rounds and tinychat / llama.cpp ra
     python tests/perf/llama_cpp_peer.py setup            # once (~8-15 min build)
     python tests/perf/side_by_side.py [--threads 1 2] [--rounds 3] [--long-ctx 1500] [--before] [--extra]
 
+--smollm2 MODEL_DIR adds tinychat on SmolLM2-135M's own weights (`tinychat import` of the GGUF the peer quantizes).
 --long-ctx N (default 1500; 0: off) adds decode after an N-token prompt (same gen-len), a separate run per engine.
 
 --before adds tinychat as it was before the speed work (TINYCHAT_NATIVE=0, fp32 prefill GEMMs): same process
@@ -30,7 +31,7 @@ import json, sys
 from tinychat.bench import run_bench
 from tinychat.options import EngineOptions
 opts = EngineOptions(prefill_bf16=False) if {before} else None
-r = run_bench(config={config!r}, quant={quant!r}, prompt_len={prompt_len}, gen_len={gen_len}, repeats=1, warmup=1,
+r = run_bench(model_path={model_path!r}, config={config!r}, quant={quant!r}, prompt_len={prompt_len}, gen_len={gen_len}, repeats=1, warmup=1,
               threads={threads}, prefill_lens={prefill!r}, options=opts)
 print(json.dumps(r))
 """
@@ -55,19 +56,19 @@ def llama(a, threads):
     return out
 
 
-def tinychat(a, threads, config, quant, before):
+def tinychat(a, threads, config, quant, before, model_path=None):
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     if before:
         env["TINYCHAT_NATIVE"] = "0"
     code = TC.format(before=before, config=config, quant=quant, prompt_len=a.prompt_len, gen_len=a.gen_len,
-                     threads=threads, prefill=tuple(a.prefill))
+                     threads=threads, prefill=tuple(a.prefill), model_path=model_path)
     r = run_json([sys.executable, "-c", code], env=env)
     out = {"decode": r["decode_tok_s"], **{f"prefill {n}": r["prefill_by_len"][str(n)] for n in a.prefill},
            "_info": {k: r.get(k) for k in ("mode", "native", "int8_kernels", "linear_params", "peak_rss_mb",
                                             "quant")}}
     if a.long_ctx:
         code = TC.format(before=before, config=config, quant=quant, prompt_len=a.long_ctx, gen_len=a.gen_len,
-                         threads=threads, prefill=())
+                         threads=threads, prefill=(), model_path=model_path)
         out[f"decode @{a.long_ctx}"] = run_json([sys.executable, "-c", code], env=env)["decode_tok_s"]
     return out
 
@@ -82,9 +83,14 @@ def main():
     ap.add_argument("--before", action="store_true")
     ap.add_argument("--extra", action="store_true")
     ap.add_argument("--long-ctx", type=int, default=1500)
+    ap.add_argument("--smollm2", type=Path, default=None, metavar="MODEL_DIR",
+                    help="add a row of tinychat on SmolLM2-135M's own weights (a `tinychat import` of the same GGUF)")
     a = ap.parse_args()
-    rows = [("llama.cpp Q8_0 SmolLM2-135M", lambda t: llama(a, t)),
-            ("tinychat full int8", lambda t: tinychat(a, t, "full", "int8", False))]
+    rows = [("llama.cpp Q8_0 SmolLM2-135M", lambda t: llama(a, t))]
+    if a.smollm2:
+        rows.append(("tinychat int8 SmolLM2-135M (same weights)",
+                     lambda t: tinychat(a, t, None, "int8", False, str(a.smollm2))))
+    rows.append(("tinychat full int8", lambda t: tinychat(a, t, "full", "int8", False)))
     if a.before:
         rows.append(("tinychat full int8 (before)", lambda t: tinychat(a, t, "full", "int8", True)))
     if a.extra:
