@@ -33,7 +33,7 @@ from .tokenizer import StreamDecoder, Tokenizer
 class TurnResult:
     text: str
     token_ids: list[int]            # sampled content tokens (the stop token excluded)
-    finish: str                     # "stop", "length" or "cancelled"
+    finish: str                     # "stop", "length", "cancelled" (or "edited": a replayed hand-written reply)
     seed: int
     prefill_tokens: int
     ttft_ms: float
@@ -534,6 +534,12 @@ class Chat(BranchesMixin):
         step's final distribution (TurnResult.probs); then put the recorded turn in place of the regenerated one,
         in the history and in the cache, so the next turn runs on the recorded context. on_token as in send()."""
         at = len(self.session.messages)
+        if recorded.finish == "edited":         # written by the user, not sampled: given as it is
+            self.session.messages.extend([user, recorded])
+            self._play(user, recorded, at)
+            content = self._content(recorded)
+            return TurnResult(text=recorded.content, token_ids=content, finish="edited", seed=recorded.seed or 0,
+                              prefill_tokens=0, ttft_ms=0.0, decode_tok_s=0.0, mode=self.decoder.mode)
         pending, mark = self._pending, self.cache.mark()
         start = (recorded.settings or {}).get("context_start")
         res = self._turn(S.Message("user", user.content, list(user.token_ids)), on_token, True, keep_probs=True,

@@ -168,6 +168,52 @@ class BranchesMixin:
             raise ChatError(f"session {self.session.id}: a reply forked to token {t}, outside the model's vocabulary")
         return Fork(p, t, tuple(content[:p]) + (t,))
 
+    def edit_reply(self, index: int | None, text: str) -> tuple[int, int]:
+        """Put `text`, as written, in place of the active path's reply `index` (default: the last): a new sibling of
+        it (finish "edited"; the turn's settings and seed kept for the record), active, with nothing after it, so
+        the user types on from there; the old reply and what followed it stay in the tree. Its tokens are fed by
+        the restore rule (one decoder step each), so a restore gives the same cache. Returns (place, count).
+        ChatError, with nothing changed, for an empty text or one that does not fit the context."""
+        if not isinstance(text, str) or not text.strip():
+            raise ChatError("empty message")
+        index = self._reply_index(index)
+        msgs = self.session.messages
+        old = msgs[index]
+        ids = self.tok.message_ids("assistant", text)
+        if max(ids) >= self.model.cfg.vocab_size:
+            raise ChatError(f"token id {max(ids)} is outside the model's vocabulary")
+        before = sum(len(m.token_ids) for m in msgs[:index]) + len(self._pending)
+        if before + len(ids) > self.max_len:
+            raise ChatError(f"the edited reply does not fit the {self.max_len}-token context")
+        T.link(self.session)
+        first = 1 if msgs and msgs[0].role == "system" else 0
+        turn = (index - 1 - first) // 2
+        mark = self._marks[turn] if len(self._marks) == self.session.n_turns else None
+        if mark is not None:
+            self._left.leave(tuple(m.id for m in msgs), self.cache, mark, self._marks[turn:], self._pending)
+        tail = msgs[index:]
+        new = S.Message("assistant", text, ids, settings=dict(old.settings or {}), seed=old.seed, finish="edited")
+        del msgs[index:]
+        msgs.append(new)
+        self.session.branches.extend(tail)
+        T.link(self.session)
+        try:
+            if mark is None:
+                self._rebuild()
+            else:
+                self.cache.truncate(mark)
+                del self._marks[turn:]
+                self._pending = self.tok.end_ids()[1:] if turn > 0 else list(msgs[0].token_ids if first else [])
+                self._play(msgs[index - 1], new, index - 1)
+        except BaseException:                   # the old branch stays the active one, the cache rebuilt to it
+            del msgs[index:]
+            msgs.extend(tail)
+            self.session.branches = [m for m in self.session.branches if all(m is not o for o in tail)]
+            self._rebuild()
+            raise
+        self._autosave()
+        return self.alternatives(index)
+
     def alternatives(self, index: int | None = None) -> tuple[int, int]:
         """(1-based place, count) of the active path's message `index` (default: the last reply; a user message: its
         edits) among its siblings."""

@@ -42,8 +42,9 @@ COMMANDS: tuple[Command, ...] = (
     Command("/fork", "POSITION TOKEN", "fork the last reply at its token POSITION (0-based, as the trace numbers "
                                        "them): TOKEN (a token id, or the text of one token, quoted: \" cat\") is "
                                        "forced there and the rest sampled again (the old reply stays an alternative)"),
-    Command("/edit", "[N]", "edit your Nth message (default: the last): it opens in the input, and sending it starts "
-                            "a new branch from there (/edit off: send normally again)", plain=False),
+    Command("/edit", "[N|rN]", "edit your Nth message (default: the last; rN: the Nth reply, r: the last): it opens "
+                               "in the input, and sending it starts a new branch from there (an edited reply is kept "
+                               "as written and you type on; /edit off: send normally again)", plain=False),
     Command("/undo", "", "take back the last turn (its text returns to the input)",
             plain_help="take back the last turn"),
     Command("/copy", "", "copy the last reply to the clipboard", plain=False),

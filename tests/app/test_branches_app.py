@@ -94,3 +94,30 @@ async def test_edit_an_earlier_message_sends_it_as_a_new_branch(factory):
         assert [u.text for u in app.view.query(UserMessage)] == ["first message", "second message"]
         assert app.view.query(UserMessage).first().alts == (1, 2) and "message 1/2" in notes(app)
         assert len(app.view.replies()) == 2
+
+
+async def test_edit_a_reply_keeps_it_as_written_and_the_user_types_on(factory):
+    from tinychat.tui.widgets import UserMessage
+    app = make_app(factory(temperature=0.0, max_new=8), blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await say(pilot, "first message")
+        await say(pilot, "second message")
+        first_reply = app.chat.session.messages[2].content
+        await start(pilot, "/edit r9")
+        await pilot.pause()
+        assert any("no reply 9 to edit (this chat has 2)" in n for n in notes(app, "error"))
+        app.prompt.load_text("/edit r1")
+        app.prompt.submit()
+        await wait_for(pilot, lambda: app.prompt.text == first_reply, what="the reply in the input")
+        app.prompt.load_text("the cat sleeps all day")
+        app.prompt.submit()
+        await wait_for(pilot, lambda: app.busy is None and len(app.chat.session.messages) == 3
+                       and app.chat.session.messages[-1].content == "the cat sleeps all day", what="the edit")
+        await idle(pilot)
+        assert app.chat.session.messages[-1].finish == "edited"
+        assert len(app.view.query(UserMessage)) == 1 and [r.text for r in app.view.replies()] == [
+            "the cat sleeps all day"]
+        assert app.view.replies()[0].alts == (2, 2)
+        await say(pilot, "and on")
+        assert app.chat.session.n_turns == 2 and app.chat.session.messages[2].finish == "edited"

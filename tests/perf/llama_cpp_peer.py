@@ -8,7 +8,12 @@ committed.
     python tests/perf/llama_cpp_peer.py setup      # once: venv + llama-cpp-python build + Q8_0 GGUF (~8 min)
     python tests/perf/llama_cpp_peer.py measure    # JSON: decode tok/s, prefill tok/s for 200 and 1000 tokens
 
-`measure` re-executes itself inside the peer venv. Run `setup` in the background:
+`measure` re-executes itself inside the peer venv. Another build beside it (e.g. AVX2 only, AVX-512 off):
+    TINYCHAT_PERF_DIR=runs/perf-avx2 LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+        -DGGML_F16C=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=OFF -DLLAMA_CURL=OFF -DGGML_OPENMP=ON" \
+        python tests/perf/llama_cpp_peer.py setup
+and the same TINYCHAT_PERF_DIR for measure / side_by_side.py (with TINYCHAT_NATIVE_ARCH="-march=x86-64-v3 -mavxvnni"
+for tinychat's kernels at the same level). Run `setup` in the background:
     nohup python tests/perf/llama_cpp_peer.py setup > runs/perf/setup.log 2>&1 &
 """
 from __future__ import annotations
@@ -41,7 +46,8 @@ def setup(args):
     if not PY.exists():
         sh(sys.executable, "-m", "venv", VENV)
     if subprocess.run([str(PY), "-c", "import llama_cpp"], capture_output=True).returncode != 0:
-        env = {**os.environ, "CMAKE_ARGS": "-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DGGML_OPENMP=ON",
+        env = {**os.environ, "CMAKE_ARGS": os.environ.get("LLAMA_CMAKE_ARGS",
+                                                          "-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DGGML_OPENMP=ON"),
                "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
         t = time.time()
         sh(PY, "-m", "pip", "install", "--no-binary", "llama-cpp-python", "--no-cache-dir",

@@ -288,3 +288,32 @@ def test_an_edited_message_switches_back_to_its_original_with_what_followed_it(t
     fresh.switch_alternative("1", index=3)                          # a chat that never decoded the old branch
     assert [m.token_ids for m in fresh.session.messages] == old
     _cache_equal(fresh, _fresh_restore(fresh))
+
+
+def test_an_edited_reply_is_used_as_written_and_replays_exactly(tmp_path, monkeypatch):
+    chat = make_chat(max_new=8, seed=3, sessions_dir=tmp_path)
+    chat.send("hello there")
+    chat.send("why the cat?")
+    old = [m.token_ids for m in chat.session.messages]
+    assert chat.edit_reply(2, "the cat sleeps") == (2, 2)
+    msgs = chat.session.messages
+    assert len(msgs) == 3 and msgs[-1].content == "the cat sleeps" and msgs[-1].finish == "edited"
+    assert msgs[-1].token_ids == tokenizer().message_ids("assistant", "the cat sleeps")
+    _cache_equal(chat, _fresh_restore(chat))
+    r = chat.send("and the dog")                                    # the user types on from the edited reply
+    assert r.finish in ("stop", "length") and chat.session.n_turns == 2
+    _cache_equal(chat, _fresh_restore(chat))
+    assert chat.switch_alternative("1", index=2) == (1, 2)          # the original reply, with its next turn
+    assert [m.token_ids for m in chat.session.messages] == old
+    with pytest.raises(ChatError, match="empty"):
+        chat.edit_reply(2, "  ")
+    with pytest.raises(ChatError, match="not a reply"):
+        chat.edit_reply(1, "x")
+    chat.switch_alternative("2", index=2)
+    chat.close()
+    from tinychat.replay import replay_tree
+    loaded = S.load(chat.session.id, tmp_path)
+    assert [m.finish for m in loaded.messages if m.role == "assistant"][0] == "edited"
+    fresh = make_chat(autosave=False)
+    results = replay_tree(fresh, loaded)
+    assert len(results) == 2 and all(not t.divergence for b in results for t in b.report.turns)

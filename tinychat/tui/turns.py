@@ -54,24 +54,35 @@ class TurnsMixin:
             return
         if not self._can_run("edit"):
             return
-        users = [i for i, m in enumerate(self.chat.session.messages) if m.role == "user"]
-        if len(args) > 1 or (args and not args[0].isdigit()):
-            self.notify("usage: /edit [N] (N: your Nth message) or /edit off", severity="error")
-            return
-        n = int(args[0]) if args else len(users)
-        if not users or not 1 <= n <= len(users):
-            self.notify(f"no message {n} to edit (this chat has {len(users)})" if users else "no message to edit yet",
+        reply = bool(args) and args[0].lower().startswith("r")       # /edit rN: the Nth reply
+        num = args[0][1:] if reply else (args[0] if args else "")
+        role, what = ("assistant", "reply") if reply else ("user", "message")
+        at = [i for i, m in enumerate(self.chat.session.messages) if m.role == role]
+        if len(args) > 1 or (num and not num.isdigit()):
+            self.notify("usage: /edit [N] (your Nth message), /edit r[N] (the Nth reply) or /edit off",
                         severity="error")
             return
-        self.state.edit_index = users[n - 1]
-        self.prompt.set_input(self.chat.session.messages[users[n - 1]].content)
-        self.notify(f"editing message {n}: Enter sends it as a new branch from there (/edit off: cancel)")
+        n = int(num) if num else len(at)
+        if not at or not 1 <= n <= len(at):
+            self.notify(f"no {what} {n} to edit (this chat has {len(at)})" if at else f"no {what} to edit yet",
+                        severity="error")
+            return
+        self.state.edit_index = at[n - 1]
+        self.prompt.set_input(self.chat.session.messages[at[n - 1]].content)
+        self.notify(f"editing message {n}: Enter sends it as a new branch from there (/edit off: cancel)" if not reply
+                    else f"editing reply {n}: Enter keeps it as written, a new branch you continue from "
+                         f"(/edit off: cancel)")
 
     async def send_edit(self, text: str) -> None:
         """Send `text` in place of the message /edit opened; the view drops that message and what followed it."""
         if not self._can_run("send"):
             return
         index, self.state.edit_index = self.state.edit_index, None
+        if self.chat.session.messages[index].role == "assistant":
+            self._alt_what = "reply"
+            self._set_busy(Busy.ALT)            # no decoding: the view is rebuilt when it is done
+            self._job_edit_reply(self.chat, index, text)
+            return
         self._set_busy(Busy.EDIT)
         users = list(self.view.query(UserMessage))
         n = sum(m.role == "user" for m in self.chat.session.messages[:index])
@@ -129,6 +140,11 @@ class TurnsMixin:
     def _job_undo(self, chat: Chat) -> None:
         user = chat.undo()
         self.post_message(JobDone(Busy.UNDO, user.content, chat.status()))
+
+    @work(thread=True, exclusive=True, group="chat", exit_on_error=False, name="chat")
+    def _job_edit_reply(self, chat: Chat, index: int, text: str) -> None:
+        place = chat.edit_reply(index, text)
+        self.post_message(JobDone(Busy.ALT, place, chat.status()))
 
     @work(thread=True, exclusive=True, group="chat", exit_on_error=False, name="chat")
     def _job_alt(self, chat: Chat, which: str, index: int | None) -> None:
