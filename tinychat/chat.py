@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from . import session as S
+from . import session_snapshot as SS
 from . import session_tree as T
 from .branch_cache import BranchCache
 from .chat_branches import BranchesMixin, Fork
@@ -146,9 +147,9 @@ class Chat(BranchesMixin):
             return None
         self.hold_lock()
         tensors = self.cache.state_dict()
-        self.session.kv_sha256 = S.tensors_sha256(tensors)
+        self.session.kv_sha256 = SS.tensors_sha256(tensors)
         path = S.save(self.session, self.sessions_dir)
-        S.save_snapshot(self.session.id, tensors, self._snapshot_meta(), self.sessions_dir)
+        SS.save_snapshot(self.session.id, tensors, self._snapshot_meta(), self.sessions_dir)
         return path
 
     def hold_lock(self) -> None:
@@ -182,7 +183,7 @@ class Chat(BranchesMixin):
     def _snapshot_meta(self) -> dict[str, str]:
         ids = self._cached_ids()
         return {"model_hash": self.model_hash, "quant": self.quant, "device": self.device.type,
-                "dtype": str(self.cache.gk.dtype), "context": S.hash_bytes(str(ids).encode()),
+                "dtype": str(self.cache.gk.dtype), "context": SS.hash_bytes(str(ids).encode()),
                 "pending": ",".join(map(str, self._pending))}
 
     def _cached_ids(self) -> list[int]:
@@ -226,14 +227,14 @@ class Chat(BranchesMixin):
         if not self.session.kv_sha256:       # none recorded (a file from before checksums): not verifiable
             return False
         try:
-            snap = S.load_snapshot(self.session.id, self.sessions_dir)
+            snap = SS.load_snapshot(self.session.id, self.sessions_dir)
         except S.SessionError:              # a damaged snapshot only costs the fast path
             self.notice = "the KV snapshot could not be read: rebuilt the cache from the token ids"
             return False
         if snap is None:
             return False
         tensors, meta = snap
-        if S.tensors_sha256(tensors) != self.session.kv_sha256:
+        if SS.tensors_sha256(tensors) != self.session.kv_sha256:
             self.notice = "the KV snapshot does not match the checksum the session recorded: rebuilt the cache " \
                           "from the token ids"
             return False

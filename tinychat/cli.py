@@ -234,7 +234,8 @@ def sessions_show(ref: str = typer.Argument(..., metavar="ID|PATH")):
     """Print a session as markdown."""
     from . import session as S
     from .textsafe import safe_text
-    typer.echo(safe_text(S.export_markdown(S.load(ref))))
+    from . import session_export as SE
+    typer.echo(safe_text(SE.export_markdown(S.load(ref))))
 
 
 @sessions_app.command("export")
@@ -245,7 +246,8 @@ def sessions_export(ref: str = typer.Argument(..., metavar="ID|PATH"),
     from . import session as S
     check_choice("--format", fmt, ("md", "json"))
     sess = S.load(ref)
-    text = S.export_markdown(sess) if fmt == "md" else S.export_json(sess)
+    from . import session_export as SE
+    text = SE.export_markdown(sess) if fmt == "md" else SE.export_json(sess)
     if out is None:
         from .textsafe import safe_text
         typer.echo(safe_text(text))

@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 
 from tinychat import paths
 from tinychat import session as S
+from tinychat import session_snapshot as SS
+from tinychat import session_export as SE
 from tinychat.session import Message, Session, SessionError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -465,7 +467,7 @@ def test_delete_removes_the_session_and_its_snapshot(home):
     torch = pytest.importorskip("torch")
     s = make_session(1)
     S.save(s)
-    S.save_snapshot(s.id, {"k": torch.zeros(2)}, {})
+    SS.save_snapshot(s.id, {"k": torch.zeros(2)}, {})
     assert S.delete(s.id) is True
     assert list((home / "sessions").iterdir()) == []
     assert S.delete(s.id) is False
@@ -488,14 +490,14 @@ def test_rename_sets_the_title_without_reordering():
 def test_export_json_loads_back_identically(tmp_path):
     s = make_session(2)
     out = tmp_path / "my chat export.json"
-    out.write_text(S.export_json(s), encoding="utf-8")
+    out.write_text(SE.export_json(s), encoding="utf-8")
     assert S.load(out) == s
 
 
 def test_export_markdown_lists_title_model_and_every_message_in_order():
     s = make_session(2)
     s.title = "Cats"
-    md = S.export_markdown(s)
+    md = SE.export_markdown(s)
     assert md.startswith("# Cats\n")
     assert "demo (abababababab)" in md and "int8" in md
     order = [md.index(f"## {role}\n\n{text}") for role, text in [
@@ -520,18 +522,18 @@ def test_file_hash_streams_and_matches_sha256(tmp_path):
     f = tmp_path / "w.bin"
     f.write_bytes(data)
     expected = hashlib.sha256(data).hexdigest()
-    assert S.file_hash(f) == S.file_hash(f, chunk_size=4096) == S.hash_bytes(data) == expected
+    assert SS.file_hash(f) == SS.file_hash(f, chunk_size=4096) == SS.hash_bytes(data) == expected
 
 
 def test_identity_hash_depends_on_config_and_weights_only(tmp_path):
     w1, w2 = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     w1.write_bytes(b"weights-1")
     w2.write_bytes(b"weights-2")
-    base = S.identity_hash({"d_model": 64, "engram_orders": (2, 3)}, w1)
-    assert base == S.identity_hash({"engram_orders": [2, 3], "d_model": 64}, w1)  # key order, tuple vs list
-    assert base == S.identity_hash(_Cfg(), w1)  # dataclass configs too
-    assert base != S.identity_hash({"d_model": 65, "engram_orders": (2, 3)}, w1)
-    assert base != S.identity_hash({"d_model": 64, "engram_orders": (2, 3)}, w2)
+    base = SS.identity_hash({"d_model": 64, "engram_orders": (2, 3)}, w1)
+    assert base == SS.identity_hash({"engram_orders": [2, 3], "d_model": 64}, w1)  # key order, tuple vs list
+    assert base == SS.identity_hash(_Cfg(), w1)  # dataclass configs too
+    assert base != SS.identity_hash({"d_model": 65, "engram_orders": (2, 3)}, w1)
+    assert base != SS.identity_hash({"d_model": 64, "engram_orders": (2, 3)}, w2)
     assert re.fullmatch(r"[0-9a-f]{64}", base)
 
 
@@ -546,26 +548,26 @@ def test_kv_snapshot_round_trips_tensors_and_metadata(home):
         "lengths": torch.tensor([5, 3], dtype=torch.int64),
     }
     meta = {"identity": "ab" * 32, "n_tokens": "42"}
-    assert S.load_snapshot("snap-1") is None
-    path = S.save_snapshot("snap-1", tensors, meta)
+    assert SS.load_snapshot("snap-1") is None
+    path = SS.save_snapshot("snap-1", tensors, meta)
     assert path == home / "sessions" / "snap-1.kv.safetensors"
-    got, got_meta = S.load_snapshot("snap-1")
+    got, got_meta = SS.load_snapshot("snap-1")
     assert got_meta == meta
     assert got.keys() == tensors.keys()
     for name, t in tensors.items():
         assert got[name].dtype == t.dtype and torch.equal(got[name], t)
     assert sorted(p.name for p in path.parent.iterdir()) == ["snap-1.kv.safetensors"]
     with pytest.raises(TypeError):
-        S.save_snapshot("snap-2", {"x": torch.zeros(1)}, {"n": 3})
+        SS.save_snapshot("snap-2", {"x": torch.zeros(1)}, {"n": 3})
     with pytest.raises(ValueError, match="reserved"):
-        S.save_snapshot("snap-2", {"x": torch.zeros(1)}, {"tinychat.session_id": "other"})
+        SS.save_snapshot("snap-2", {"x": torch.zeros(1)}, {"tinychat.session_id": "other"})
 
 
 def test_corrupt_or_foreign_kv_snapshot_raises_session_error(home):
     torch = pytest.importorskip("torch")
     from safetensors.torch import save_file
 
-    good = S.save_snapshot("snap-3", {"k": torch.arange(1000, dtype=torch.float32)}, {"n": "1"})
+    good = SS.save_snapshot("snap-3", {"k": torch.arange(1000, dtype=torch.float32)}, {"n": "1"})
     raw = good.read_bytes()
     folder = good.parent
     cases = {
@@ -577,15 +579,15 @@ def test_corrupt_or_foreign_kv_snapshot_raises_session_error(home):
     for label, content in cases.items():
         good.write_bytes(content)
         with pytest.raises(SessionError, match="corrupt KV snapshot") as err:
-            S.load_snapshot("snap-3")
+            SS.load_snapshot("snap-3")
         assert_one_line_naming(err.value, good)
     save_file({"k": torch.zeros(2)}, str(good))  # plain safetensors file, no tinychat metadata
     with pytest.raises(SessionError, match="not a tinychat KV snapshot"):
-        S.load_snapshot("snap-3")
-    S.save_snapshot("snap-4", {"k": torch.zeros(2)}, {})
+        SS.load_snapshot("snap-3")
+    SS.save_snapshot("snap-4", {"k": torch.zeros(2)}, {})
     os.replace(folder / "snap-4.kv.safetensors", good)  # another session's snapshot under this name
     with pytest.raises(SessionError, match="belongs to session 'snap-4'"):
-        S.load_snapshot("snap-3")
+        SS.load_snapshot("snap-3")
 
 
 # -- crash safety --------------------------------------------------------------------------------------------------

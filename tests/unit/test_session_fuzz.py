@@ -17,6 +17,7 @@ import torch
 from support import make_chat, make_chat_model, tokenizer
 
 from tinychat import session as S
+from tinychat import session_export as SE
 from tinychat.chat import Chat, ChatError
 from tinychat.replay import replay
 from tinychat.textsafe import safe_text
@@ -142,7 +143,7 @@ def test_damaged_session_files_and_snapshots_load_or_fail_cleanly_and_never_chan
             assert _one_line(e) and str(path) in str(e), (case, str(e))
             outcomes["refused"] += 1
             continue
-        shown = safe_text(S.export_markdown(sess))
+        shown = safe_text(SE.export_markdown(sess))
         assert not any(ord(c) < 32 and c not in "\n\t" or 0x7f <= ord(c) <= 0x9f for c in shown), case
         try:
             restored = Chat.restore(sid, model, tok, max_len=512, autosave=False)

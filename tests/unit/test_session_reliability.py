@@ -12,6 +12,8 @@ import torch
 from support import make_chat, make_chat_model, tokenizer
 
 from tinychat import session as S
+from tinychat import session_snapshot as SS
+from tinychat import session_export as SE
 from tinychat import session_lock
 from tinychat.chat import Chat, ChatError
 from tinychat.textsafe import has_controls, safe_line, safe_text
@@ -100,7 +102,7 @@ def test_continuing_an_older_copy_by_path_never_overwrites_the_newer_session(tmp
     chat = make_chat(max_new=10, seed=5)
     chat.send("hello there")
     old = tmp_path / "old.json"
-    old.write_text(S.export_json(chat.session))
+    old.write_text(SE.export_json(chat.session))
     chat.send("why the cat?")
     with pytest.raises(S.SessionError, match="changed after this copy of it was read") as err:
         Chat.restore(old, make_chat_model(), tokenizer(), max_len=512)
@@ -201,7 +203,7 @@ def test_a_snapshot_with_flipped_bytes_is_rebuilt_from_the_token_ids_with_a_noti
 
     saved = _two_turn_chat()
     _flip_tensor_bytes(S.snapshot_path(saved.session.id))
-    assert S.load_snapshot(saved.session.id) is not None  # the header is intact: it still reads
+    assert SS.load_snapshot(saved.session.id) is not None  # the header is intact: it still reads
     again = Chat.restore(saved.session.id, make_chat_model(), tokenizer(), max_len=512)
     assert not again.used_snapshot
     assert again.notice and "checksum" in again.notice and "\n" not in again.notice

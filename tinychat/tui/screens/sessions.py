@@ -14,6 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from ... import session as S
+from ... import session_export as SE
 from ...fsutil import atomic_write_bytes
 from .dialogs import ConfirmDialog, TextDialog
 
@@ -171,7 +172,7 @@ class SessionsScreen(ModalScreen[tuple | None]):
         try:
             sess = S.load(info.id, self.sessions_dir)
             out = (self.export_dir or Path.cwd()) / f"tinychat-{info.id}.md"
-            atomic_write_bytes(out, S.export_markdown(sess).encode("utf-8"))
+            atomic_write_bytes(out, SE.export_markdown(sess).encode("utf-8"))
         except (S.SessionError, OSError) as e:
             self.notify(str(e), severity="error")
             return
