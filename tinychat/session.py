@@ -1,8 +1,9 @@
 """Session files: what a chat recorded, on disk (design §5).
 
 One session = `<sessions_dir>/<id>.json` (versioned JSON) plus, optionally, `<id>.kv.safetensors` (a KV-cache
-snapshot). This module is the file layer only: the chat runtime restores (re-prefill from token ids, or load a
-snapshot when the model identity matches) and replays on top of it.
+snapshot, session_snapshot.py). This module is the file layer only: the chat runtime restores (re-prefill from token
+ids, or load a snapshot when the model identity matches) and replays on top of it; session_export.py writes a
+session as markdown or JSON text.
 
 A session records everything needed to continue or replay a chat to the token:
 - model identity (hash of weights + config), tokenizer hash, quant mode, device kind;
@@ -20,7 +21,7 @@ session. Reading validates every field, the settings by type and range and the o
 (session_check.py); anything wrong raises `SessionError` with a one-line message naming the file, and one bad file
 never stops `list_sessions`. Only regular files are read, at most MAX_FILE_BYTES.
 
-No torch at import: safetensors/torch are imported only inside the snapshot functions.
+No torch here (session_snapshot.py imports safetensors/torch only inside its functions).
 """
 
 from __future__ import annotations
