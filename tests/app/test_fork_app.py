@@ -29,12 +29,13 @@ async def _forked(pilot, n: int):
 
 
 async def test_fork_from_the_inspector_with_keys_then_with_clicks(factory):
-    app = make_app(factory(temperature=1.0, max_new=14), blink=False)
+    app = make_app(factory(temperature=1.0, max_new=14, seed=7), blink=False)     # seeded: a reply of >= 3 tokens
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await say(pilot, "tell me a story")
         old = app.chat.session.messages[-1]
         [reply] = app.view.replies()
+        assert len(reply.tokens) >= 3
         await pilot.press("ctrl+t", "home", "right", "right")           # token #2
         tr = reply.traces[2]
         await pilot.press("tab")
@@ -80,7 +81,7 @@ async def test_fork_from_the_inspector_with_keys_then_with_clicks(factory):
 
 
 async def test_fork_is_refused_while_a_reply_streams_and_for_a_reply_without_traces(factory):
-    app = make_app(factory(temperature=1.0, max_new=40, delay=0.03), blink=False)
+    app = make_app(factory(temperature=1.0, max_new=40, delay=0.03, seed=7), blink=False)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await say(pilot, "tell me a story")
