@@ -391,10 +391,32 @@ def run(args) -> int:
     else:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+
+        import signal
 
         with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as ex:
             futures = [ex.submit(_worker_main, args, w, args.workers) for w in range(args.workers)]
-            results = [f.result() for f in futures]
+
+            stopped = []
+
+            def forward(sig, _frame):       # a signal to this process reaches the workers too (`kill PID`, or
+                stopped.append(sig)         # pkill -f, which misses their spawn command lines): each writes its
+                for proc in list(getattr(ex, "_processes", {}).values()):     # short shard and exits (one still
+                    if proc.is_alive():                                         # loading the teacher just exits)
+                        os.kill(proc.pid, sig)
+            old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+            try:
+                results = [f.result() for f in futures]
+            except BrokenProcessPool:
+                if not stopped:
+                    raise
+                print(time.strftime("%H:%M:%S"), "stopped by a signal: finished shards are kept; run the same "
+                      "command to resume", flush=True)
+                return 0
+            finally:
+                for s, h in old.items():
+                    signal.signal(s, h)
     if args.bench:
         gen = sum(r["generated"] for r in results)
         wall = max(r["wall"] for r in results)
