@@ -103,13 +103,14 @@ def test_reply_with_alternatives(snap_compare, chat_model):
 
 def test_ab_screen(snap_compare, chat_model):
     async def run(pilot):
-        from app_support import start, wait_for
+        from app_support import idle, start, wait_for
         from tinychat.tui.screens.ab import ABScreen
         app = pilot.app
         await two_turns(pilot)
         await start(pilot, "/ab ban=off")
         await wait_for(pilot, lambda: isinstance(app.screen, ABScreen) and app.screen.result is not None,
                        what="the A/B result")
+        await idle(pilot)                    # the worker done and the screen filled (a loaded machine lags here)
         app.clear_notifications()
-        await pilot.pause(0.01)
+        await pilot.pause(0.1)
     assert snap_compare(frozen_app(chat_model, max_new=16), terminal_size=(140, 40), run_before=run)
