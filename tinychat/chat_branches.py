@@ -62,12 +62,7 @@ class BranchesMixin:
             self._left.leave(tuple(m.id for m in msgs), self.cache, mark, self._marks[turn:], self._pending)
         del msgs[index:]
         self.session.branches.extend(old)
-        if mark is None:
-            self._rebuild()
-        else:
-            self.cache.truncate(mark)
-            del self._marks[turn:]
-            self._pending = self.tok.end_ids()[1:] if turn > 0 else list(msgs[0].token_ids if first else [])
+        self._cut_back(turn, mark)
         user = S.Message("user", text, self.tok.message_ids("user", text))
         try:
             return self._turn(user, on_token, self.trace if trace is None else trace, on_reply=on_reply)
@@ -99,12 +94,7 @@ class BranchesMixin:
         if mark is not None:
             self._left.leave(tuple(m.id for m in msgs), self.cache, mark, self._marks[turn:], self._pending)
         del msgs[index - 1:]
-        if mark is None:
-            self._rebuild()
-        else:
-            self.cache.truncate(mark)
-            del self._marks[turn:]
-            self._pending = self.tok.end_ids()[1:] if turn > 0 else list(msgs[0].token_ids if first else [])
+        self._cut_back(turn, mark)
         try:
             res = self._turn(tail[0], on_token, self.trace if trace is None else trace, on_reply=on_reply,
                              autosave=False, context_start=(old.settings or {}).get("context_start"), fork=fork,
@@ -198,12 +188,7 @@ class BranchesMixin:
         self.session.branches.extend(tail)
         T.link(self.session)
         try:
-            if mark is None:
-                self._rebuild()
-            else:
-                self.cache.truncate(mark)
-                del self._marks[turn:]
-                self._pending = self.tok.end_ids()[1:] if turn > 0 else list(msgs[0].token_ids if first else [])
+            if not self._cut_back(turn, mark):
                 self._play(msgs[index - 1], new, index - 1)
         except BaseException:                   # the old branch stays the active one, the cache rebuilt to it
             del msgs[index:]
@@ -248,6 +233,19 @@ class BranchesMixin:
             self._switch(index, sibs[to])
             self._autosave()
         return to + 1, n
+
+    def _cut_back(self, turn: int, mark) -> bool:
+        """The cache back to the start of turn `turn` (its mark), the marks and pending ids with it; with no mark
+        known, the active path rebuilt instead (True)."""
+        if mark is None:
+            self._rebuild()
+            return True
+        msgs = self.session.messages
+        self.cache.truncate(mark)
+        del self._marks[turn:]
+        system = msgs[0].token_ids if msgs and msgs[0].role == "system" else []
+        self._pending = self.tok.end_ids()[1:] if turn > 0 else list(system)
+        return False
 
     def _alt_index(self, index: int | None) -> int:
         """A reply's or a user message's index (None: the last reply); ChatError for the system prompt."""
