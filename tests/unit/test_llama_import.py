@@ -139,9 +139,9 @@ def ref_greedy(cfg, w, ids, n):
 PROMPT = tokenizer().format_messages([{"role": "user", "content": "tell me about the moon and the river"}])
 
 
-def _greedy(model, n, graph=False, fast=True):
+def _greedy(model, n, graph=False, fast=True, options=None):
     cache = KVCache(model, 1, 256, "cpu", dtype=torch.float32)
-    dec = Decoder(model, cache, graph=graph)
+    dec = Decoder(model, cache, graph=graph, options=options)
     dec.fast = fast
     logits = append(model, cache, torch.tensor([PROMPT]), [len(PROMPT)])
     out = []
@@ -170,17 +170,22 @@ def test_imported_hf_llama_matches_the_reference_through_eager_and_static_paths(
     assert (m1, m2) == ("eager", "static") and eager == want and static == want
 
 
-def test_imported_llama_int8_lean_step_stays_close_to_the_reference(tmp_path):
+@pytest.mark.parametrize("use_native", [True, False], ids=["native-step", "pytorch-step"])
+def test_imported_llama_int8_steps_stay_close_to_the_reference(tmp_path, use_native):
     if not int8_kernel_ok():
         pytest.skip("this torch build has no CPU int8 kernel")
+    from tinychat.engine import native
+    if use_native and native.load() is None:
+        pytest.skip(f"native kernels off: {native.why_not}")
+    opts = EngineOptions(native=use_native)
     cfg, w = VARIANTS["qwen2-bias-untied"], _weights(VARIANTS["qwen2-bias-untied"], qk_std=0.15)
     m = quantize_cpu(TinyAgentLM.from_pretrained(import_model(write_hf(tmp_path / "hf", cfg, w), name="q")), "int8")
     want = ref_greedy(cfg, w, PROMPT, 12)
-    got, mode = _greedy(m, 12)
-    assert mode == "fast-int8" and CpuStep.build(m, EngineOptions(native=True)).nat is None
+    got, mode = _greedy(m, 12, options=opts)
+    assert mode == "fast-int8" and (CpuStep.build(m, opts).nat is not None) == use_native
     ref = ref_logits(cfg, w, PROMPT + want)[len(PROMPT) - 1:-1]
     cache = KVCache(m, 1, 256, "cpu", dtype=torch.float32)
-    dec = Decoder(m, cache, graph=False)
+    dec = Decoder(m, cache, graph=False, options=opts)
     rows = [append(m, cache, torch.tensor([PROMPT]), [len(PROMPT)])] + [dec.step(t) for t in want[:-1]]
     rows = torch.cat(rows).double()
     assert 0 < (rows - ref).abs().max() / ref.abs().max() < INT8_REL       # really quantized, and close

@@ -2,7 +2,8 @@
 Decoder, holds what the step needs besides the model, and runs each token either in PyTorch ops (`_decode_fast`) or,
 for an int8 model where the kernels build, in native kernels (engine/native_step.py's `_decode_native`). Configs
 other than TinyAgentLM's (the llama family: no local ring, no QK-norm, SwiGLU, q/k/v biases, no softcap) run the
-general PyTorch step in engine/lean_step.py (`_decode_lean`); the native kernels express TinyAgentLM only.
+general PyTorch step in engine/lean_step.py (`_decode_lean`), or for an int8 llama in native kernels too
+(engine/native_llama_step.py).
 
 Batch-1 decode on a CPU is dispatch-bound as much as memory-bound: every op costs a few us, about as much as the
 weights take to stream. So the step uses far fewer ops than _decode_one: fused QKV (one weight stream and one
@@ -18,6 +19,7 @@ from .append import _engram_addrs
 from .cache import KVCache
 from .fused import n_qk_heads, qkv_rows, rope_basis, rope_matrix
 from .lean_step import _decode_lean
+from .native_llama_step import _decode_native_llama, _NativeLlama
 from .native_step import _decode_native, _NativeStep
 from ..options import EngineOptions
 from .quant import QUANT_CLASSES, quant_mode
@@ -61,9 +63,10 @@ class CpuStep:
         self.hb = torch.empty(1, c.d_model, dtype=self.act)
         self.step_in_c = options.step_in_c
         self.tinyagent = c.is_tinyagent
-        # the native kernels express TinyAgentLM only (QK-norm, ReLU^2, local rings, softcap): other configs (the
-        # llama family) run the PyTorch lean step, which picks its own thread count (lean_step.py)
-        self.nat = _NativeStep.build(model, self) if options.native and self.tinyagent else None
+        # native kernels: TinyAgentLM's step (native_step.py) or the llama family's (native_llama_step.py); other
+        # configs, and every model without the kernels, run the PyTorch steps (lean_step.py picks its own threads)
+        builder = _NativeStep if self.tinyagent else _NativeLlama
+        self.nat = builder.build(model, self) if options.native else None
         if self.nat is not None:
             self.nat.tuner = ThreadTuner(auto=options.tune_threads)
         self.lean_tuner = ThreadTuner(auto=options.tune_threads)       # lean_step.py's
@@ -76,7 +79,11 @@ class CpuStep:
         """Append the token tok at position L of row 0; returns the logits (1, V). idx: a (1, 1) long buffer (the
         PyTorch step reads the token from it; the native step needs no tensor of it)."""
         if self.nat is not None:
-            return _decode_native(model, cache, tok, L, self, self.nat, step_in_c=self.step_in_c)
+            if self.tinyagent:
+                return _decode_native(model, cache, tok, L, self, self.nat, step_in_c=self.step_in_c)
+            logits = _decode_native_llama(model, cache, tok, L, self, self.nat)
+            if logits is not None:
+                return logits
         idx.fill_(tok)
         if not self.tinyagent:
             return _decode_lean(model, cache, idx, L, self)

@@ -8,6 +8,7 @@
    layers:    attn + tail for a run of layers, in one call
    engram:    one token's Engram block (table gather, int8 w_v / w_k, the gate)
    softcap:   the logit softcap, cap * tanh(y / cap)
+   step:      a whole TinyAgentLM decode step; llama_step (native_llama.h) the llama family's
 
    The int8 products (gemv, and every Linear of norm_gemv, tail, engram) are native_q8.h's: activations rounded
    to int8 in blocks of 32 (one fp32 scale each, as llama.cpp's Q8_0), exact int32 block dots on the widest
@@ -167,6 +168,79 @@ static void attend_head16(const float *q, const float *K, const float *V, const 
 }
 #endif
 
+/* attend_head16 for any D, in plain C (the compiler's vectors): one q head against keys 0..L of K/V and the W ring
+   slots of Kl/Vl holding one of the last W positions; scores into s (L + 1 + W), o = softmax @ [V | Vl]. */
+static void attend_head(const float *q, const float *K, const float *V, const float *Kl, const float *Vl,
+                        const int64_t *lpos, int64_t L, int64_t W, int64_t D, float *s, float *o) {
+    int64_t n = L + 1 + W;
+    float m = -INFINITY;
+    for (int64_t j = 0; j <= L; j++) {
+        float a = 0.f;
+#pragma omp simd reduction(+ : a)
+        for (int64_t t = 0; t < D; t++) a += q[t] * K[j * D + t];
+        s[j] = a;
+        m = a > m ? a : m;
+    }
+    for (int64_t j = 0; j < W; j++) {
+        int64_t p = lpos[j];
+        float a = -INFINITY;
+        if (p >= 0 && L - p < W) {
+            a = 0.f;
+#pragma omp simd reduction(+ : a)
+            for (int64_t t = 0; t < D; t++) a += q[t] * Kl[j * D + t];
+        }
+        s[L + 1 + j] = a;
+        m = a > m ? a : m;
+    }
+    double z = 0.0;
+    for (int64_t j = 0; j < n; j++) {
+        float e = expf(s[j] - m);
+        s[j] = e;
+        z += e;
+    }
+    float rz = (float)(1.0 / z);
+    for (int64_t t = 0; t < D; t++) o[t] = 0.f;
+    for (int64_t j = 0; j <= L; j++) {
+        float p = s[j] * rz;
+        for (int64_t t = 0; t < D; t++) o[t] += p * V[j * D + t];
+    }
+    for (int64_t j = 0; j < W; j++) {
+        float p = s[L + 1 + j] * rz;
+        if (p != 0.f)
+            for (int64_t t = 0; t < D; t++) o[t] += p * Vl[j * D + t];
+    }
+}
+
+/* The H q heads at heads (H*D) against their K/V group (q head h reads group h / (H / Hk)): keys 0..L of gk/gv
+   ((Hk, gstride, D)) and the W ring slots of lk/lv ((Hk, W + 1, D); W = 0: none), the heads over the threads.
+   y: (H*D). sc: nt * (L + 1 + W) floats of scores. */
+static void attend_all(const float *heads, int64_t H, int64_t Hk, int64_t D, const float *gk, const float *gv,
+                       int64_t gstride, const float *lk, const float *lv, int64_t W, const int64_t *lpos, int64_t L,
+                       float *y, float *sc, int nt) {
+    int64_t rep = H / Hk, n = L + 1 + W;
+/* heads over the threads from short contexts on: one head at L = 100 is ~2-3 us of work per layer, and the step's
+   workers are still spinning from the GEMV before (interleaved in one process at 2 threads: 5-8 % faster steps at
+   100 tokens of context, 1-4 % at 400, unchanged past 682 where the old 1 << 18 threshold already split them) */
+#pragma omp parallel for schedule(static) num_threads((L + 1) * H * D > (1 << 14) ? nt : 1)
+    for (int64_t hq = 0; hq < H; hq++) {
+        int64_t g = hq / rep;
+#ifdef _OPENMP
+        float *s = sc + (int64_t)omp_get_thread_num() * n;
+#else
+        float *s = sc;
+#endif
+        const float *q = heads + hq * D, *K = gk + g * gstride * D, *V = gv + g * gstride * D;
+        const float *Kl = lk + g * (W + 1) * D, *Vl = lv + g * (W + 1) * D;
+#if defined(__AVX512F__)
+        if ((D & 15) == 0 && D <= 256) {
+            attend_head16(q, K, V, Kl, Vl, lpos, L, W, D, s, y + hq * D);
+            continue;
+        }
+#endif
+        attend_head(q, K, V, Kl, Vl, lpos, L, W, D, s, y + hq * D);
+    }
+}
+
 /* The attention of one layer for one token at position L, straight against an fp32 KVCache (row 0):
    heads: the fused QKV output [q (H*D) | k_local (Hk*D) | k_global (Hk*D, full layers) | v_local | v_global];
    q heads are scaled to unit length, k heads rms-normed (the 1/sqrt(D) of the scores folded in), both rotated
@@ -200,64 +274,7 @@ void tc_attn(float *heads, int64_t H, int64_t Hk, int64_t D, int full, const flo
             memcpy(gv + (g * gstride + L) * D, vg + g * D, D * sizeof(float));
         }
     }
-    int64_t rep = H / Hk, n = L + 1 + W;
-/* heads over the threads from short contexts on: one head at L = 100 is ~2-3 us of work per layer, and the step's
-   workers are still spinning from the GEMV before (interleaved in one process at 2 threads: 5-8 % faster steps at
-   100 tokens of context, 1-4 % at 400, unchanged past 682 where the old 1 << 18 threshold already split them) */
-#pragma omp parallel for schedule(static) num_threads((L + 1) * H * D > (1 << 14) ? nt : 1)
-    for (int64_t hq = 0; hq < H; hq++) {
-        int64_t g = hq / rep;
-#ifdef _OPENMP
-        float *s = sc + (int64_t)omp_get_thread_num() * n;
-#else
-        float *s = sc;
-#endif
-        const float *q = heads + hq * D, *K = gk + g * gstride * D, *V = gv + g * gstride * D;
-        const float *Kl = lk + g * (W + 1) * D, *Vl = lv + g * (W + 1) * D;
-#if defined(__AVX512F__)
-        if ((D & 15) == 0 && D <= 256) {
-            attend_head16(q, K, V, Kl, Vl, lpos, L, W, D, s, y + hq * D);
-            continue;
-        }
-#endif
-        float m = -INFINITY;
-        for (int64_t j = 0; j <= L; j++) {
-            float a = 0.f;
-#pragma omp simd reduction(+ : a)
-            for (int64_t t = 0; t < D; t++) a += q[t] * K[j * D + t];
-            s[j] = a;
-            m = a > m ? a : m;
-        }
-        for (int64_t j = 0; j < W; j++) {
-            int64_t p = lpos[j];
-            float a = -INFINITY;
-            if (p >= 0 && L - p < W) {
-                a = 0.f;
-#pragma omp simd reduction(+ : a)
-                for (int64_t t = 0; t < D; t++) a += q[t] * Kl[j * D + t];
-            }
-            s[L + 1 + j] = a;
-            m = a > m ? a : m;
-        }
-        double z = 0.0;
-        for (int64_t j = 0; j < n; j++) {
-            float e = expf(s[j] - m);
-            s[j] = e;
-            z += e;
-        }
-        float rz = (float)(1.0 / z);
-        float *o = y + hq * D;
-        for (int64_t t = 0; t < D; t++) o[t] = 0.f;
-        for (int64_t j = 0; j <= L; j++) {
-            float p = s[j] * rz;
-            for (int64_t t = 0; t < D; t++) o[t] += p * V[j * D + t];
-        }
-        for (int64_t j = 0; j < W; j++) {
-            float p = s[L + 1 + j] * rz;
-            if (p != 0.f)
-                for (int64_t t = 0; t < D; t++) o[t] += p * Vl[j * D + t];
-        }
-    }
+    attend_all(heads, H, Hk, D, gk, gv, gstride, lk, lv, W, lpos, L, y, sc, nt);
 }
 
 /* Layers [l0, l1) of one token against fp32 caches, in one call: per layer tc_attn then tc_tail, the tail computing
@@ -393,4 +410,6 @@ void tc_step(const tc_plan *p, int64_t tok, int64_t L, float inv, float cap, int
     tc_softcap((float *)p->logits, p->V, cap);
 }
 
-int tc_abi_version(void) { return 8; }
+#include "native_llama.h"
+
+int tc_abi_version(void) { return 9; }

@@ -39,7 +39,8 @@ _lib = None
 _tried = False
 why_not: str | None = None     # why the kernels are off (None while on or not tried yet)
 
-SOURCES = {n: Path(__file__).with_name(n).read_text(encoding="utf-8") for n in ("native.c", "native_q8.h")}
+SOURCES = {n: Path(__file__).with_name(n).read_text(encoding="utf-8")
+           for n in ("native.c", "native_q8.h", "native_llama.h")}
 SOURCE = SOURCES["native.c"]    # the kernels (C), beside this file; native_q8.h: its int8 GEMV, included
 ARCH_ENV = "TINYCHAT_NATIVE_ARCH"   # the build's target flags instead of the host's own (-march=native), e.g.
                                     # "-march=x86-64-v3 -mavxvnni" (AVX2 + AVX-VNNI), "-march=x86-64-v3" (AVX2)
@@ -73,7 +74,7 @@ def _build(cc: str) -> Path:
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-ABI = 8                 # tc_abi_version() of the source this module binds
+ABI = 9                 # tc_abi_version() of the source this module binds
 TC_MAXN = 8             # native.c's highest Engram order for tc_step's hashing
 
 
@@ -83,6 +84,17 @@ class TcPlan(ctypes.Structure):
         "d", "hidden", "H", "Hk", "D", "W", "gstride", "V", "n_seg", "n1",
         "tab", "x", "h", "xq", "qkv", "y", "u", "logits", "sc", "embed", "cos_", "sin_", "lk", "lv", "gk", "gv", "lpos",
         "tokens", "lens", "lens_cpu", "head_q", "head_s", "cid", "segs")]
+
+
+class TcLlamaPlan(ctypes.Structure):
+    """native_llama.h's tc_lplan: tc_llama_step's view of a llama-family int8 model and its fp32 cache."""
+    _fields_ = [(n, ctypes.c_int64) for n in (
+        "d", "hidden", "H", "Hk", "D", "gstride", "V", "n_layers", "rescore_k", "embed_bf16",
+        "tab", "x", "h", "xq", "qkv", "y", "u", "logits", "sc", "embed", "cos_", "sin_", "gk", "gv", "tokens", "lens",
+        "lens_cpu", "head_q", "head_s")]
+
+
+LTAB_COLS = 10          # native_llama.h's table columns per layer
 
 
 class TcSeg(ctypes.Structure):
@@ -103,8 +115,9 @@ def _bind(lib):
     lib.tc_engram.argtypes = [_F, _F, _F, _I64, _I64, _I8, _F, _I8, _F, _I64, _F, _F, _F, _F, _INT]
     lib.tc_softcap.argtypes = [_F, _I64, ctypes.c_float]
     lib.tc_step.argtypes = [_F, _I64, _I64, ctypes.c_float, ctypes.c_float, _INT]
+    lib.tc_llama_step.argtypes = [_F, _I64, _I64, ctypes.c_float, ctypes.c_float, _INT]
     for f in (lib.tc_gemv, lib.tc_norm_gemv, lib.tc_tail, lib.tc_attn, lib.tc_layers, lib.tc_engram, lib.tc_softcap,
-              lib.tc_step):
+              lib.tc_step, lib.tc_llama_step):
         f.restype = None
     lib.tc_abi_version.restype = ctypes.c_int
     lib.tc_kernel_path.restype = ctypes.c_char_p

@@ -1,0 +1,169 @@
+"""The llama family's native int8 decode step (engine/native_llama_step.py, native_llama.h) against a float64
+reference of the same math on the same int8 weights and int8-rounded activations, and against the PyTorch lean
+step it replaces."""
+import math
+
+import pytest
+import torch
+
+from support import make_llama_model
+from tinychat.engine import Decoder, KVCache, append, quantize_cpu
+from tinychat.engine import native
+from tinychat.engine.append import RESCORE_K
+from tinychat.engine.cpu_step import CpuStep
+from tinychat.engine.native_llama_step import _NativeLlama
+from tinychat.options import EngineOptions
+
+pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native kernels off: {native.why_not}")
+
+TOKENS = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(5))
+
+
+def _lin(m, v):
+    """An int8 Linear as the kernels compute it: int8 rows times the int8-rounded activations, in float64."""
+    y = (m.qweight.double() @ native.quant8_ref(v.float())) * m.scale.double()
+    return y if m.bias is None else y + m.bias.double()
+
+
+def _rms(x, eps):
+    return x / torch.sqrt((x * x).mean() + eps)
+
+
+def _rope(v, cs, sn):
+    half = v.size(-1) // 2
+    a, b = v[..., :half], v[..., half:]
+    return torch.cat([a * cs - b * sn, b * cs + a * sn], dim=-1)
+
+
+class RefStep:
+    """tc_llama_step in float64 PyTorch: its own K/V lists, the same rounding of every int8 product's input."""
+
+    def __init__(self, model, fs):
+        self.m, self.fs, self.c = model, fs, model.cfg
+        self.eps = model.cfg.norm_eps
+        self.k = [[] for _ in model.blocks]
+        self.v = [[] for _ in model.blocks]
+
+    def __call__(self, tok, L, rescore=True):
+        c, m = self.c, self.m
+        H, Hk, D = c.n_heads, c.n_kv_heads, c.head_dim
+        cs, sn = m.rope.cos[L].double(), m.rope.sin[L].double()
+        x = m.embed.weight[tok].double()
+        for li, blk in enumerate(m.blocks):
+            heads = _lin(self.fs.qkv[li], _rms(x, self.eps)).view(-1, D)
+            q = _rope(heads[:H], cs, sn) / math.sqrt(D)
+            self.k[li].append(_rope(heads[H:H + Hk], cs, sn))
+            self.v[li].append(heads[H + Hk:H + 2 * Hk])
+            K, V = torch.stack(self.k[li], 1), torch.stack(self.v[li], 1)        # (Hk, L + 1, D)
+            rep = H // Hk
+            s = torch.einsum("hd,hld->hl", q, K.repeat_interleave(rep, 0))
+            y = torch.einsum("hl,hld->hd", torch.softmax(s, -1), V.repeat_interleave(rep, 0))
+            x = x + _lin(blk.attn.w_o, y.reshape(-1))
+            u = _lin(blk.mlp.up, _rms(x, self.eps))
+            g, v = u.chunk(2)
+            x = x + _lin(blk.mlp.down, g * torch.sigmoid(g) * v)
+        h = _rms(x, self.eps)
+        logits = _lin(self.fs.head, h)
+        if rescore:
+            hd = h.float().double()
+            ids = logits.topk(RESCORE_K).indices
+            logits[ids] = (self.fs.head.qweight[ids].double() @ hd) * self.fs.head.scale[ids].double()
+        return logits
+
+
+def _native_walk(model, nt=1, rescore=True, cache_dtype=torch.float32):
+    step = CpuStep.build(model, EngineOptions(native=True, tune_threads=False))
+    assert isinstance(step.nat, _NativeLlama)
+    cache = KVCache(model, 1, 64, "cpu", dtype=cache_dtype)
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    if not rescore:
+        step.nat.rescore_k = 0
+    out = []
+    prev = torch.get_num_threads()
+    torch.set_num_threads(nt)
+    try:
+        for L, t in enumerate(TOKENS[0].tolist()):
+            out.append(step(model, cache, idx, L, t)[0])
+    finally:
+        torch.set_num_threads(prev)
+    return torch.stack(out), step, cache
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+@pytest.mark.parametrize("nt", [1, 2])
+@pytest.mark.parametrize("bias", [True, False], ids=["qkv-bias", "no-bias"])
+def test_native_llama_step_equals_the_float64_reference_of_its_rounding(bias, nt):
+    q = quantize_cpu(make_llama_model(bias=bias), "int8")
+    got, step, cache = _native_walk(q, nt, rescore=False)
+    ref = RefStep(q, step)
+    want = torch.stack([ref(t, L, rescore=False) for L, t in enumerate(TOKENS[0].tolist())])
+    assert _rel(got, want) < 1e-4
+    assert cache.lens_cpu.tolist() == [TOKENS.size(1)] and cache.tokens[0, :TOKENS.size(1)].equal(TOKENS[0])
+    # the cache holds the rotated K and the V of every position, as the reference computed them
+    K = torch.stack(ref.k[1], 1)
+    assert _rel(cache.gk[1, 0, :, :TOKENS.size(1)], K) < 1e-4
+
+
+def test_native_llama_step_rescores_its_best_candidates_in_fp32():
+    q = quantize_cpu(make_llama_model(), "int8")
+    got, step, _ = _native_walk(q)
+    ref = RefStep(q, step)
+    for L, t in enumerate(TOKENS[0].tolist()):
+        want = ref(t, L)
+        top = want.topk(4).indices
+        # the rescored candidates are the weights' exact fp32 logits (not the int8-activation GEMV's)
+        assert torch.allclose(got[L][top].double(), want[top], rtol=1e-5, atol=1e-4 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("head_dim", [24, 32])
+def test_native_llama_step_runs_any_even_head_dim_and_a_bf16_embedding(head_dim):
+    m = make_llama_model(head_dim=head_dim)
+    q = quantize_cpu(m, "int8")
+    q.embed.weight.data = q.embed.weight.data.to(torch.bfloat16)
+    got, step, _ = _native_walk(q, rescore=False)
+    ref = RefStep(q, step)
+    want = torch.stack([ref(t, L, rescore=False) for L, t in enumerate(TOKENS[0].tolist())])
+    assert _rel(got, want) < 1e-4
+
+
+def test_native_llama_step_stays_close_to_the_pytorch_lean_step_and_agrees_on_greedy_tokens():
+    q = quantize_cpu(make_llama_model(), "int8")
+    fast, _, _ = _native_walk(q)
+    lean = CpuStep.build(q, EngineOptions(native=False))
+    assert lean.nat is None
+    cache = KVCache(q, 1, 64, "cpu", dtype=torch.float32)
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    slow = torch.stack([lean(q, cache, idx, L, t)[0] for L, t in enumerate(TOKENS[0].tolist())])
+    assert _rel(fast, slow) < 0.02          # int8 activations vs bf16 ones, same int8 weights
+    assert (fast.argmax(-1) == slow.argmax(-1)).float().mean() >= 0.9
+
+
+def test_a_llama_decoder_on_a_cache_the_kernel_cannot_read_runs_the_pytorch_step():
+    q = quantize_cpu(make_llama_model(), "int8")
+    got, step, cache = _native_walk(q, cache_dtype=torch.bfloat16)
+    assert step.nat.plan(q, cache) is None
+    lean = CpuStep.build(q, EngineOptions(native=False))
+    c2 = KVCache(q, 1, 64, "cpu", dtype=torch.bfloat16)
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    want = torch.stack([lean(q, c2, idx, L, t)[0] for L, t in enumerate(TOKENS[0].tolist())])
+    assert torch.equal(got, want)
+
+
+def test_a_llama_decoder_greedy_turn_after_prefill_runs_native_and_matches_its_steps():
+    q = quantize_cpu(make_llama_model(), "int8")
+    cache = KVCache(q, 1, 128, "cpu", dtype=torch.float32)
+    dec = Decoder(q, cache, graph=False)
+    assert dec.cpu_step is not None and isinstance(dec.cpu_step.nat, _NativeLlama)
+    logits = append(q, cache, TOKENS[:, :12], [12])
+    turn = dec.generate(logits, 30, stop=511, temperature=0)
+    assert len(set(turn)) > 3 and dec.mode == "fast-int8"
+
+
+@pytest.mark.parametrize("change", ["qk_norm", "relu2"])
+def test_llama_configs_the_kernel_does_not_express_get_no_native_step(change):
+    kw = {"qk_norm": True} if change == "qk_norm" else {"mlp_kind": "relu2"}
+    q = quantize_cpu(make_llama_model(**kw), "int8")
+    assert CpuStep.build(q, EngineOptions(native=True)).nat is None

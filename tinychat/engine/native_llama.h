@@ -1,0 +1,168 @@
+/* The llama family's batch-1 int8 decode step in one call (included by native.c; engine/native_llama_step.py builds
+   its plan): every layer global (no local ring), no QK-norm, RMSNorm with an epsilon (the learned gains already
+   folded into the next Linear by the importer), optional q/k/v biases, a SwiGLU MLP (up = [gate; up] rows), an
+   optional logit softcap, after the head's best candidates are rescored in fp32 (as append.rescore_top).
+
+   Per layer: h = rms(x); qkv = w_qkv(h) (+ b); q / k heads rotated (half-split RoPE), q scaled by 1/sqrt(D); the
+   token's K/V written at position L of the layer's cache; one softmax per q head over keys 0..L; x += w_o(y);
+   h = rms(x); u = w_up(h); x += w_down(silu(gate) * up). The int8 products are native_q8.h's (activations in
+   blocks of 32 with an fp32 scale). */
+
+/* h = x / sqrt(mean(x^2) + eps): F.rms_norm without a weight. */
+static void rms_eps(const float *x, float *h, int64_t d, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < d; i++) ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+    for (int64_t i = 0; i < d; i++) h[i] = x[i] * r;
+}
+
+/* u[i] = silu(g[i]) * v[i] = g / (1 + e^-g) * v for u = [g (n) | v (n)], written over the first n. */
+static void swiglu(float *u, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; i + 16 <= n; i += 16) {   /* exp16(-g): 0 below g = -87... +inf above g = 88 (then silu is -0) */
+        __m512 g = _mm512_loadu_ps(u + i), v = _mm512_loadu_ps(u + n + i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        _mm512_storeu_ps(u + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), v));
+    }
+#endif
+    for (; i < n; i++) u[i] = u[i] / (1.0f + expf(-u[i])) * u[n + i];
+}
+
+/* The k largest logits (k <= TC_MAXK; ties: the lower id first) recomputed as s[id] * <q[id], h> in double from the
+   fp32 hidden state h, instead of the int8-activation GEMV's value: greedy and the sampler see the int8 weights'
+   exact logits for the candidates that matter (a large vocabulary's top two can be 0.08 apart). */
+#define TC_MAXK 64
+static void rescore(float *logits, int64_t V, int64_t k, const int8_t *q, const float *s, const float *h,
+                    int64_t d) {
+    if (k > TC_MAXK) k = TC_MAXK;
+    if (k > V) k = V;
+    int64_t ids[TC_MAXK];
+    float val[TC_MAXK];
+    int64_t n = 0;
+    for (int64_t i = 0; i < V; i++) {            /* insertion into a sorted (descending) list of at most k */
+        float x = logits[i];
+        if (n == k && !(x > val[k - 1])) continue;
+        int64_t j = n < k ? n++ : k - 1;
+        while (j > 0 && x > val[j - 1]) {
+            val[j] = val[j - 1];
+            ids[j] = ids[j - 1];
+            j--;
+        }
+        val[j] = x;
+        ids[j] = i;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        const int8_t *r = q + ids[j] * d;
+        double a = 0.0;
+        for (int64_t t = 0; t < d; t++) a += (double)r[t] * h[t];
+        logits[ids[j]] = (float)(a * s[ids[j]]);
+    }
+}
+
+/* tc_llama_step's view of a model and its fp32 cache; all int64 (pointers as integers; native_llama_step.py builds
+   the same layout). tab: per layer LTAB_COLS: QKV weights, scales, rows, bias (0: none), then w_o, up, down weights
+   and scales. gk/gv: (n_layers, 1, Hk, gstride, D). embed: (V, d) fp32, or bf16 when embed_bf16. */
+#define LTAB_COLS 10
+typedef struct {
+    int64_t d, hidden, H, Hk, D, gstride, V, n_layers, rescore_k, embed_bf16;
+    int64_t tab, x, h, xq, qkv, y, u, logits, sc, embed, cos_, sin_, gk, gv, tokens, lens, lens_cpu, head_q, head_s;
+} tc_lplan;
+
+/* x += w_o(y); h = rms(x); u = up(h); x += down(silu(gate) * up); then, if nq > 0: h = rms(x); qkv = wq(h) + b. */
+static void llama_tail(const int64_t *t, const int64_t *next, float *x, float *h, void *xq, float eps, const float *y,
+                       int64_t dv, float *u, int64_t hidden, int64_t d, float *qkv, int nt) {
+    const int8_t *wo_q = (const int8_t *)t[4], *up_q = (const int8_t *)t[6], *dn_q = (const int8_t *)t[8];
+    const float *wo_s = (const float *)t[5], *up_s = (const float *)t[7], *dn_s = (const float *)t[9];
+    int64_t nq = next ? next[2] : 0;
+    tc_act8 a = tc_quant8(y, xq, dv);
+#pragma omp parallel num_threads(threads_for(2 * hidden * d, nt))
+    {
+        gemv_rows(&a, wo_q, wo_s, x, d, dv, 1);
+#pragma omp barrier
+#pragma omp single
+        {
+            rms_eps(x, h, d, eps);
+            a = tc_quant8(h, xq, d);
+        }
+        gemv_rows(&a, up_q, up_s, u, 2 * hidden, d, 0);
+#pragma omp barrier
+#pragma omp single
+        {
+            swiglu(u, hidden);
+            a = tc_quant8(u, xq, hidden);
+        }
+        gemv_rows(&a, dn_q, dn_s, x, d, hidden, 1);
+        if (nq > 0) {
+#pragma omp barrier
+#pragma omp single
+            {
+                rms_eps(x, h, d, eps);
+                a = tc_quant8(h, xq, d);
+            }
+            gemv_rows(&a, (const int8_t *)next[0], (const float *)next[1], qkv, nq, d, 0);
+        }
+    }
+    if (nq > 0 && next[3])
+        for (int64_t i = 0; i < nq; i++) qkv[i] += ((const float *)next[3])[i];
+}
+
+/* h = rms(x); qkv = wq(h) + b (the first layer's; the head's without bias). */
+static void llama_norm_gemv(const float *x, float *h, void *xq, float eps, const int8_t *q, const float *s,
+                            const float *b, float *y, int64_t N, int64_t d, int nt) {
+    rms_eps(x, h, d, eps);
+    tc_act8 a = tc_quant8(h, xq, d);
+#pragma omp parallel num_threads(threads_for(N * d, nt))
+    gemv_rows(&a, q, s, y, N, d, 0);
+    if (b)
+        for (int64_t i = 0; i < N; i++) y[i] += b[i];
+}
+
+void tc_llama_step(const tc_lplan *p, int64_t tok, int64_t L, float eps, float cap, int nt) {
+    int64_t d = p->d, H = p->H, Hk = p->Hk, D = p->D, half = D / 2, gs = p->gstride;
+    const int64_t *tab = (const int64_t *)p->tab;
+    float *x = (float *)p->x, *h = (float *)p->h, *qkv = (float *)p->qkv, *y = (float *)p->y;
+    float *gk = (float *)p->gk, *gv = (float *)p->gv;
+    const float *cs = (const float *)p->cos_ + L * half, *sn = (const float *)p->sin_ + L * half;
+    void *xq = (void *)p->xq;
+    ((int64_t *)p->tokens)[L] = tok;
+    if (p->embed_bf16) {
+        const uint16_t *e = (const uint16_t *)p->embed + tok * d;
+        for (int64_t i = 0; i < d; i++) {
+            uint32_t b = (uint32_t)e[i] << 16;
+            memcpy(x + i, &b, 4);
+        }
+    } else {
+        memcpy(x, (const float *)p->embed + tok * d, d * sizeof(float));
+    }
+    llama_norm_gemv(x, h, xq, eps, (const int8_t *)tab[0], (const float *)tab[1], (const float *)tab[3], qkv, tab[2],
+                    d, nt);
+    float qs = (float)(1.0 / sqrt((double)D));
+    for (int64_t li = 0; li < p->n_layers; li++) {
+        const int64_t *t = tab + li * LTAB_COLS;
+        float *K = gk + li * Hk * gs * D, *Vc = gv + li * Hk * gs * D;
+        for (int64_t i = 0; i < H + Hk; i++) {               /* RoPE of the q and k heads in place, q / sqrt(D) */
+            float *v = qkv + i * D, r = i < H ? qs : 1.0f;
+            for (int64_t j = 0; j < half; j++) {
+                float a = v[j], b = v[j + half];
+                v[j] = (a * cs[j] - b * sn[j]) * r;
+                v[j + half] = (b * cs[j] + a * sn[j]) * r;
+            }
+        }
+        for (int64_t g = 0; g < Hk; g++) {
+            memcpy(K + (g * gs + L) * D, qkv + (H + g) * D, D * sizeof(float));
+            memcpy(Vc + (g * gs + L) * D, qkv + (H + Hk + g) * D, D * sizeof(float));
+        }
+        attend_all(qkv, H, Hk, D, K, Vc, gs, K, Vc, 0, NULL, L, y, (float *)p->sc, nt);
+        llama_tail(t, li + 1 < p->n_layers ? t + LTAB_COLS : NULL, x, h, xq, eps, y, H * D, (float *)p->u, p->hidden,
+                   d, qkv, nt);
+    }
+    ((int64_t *)p->lens)[0] += 1;
+    ((int64_t *)p->lens_cpu)[0] += 1;
+    float *logits = (float *)p->logits;
+    llama_norm_gemv(x, h, xq, eps, (const int8_t *)p->head_q, (const float *)p->head_s, NULL, logits, p->V, d, nt);
+    if (p->rescore_k > 0)
+        rescore(logits, p->V, p->rescore_k, (const int8_t *)p->head_q, (const float *)p->head_s, h, d);
+    if (cap > 0.f) tc_softcap(logits, p->V, cap);
+}

@@ -1,0 +1,140 @@
+"""The llama family's int8 decode step in native kernels (native_llama.h's tc_llama_step through engine/native.py):
+`_NativeLlama`, the kernels' view of an imported llama-family model (raw weight pointers, fp32 buffers, the plan),
+and `_decode_native_llama`, the native path of the lean CPU step for those configs (cpu_step.py builds it; the
+PyTorch step it must equal is lean_step._decode_lean).
+
+What it expresses: every layer global (kv_group 1, no local ring), no QK-norm, SwiGLU, RMSNorm with an epsilon,
+optional q/k/v biases, an optional softcap, no Engram, int8 Linears (no bias on w_o, up, down or the head), an
+fp32 cache of batch 1. Anything else runs lean_step."""
+from __future__ import annotations
+
+import ctypes
+import time
+import weakref
+
+import torch
+
+from .append import RESCORE_K
+from .cache import KVCache
+from .native import act_scratch
+from .quant import Int8Linear
+from .threads import ThreadTuner
+
+
+def _no_native():
+    return None
+
+
+def expresses(model, fs) -> bool:
+    """Can tc_llama_step run this quantized model (fs: its cpu_step.CpuStep)?"""
+    c = model.cfg
+    lin = [b.attn.w_o for b in model.blocks] + [b.mlp.up for b in model.blocks] + [b.mlp.down for b in model.blocks]
+    return (not c.has_local and c.kv_group == 1 and c.mlp_kind == "swiglu" and not c.qk_norm
+            and all(b.engram is None and b.attn.mode == "full" for b in model.blocks)
+            and all(type(m) is Int8Linear for m in fs.qkv) and type(fs.head) is Int8Linear and fs.head.bias is None
+            and all(type(m) is Int8Linear and m.bias is None for m in lin)
+            and model.embed.weight.dtype in (torch.float32, torch.bfloat16))
+
+
+class _NativeLlama:
+    """The kernels' view of a llama-family int8 model: per layer the raw pointers of its int8 weights, fp32 scales
+    and fused QKV bias (kept alive here), the buffers the step writes in place, and tc_llama_step's plan per cache."""
+
+    def __deepcopy__(self, memo):   # raw pointers into the original model's weights: a copy runs the PyTorch step
+        return None
+
+    def __reduce__(self):
+        return (_no_native, ())
+
+    @classmethod
+    def build(cls, model, fs):
+        from . import native
+        if not expresses(model, fs):
+            return None
+        lib = native.load()
+        return None if lib is None else cls(model, fs, lib)
+
+    def __init__(self, model, fs, lib):
+        from .native import LTAB_COLS
+        c = model.cfg
+        self.lib = lib
+        keep = self._keep = []
+
+        def w(lin):
+            s = lin.scale.float().contiguous()
+            keep.append(s)
+            return [lin.qweight.data_ptr(), s.data_ptr()]
+
+        rows = []
+        for li, b in enumerate(model.blocks):
+            q = fs.qkv[li]
+            bias = 0
+            if q.bias is not None:
+                bt = q.bias.detach().float().contiguous()
+                keep.append(bt)
+                bias = bt.data_ptr()
+            rows.append([*w(q), q.qweight.size(0), bias, *w(b.attn.w_o), *w(b.mlp.up), *w(b.mlp.down)])
+        self.tab = torch.tensor(rows, dtype=torch.int64)
+        assert self.tab.size(1) == LTAB_COLS
+        self.head = (*w(fs.head), fs.head.qweight.size(0))
+        d, hid, HD = c.d_model, c.mlp_hidden, c.n_heads * c.head_dim
+        self.x, self.h = torch.empty(d), torch.empty(d)
+        self.xq = act_scratch(lib, max(d, hid, HD))
+        self.u = torch.empty(2 * hid)                       # [gate | up], then silu(gate) * up in the first half
+        self.y = torch.empty(HD)
+        self.qkv = torch.empty(max(r[2] for r in rows))
+        self.logits = torch.empty(1, c.vocab_size)
+        self.sc = torch.empty(0)                            # scores: threads * (max_len + 1)
+        self.eps = c.norm_eps if c.norm_eps is not None else torch.finfo(torch.float32).eps
+        self.tuner = ThreadTuner()
+        self.rescore_k = RESCORE_K                          # head candidates recomputed in fp32 (0: none)
+        self._plan = (lambda: None, None, None)             # (a weak reference to the cache, its key, the plan)
+
+    def plan(self, model, cache: KVCache) -> int | None:
+        """The address of tc_llama_step's plan for this cache (rebuilt when one of the tensors it points into is
+        another), or None for a cache the kernel cannot read (not fp32, batch > 1, not contiguous)."""
+        key = (self.sc.data_ptr(), model.embed.weight.data_ptr(),
+               *(t.data_ptr() for t in (cache.gk, cache.gv, cache.tokens, cache.lens, cache.lens_cpu)))
+        ref, k, built = self._plan
+        if ref() is cache and k == key:
+            return built
+        built = self._build_plan(model, cache)
+        self._plan = (weakref.ref(cache), key, built)
+        return built
+
+    def _build_plan(self, model, cache: KVCache) -> int | None:
+        from .native import TcLlamaPlan
+        c = model.cfg
+        emb = model.embed.weight
+        if not (cache.gk.dtype == torch.float32 and cache.B == 1 and emb.is_contiguous()
+                and all(t.is_contiguous() for t in (cache.gk, cache.gv, cache.tokens, model.rope.cos, model.rope.sin))):
+            return None
+        p = TcLlamaPlan(d=c.d_model, hidden=c.mlp_hidden, H=c.n_heads, Hk=c.n_kv_heads, D=c.head_dim,
+                        gstride=cache.max_len + 1, V=self.head[2], n_layers=len(model.blocks), rescore_k=self.rescore_k,
+                        embed_bf16=int(emb.dtype == torch.bfloat16))
+        for name in ("x", "h", "xq", "qkv", "y", "u", "logits", "sc"):
+            setattr(p, name, getattr(self, name).data_ptr())
+        p.tab, p.embed = self.tab.data_ptr(), emb.data_ptr()
+        p.cos_, p.sin_ = model.rope.cos.data_ptr(), model.rope.sin.data_ptr()
+        for name in ("gk", "gv", "tokens", "lens", "lens_cpu"):
+            setattr(p, name, getattr(cache, name).data_ptr())
+        p.head_q, p.head_s = self.head[0], self.head[1]
+        self._plan_keep = p
+        return ctypes.addressof(p)
+
+
+def _decode_native_llama(model, cache: KVCache, tok: int, L: int, fs, nat: _NativeLlama):
+    """The token tok at position L of row 0 through tc_llama_step; returns the logits (1, V), or None when the cache
+    is one the kernel cannot read (the caller runs the PyTorch step then)."""
+    ceiling = torch.get_num_threads()
+    need = max(ceiling, 1) * (cache.max_len + 1)
+    if nat.sc.numel() < need:
+        nat.sc = torch.empty(need)
+    plan = nat.plan(model, cache)
+    if plan is None:
+        return None
+    nt = nat.tuner.threads(ceiling)
+    t0 = time.perf_counter()
+    nat.lib.tc_llama_step(plan, tok, L, nat.eps, model.cfg.logit_softcap, nt)
+    nat.tuner.record(time.perf_counter() - t0, ceiling)
+    return nat.logits.clone()                           # callers keep logits across steps; the buffer is reused
