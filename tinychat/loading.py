@@ -6,7 +6,8 @@ cheap (the CLI's --help, the app's window before the model loads). Bad input rai
 user; the CLI turns it into its one-line error and exit 2."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -110,12 +111,17 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
               session_ref: str | None = None, options=None):
     """A Chat on rt: a new one with `settings` (session_ref None), or the saved session session_ref (an id or a
     path, as tinychat.session.load reads it) continued with its recorded settings, `overrides` applied on top
-    (all but the system prompt, which belongs to the recorded history). options: EngineOptions (None: defaults)."""
+    (all but the system prompt, which belongs to the recorded history). options: EngineOptions (None: defaults).
+    A new chat whose overrides name no system prompt starts with the checkpoint's own where its chat template has one
+    (an imported model's: SmolLM2's "You are a helpful AI assistant named SmolLM, ..."), as the template would."""
     from . import session as S
-    from .chat import Chat, settings_from_session
+    from .chat import Chat, ChatSettings, settings_from_session
     check_choice("--quant", quant, QUANT_MODES)
     kw = dict(quant=quant, device=device, model_name=rt.name, model_hash=rt.identity, options=options)
     if session_ref is None:
+        own = rt.tokenizer.chat.default_system
+        if own is not None and "system_prompt" not in (overrides or {}):
+            settings = replace(settings or ChatSettings(), system_prompt=own)
         return Chat(rt.model, rt.tokenizer, settings, **kw)
     sess = S.load(session_ref)
     st = settings_from_session(sess)

@@ -16,6 +16,7 @@ No torch here: the tokenizer is used by the UI and by tooling that never loads a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -44,11 +45,13 @@ class TokenizerError(ValueError):
 class ChatFormat:
     """How a message is framed, as text with special tokens: header (with {role}) + content + end. The first token
     of `end` is the stop token. `bos` starts a system message (Llama 3's <|begin_of_text|>: a context begins with
-    its system message)."""
+    its system message). default_system: the checkpoint's own system prompt, used when the user gives none (an
+    imported model's chat template names it; None: the app's default)."""
     name: str
     header: str
     end: str
     bos: str | None = None
+    default_system: str | None = None
 
 
 CHAT_FORMATS = {
@@ -65,12 +68,16 @@ def chat_format_for(tokenizer_path: Path) -> ChatFormat:
     if not f.is_file():
         return CHAT_FORMATS["chatml"]
     try:
-        name = json.loads(f.read_text(encoding="utf-8")).get("format")
+        spec = json.loads(f.read_text(encoding="utf-8"))
+        name = spec.get("format")
     except (OSError, ValueError, AttributeError) as e:
         raise TokenizerError(f"{f}: unreadable chat format ({_one_line(e)[:100]})") from None
     if name not in CHAT_FORMATS:
         raise TokenizerError(f"{f}: unknown chat format {name!r} (known: {', '.join(CHAT_FORMATS)})")
-    return CHAT_FORMATS[name]
+    default = spec.get("default_system")
+    if default is not None and not isinstance(default, str):
+        raise TokenizerError(f"{f}: default_system must be a string")
+    return dataclasses.replace(CHAT_FORMATS[name], default_system=default or None)
 
 
 def _one_line(text: object) -> str:

@@ -19,7 +19,7 @@ from tinychat.engine.cpu_step import CpuStep
 from tinychat.importer import ImportRefused, import_model, list_models, resolve
 from tinychat.model import TinyAgentLM
 from tinychat.options import EngineOptions
-from tinychat.tokenizer import Tokenizer
+from tinychat.tokenizer import Tokenizer, TokenizerError
 
 TOL = 1e-3          # max |Δlogit| of the imported model (fp32) against the float64 reference; seen ~1e-5
 INT8_REL = 0.08     # int8 weights: max |Δlogit| / max |logit|
@@ -275,6 +275,28 @@ def test_imported_models_are_listed_and_open_by_name(tmp_path, capsys):
     code, out, err = _main(["--plain", "--model", "SmolTest", "--max-new", "4", "--temperature", "0"], capsys,
                            stdin="hello there\n")
     assert code == 0, err
+
+
+@pytest.mark.parametrize("flag, want", [([], "You are a tiny test model"), (["--system", "Be brief."], "Be brief."),
+                                        (["--system", ""], None)], ids=["template-default", "given", "none"])
+def test_a_new_chat_starts_with_the_checkpoints_own_system_prompt_unless_one_is_given(tmp_path, capsys, flag, want):
+    cfg = VARIANTS["llama-tied"]
+    import_model(write_hf(tmp_path / "SmolTest", cfg, _weights(cfg)), name="SmolTest")
+    code, _, err = _main(["--model", "SmolTest", "--max-new", "3", "--temperature", "0", *flag, "-p", "hi"], capsys)
+    assert code == 0, err
+    code, out, _ = _main(["sessions", "--json"], capsys)
+    from tinychat.session import load
+    sess = load(json.loads(out)[0]["id"])
+    first = sess.messages[0]
+    assert (first.content if first.role == "system" else None) == want
+    assert sess.system_prompt == (want or "")
+
+
+def test_a_chat_format_file_with_a_bad_default_system_is_refused_in_one_line(tmp_path):
+    tokenizer().save(tmp_path / "tokenizer.json")
+    (tmp_path / "chat_format.json").write_text(json.dumps({"format": "chatml", "default_system": 3}))
+    with pytest.raises(TokenizerError, match="default_system must be a string"):
+        Tokenizer.from_file(tmp_path / "tokenizer.json")
 
 
 def _main(args, capsys, stdin=None):
