@@ -10,8 +10,8 @@ from typing import Optional
 import typer
 
 from .choices import QUANT_MODES, SIZES
-from .loading import (check_choice, load_model_for, load_runtime, model_path, open_chat, open_replay_chat,
-                      resolve_device)
+from .loading import (check_choice, load_model_for, load_runtime, model_for_session, model_path, open_chat,
+                      open_replay_chat, resolve_device)
 
 HELP = """Chat with a small local TinyAgentLM model in the terminal.
 
@@ -55,7 +55,7 @@ def chat(ctx: typer.Context,
                                                   help="Also ban 3-grams the reply itself already said (no loops)."),
          system: Optional[str] = typer.Option(None, "--system", help="System prompt for a new chat."),
          max_new: Optional[int] = typer.Option(None, "--max-new", help="Most tokens per reply."),
-         session: Optional[str] = typer.Option(None, "--session", "-s", help="Continue a saved session (id or path)."),
+         session: Optional[str] = typer.Option(None, "--session", "-s", help="Continue a saved session (id or path), on the imported model it was recorded with unless --model is given."),
          plain: bool = typer.Option(False, "--plain", help="Line mode instead of the app (automatic when piped)."),
          json_out: bool = typer.Option(False, "--json", help="With --plain: one JSON object per reply on stdout."),
          prompt: Optional[str] = typer.Option(None, "--prompt", "-p", metavar="TEXT",
@@ -96,6 +96,8 @@ def chat(ctx: typer.Context,
         tune = {"tune_threads": False}     # an explicit count is used as given (no thread tuning)
     from .options import EngineOptions
     options = EngineOptions.from_env(**tune)
+    if session is not None:
+        model = model_for_session(model, session)
     if not plain and interactive:   # torch and the model load on the app's worker, behind the window
         from .tui.app import run_app
         raise typer.Exit(run_app(model=model, quant=quant, device=dev, settings=settings, overrides=overrides,
@@ -292,7 +294,10 @@ def sessions_rm(ref: str = typer.Argument(..., metavar="ID")):
 
 @app.command()
 def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved session, or a folder of them."),
-           model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_HELP, callback=_model_arg),
+           model: Optional[Path] = typer.Option(None, "--model", "-m", callback=_model_arg,
+                                                help="Model folder, or the name of an imported model (default: the "
+                                                     "imported model the session was recorded with, else the "
+                                                     "shipped model)."),
            check: bool = typer.Option(False, "--check", help="Only report: exit 0 token-exact, 1 on divergence."),
            json_out: bool = typer.Option(False, "--json", help="With a folder and --check: one JSON object per session."),
            play: bool = typer.Option(False, "--play", help="Play the session back in the app."),
@@ -314,6 +319,7 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved s
     if json_out:
         raise UsageError("--json goes with a folder and --check")
     sess = S.load(ref)
+    model = model_for_session(model, ref)
     if play and sys.stdin.isatty() and sys.stdout.isatty():
         from .tui.app import run_replay
         raise typer.Exit(run_replay(sess, model=model, device=dev, speed=speed))

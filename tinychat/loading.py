@@ -107,6 +107,24 @@ def load_runtime(model: Path | None, quant: str = "none") -> Runtime:
     return Runtime(m, tok, name, model_identity(m))
 
 
+def model_for_session(model: Path | None, ref: str) -> Path | None:
+    """--model for continuing or replaying the saved session ref: the one given; else the imported model the session
+    names (`tinychat import` keeps it under the models folder by that name) when there is one; else None (the
+    shipped model). A ref that does not load leaves it to the caller's own load to report."""
+    if model is not None:
+        return model
+    from . import paths
+    from . import session as S
+    try:
+        name = S.load(ref).model.get("name") or ""
+    except Exception:  # noqa: BLE001  the caller's S.load reports it in its one line
+        return None
+    if not name or name == "default" or "/" in name or name.startswith("."):
+        return None
+    p = paths.models_dir() / name
+    return p if (p / "config.json").is_file() else None
+
+
 def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Mapping[str, Any] | None = None,
               session_ref: str | None = None, options=None):
     """A Chat on rt: a new one with `settings` (session_ref None), or the saved session session_ref (an id or a

@@ -292,6 +292,23 @@ def test_a_new_chat_starts_with_the_checkpoints_own_system_prompt_unless_one_is_
     assert sess.system_prompt == (want or "")
 
 
+def test_a_session_of_an_imported_model_replays_and_continues_without_naming_the_model(tmp_path, capsys):
+    cfg = VARIANTS["llama-tied"]
+    import_model(write_hf(tmp_path / "SmolTest", cfg, _weights(cfg)), name="SmolTest")
+    code, _, err = _main(["--model", "SmolTest", "--max-new", "4", "--temperature", "0", "-p", "hi"], capsys)
+    assert code == 0, err
+    sid = json.loads(_main(["sessions", "--json"], capsys)[1])[0]["id"]
+    code, out, err = _main(["replay", sid, "--check"], capsys)
+    assert code == 0 and "token-exact" in out, err
+    code, _, err = _main(["--session", sid, "--max-new", "3", "-p", "more"], capsys)
+    assert code == 0, err
+    from tinychat.session import load
+    assert load(sid).n_turns == 2
+    # the shipped model is not the one recorded: named explicitly, it is refused in one line
+    code, _, err = _main(["replay", sid, "--check", "--model", str(tmp_path / "nope")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+
+
 def test_a_chat_format_file_with_a_bad_default_system_is_refused_in_one_line(tmp_path):
     tokenizer().save(tmp_path / "tokenizer.json")
     (tmp_path / "chat_format.json").write_text(json.dumps({"format": "chatml", "default_system": 3}))
