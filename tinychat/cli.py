@@ -361,10 +361,8 @@ def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL
           prompt_len: int = typer.Option(100, "--prompt-len", help="Prompt tokens to prefill."),
           gen_len: int = typer.Option(64, "--gen-len", help="Tokens to decode."),
           repeats: int = typer.Option(3, "--repeats", help="Timed repeats (medians are reported)."),
-          prompt: Optional[str] = typer.Option(None, "--prompt", "-p", metavar="TEXT",
-                                              help="One-shot: send TEXT as one message (- reads it all from stdin), "
-                                                   "print the reply and exit (--json as in plain mode)."),
-         threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads, pinned (default: torch's, with the int8 step's thread tuning on)."),
+          threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads, pinned (default: torch's, with "
+                                                "the int8 step's thread tuning on)."),
           json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Measure prefill tok/s, time to first token, batch-1 decode tok/s, KV bytes per token and peak RSS."""
     import json

@@ -21,3 +21,10 @@ def test_bench_json_has_the_documented_keys():
 def test_bench_rejects_bad_quant():
     r = CliRunner().invoke(app, ["bench", "--config", "tiny", "--quant", "int3"])
     assert r.exit_code != 0
+
+
+def test_bench_offers_only_its_own_options_and_refuses_a_chat_flag():
+    r = CliRunner().invoke(app, ["bench", "--help"])
+    assert r.exit_code == 0 and "--prompt-len" in r.output and "One-shot" not in r.output
+    r = CliRunner().invoke(app, ["bench", "--config", "tiny", "-p", "hello"])
+    assert r.exit_code == 2
