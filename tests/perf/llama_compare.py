@@ -92,7 +92,8 @@ def main(argv=None) -> int:
             stop = rt.tokenizer.end_ids()[0]
             ref = peer.greedy({"prompts": prompts, "max_new": args.max_new, "stop": stop}, args.threads)
             results["llama_cpp"] = {k: v for k, v in ref.items() if k != "tokens"}
-            ref_model = rt.model
+            from tinychat.loading import load_runtime
+            ref_model = load_runtime(path).model        # fp32: a Chat in int8 mode quantized rt.model in place
         for i, (p, mine, theirs) in enumerate(zip(prompts, replies, ref["tokens"])):
             k = next((j for j, (x, y) in enumerate(zip(mine, theirs)) if x != y), None)
             if k is None and len(mine) != len(theirs):
