@@ -36,4 +36,8 @@ def export_markdown(session: Session) -> str:
         lines += ["", f"## {m.role.capitalize()}{alt}", "", m.content.rstrip("\n")]
         if m.finish in ("length", "cancelled"):
             lines += ["", f"*(reply cut off: {m.finish})*"]
+        elif m.finish == "edited":
+            lines += ["", "*(reply edited by hand)*"]
+        if m.fork:
+            lines += ["", f"*(forked: reply token {m.fork['position'] + 1} chosen by hand, id {m.fork['token']})*"]
     return "\n".join(lines) + "\n"

@@ -508,6 +508,18 @@ def test_export_markdown_lists_title_model_and_every_message_in_order():
     assert md.count("*(reply cut off: length)*") == 1  # turn 1 finished by length
 
 
+def test_export_markdown_marks_edited_and_forked_replies():
+    s = make_session(2)
+    replies = [m for m in s.messages if m.role == "assistant"]
+    replies[0].finish = "edited"
+    replies[1].fork = {"position": 2, "token": 7}
+    md = SE.export_markdown(s)
+    assert md.count("*(reply edited by hand)*") == 1
+    assert md.index("answer 0") < md.index("*(reply edited by hand)*") < md.index("question 1")
+    assert "*(forked: reply token 3 chosen by hand, id 7)*" in md
+    assert "reply cut off" not in md.split("answer 0")[1].split("question 1")[0]
+
+
 # -- identity hashes -----------------------------------------------------------------------------------------------
 
 
