@@ -38,6 +38,9 @@ async def test_keep_a_leaves_a_active_and_b_an_alternative(factory):
         assert app.chat.session.messages[-1].id == r.a.message_id and app.chat.alternatives() == (2, 3)
         assert app.view.replies()[-1].text == r.a.text and app.view.replies()[-1].alts == (2, 3)
         assert app.chat.settings.ban is True
+        reply = app.view.replies()[-1]                      # rebuilt from the session, its traces kept
+        assert reply.tokens and set(range(len(reply.tokens))) <= set(reply.traces)
+        assert "A/B side A" in reply.meta and "no trace" not in reply.meta
 
 
 async def test_keep_b_switches_to_it_and_s_also_adopts_its_settings(factory):
@@ -53,6 +56,9 @@ async def test_keep_b_switches_to_it_and_s_also_adopts_its_settings(factory):
         await idle(pilot)
         assert app.view.replies()[-1].text == r.b.text and app.chat.alternatives() == (3, 3)
         assert app.chat.settings.ban is True                 # kept, not adopted
+        reply = app.view.replies()[-1]
+        assert set(range(len(reply.tokens))) <= set(reply.traces) and "A/B side B" in reply.meta
+        assert reply.traces[r.diff] is r.b.traces[r.diff]    # B's own draw where the sides part
         r2 = (await _ab(pilot, "/ab penalty=3"))
         await pilot.click("#keep-b-settings")
         await wait_for(pilot, lambda: app.busy is None and app.chat.settings.penalty == 3.0

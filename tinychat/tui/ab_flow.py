@@ -12,6 +12,7 @@ from ..commands import CommandError, parse_ab
 from .messages import AbReady
 from .screens.ab import ABScreen
 from .state import Busy
+from .widgets.inspector import Counters
 
 if TYPE_CHECKING:
     from ..chat import Chat
@@ -53,6 +54,11 @@ class ABMixin:
     async def on_ab_ready(self, msg: AbReady) -> None:
         self._set_busy(None)
         self._ab_result = msg.result
+        for side in (msg.result.a, msg.result.b):       # both replies keep their traces for the rebuilt view
+            stats = Counters.from_traces(side.traces)
+            meta = f"{len(side.tokens)} tokens · A/B side {side.name}" + \
+                (f" · {side.finish}" if side.finish and side.finish != "stop" else "")
+            self.state.remember(side.message_id, {t.index: t for t in side.traces}, stats, meta)
         self._update_status(msg.status, tok_s=None, ttft_ms=None, activity="")
         screen = self.screen
         if isinstance(screen, ABScreen):

@@ -190,10 +190,11 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
                 history.append(m.content)
             elif m.role == "assistant" and self.replay_sess is None:
                 ids = tok.content_ids(m.role, m.token_ids)
-                meta = f"{len(ids)} tokens" + (f" · {m.finish}" if m.finish and m.finish != "stop" else "") + \
-                    " · restored (no trace)"
+                known = self.state.known.get(m.id)
+                meta = known[2] if known else f"{len(ids)} tokens" + \
+                    (f" · {m.finish}" if m.finish and m.finish != "stop" else "") + " · restored (no trace)"
                 w = AssistantMessage(m.content, meta=meta, classes="message assistant")
-                w.set_history(ids, [self._piece(t) for t in ids])
+                w.set_history(ids, [self._piece(t) for t in ids], *(known[:2] if known else ()))
                 if m.fork:
                     w.marks[m.fork["position"]] = "forked"
                 w.index = i

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..chat import Chat
@@ -53,6 +53,9 @@ class LiveFigures:
         return (self.n - 1) / (self.ms / 1000) if self.n > 1 and self.ms > 0 else None
 
 
+KNOWN_REPLIES = 64     # decoded replies whose traces the app keeps for views rebuilt from the session
+
+
 @dataclass
 class ChatState:
     chat: Chat | None = None                        # the open chat (None until the model is loaded)
@@ -66,3 +69,15 @@ class ChatState:
     edit_at: int = 0                                # the edit being sent (read by the worker)
     inspected: tuple[AssistantMessage, int] | None = None   # the reply and token the inspector shows (token view)
     fork_at: tuple[int, int, int | str] | None = None       # the fork running: (reply index, position, token)
+    # replies decoded in this app, by message id: (traces by token index, counters, meta line), so a view rebuilt
+    # from the session (switching alternatives, keeping an A/B side) still shows how their tokens were chosen
+    known: dict[str, tuple[dict, Any, str]] = field(default_factory=dict)
+
+    def remember(self, message_id: str, traces: dict, stats: Any, meta: str) -> None:
+        """Keep a decoded reply's traces (the last KNOWN_REPLIES of them)."""
+        if not message_id or not traces:
+            return
+        self.known.pop(message_id, None)
+        self.known[message_id] = (dict(traces), stats, meta)
+        while len(self.known) > KNOWN_REPLIES:
+            self.known.pop(next(iter(self.known)))

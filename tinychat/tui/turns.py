@@ -216,6 +216,7 @@ class TurnsMixin:
         await m.finish(turn_meta(r))
         if self.replay_sess is None:
             m.index = len(self.chat.session.messages) - 1
+            self.state.remember(self.chat.session.messages[m.index].id, m.traces, m.stats, m.meta)
             m.set_alternatives(*self.chat.alternatives(m.index))
             users = list(self.view.query(UserMessage))
             if users:                       # this turn's message: after an edit, one of several

@@ -328,9 +328,16 @@ class AssistantMessage(Vertical):
         self.meta = meta
         self.query_one(".meta", Static).update(Content(meta))
 
-    def set_history(self, tokens: list[int], pieces: list[str]) -> None:
-        """A restored reply: its tokens (no traces were recorded)."""
+    def set_history(self, tokens: list[int], pieces: list[str], traces: dict[int, Any] | None = None,
+                    stats: Any = None) -> None:
+        """A reply shown from the session: its tokens, and the traces of its draws where the app still has them
+        (decoded in this app; a reply restored from a file has none)."""
         self.tokens, self.pieces = list(tokens), list(pieces)
+        self.traces, self.stats = dict(traces or {}), stats
+        for i, tr in self.traces.items():
+            mark = _mark(tr)
+            if mark:
+                self.marks[i] = mark
 
     def show_tokens(self, on: bool = True, index: int | None = None) -> None:
         if on and not self.tokens:
