@@ -107,6 +107,8 @@ def test_ab_screen(snap_compare, chat_model):
         from tinychat.tui.screens.ab import ABScreen
         app = pilot.app
         await two_turns(pilot)
+        await pilot.press("f3")              # the inspector off: its background rendering split varies by timing
+        assert not app.inspector.display
         await start(pilot, "/ab ban=off")
         await wait_for(pilot, lambda: isinstance(app.screen, ABScreen) and app.screen.result is not None,
                        what="the A/B result")
