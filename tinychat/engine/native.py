@@ -16,8 +16,9 @@ compiler, the CPU's flags and the target flags (-march=native, or TINYCHAT_NATIV
 -mavxvnni" to build and measure the AVX2 + AVX-VNNI path on an AVX-512 machine). Without OpenMP (Apple clang) the
 kernels run on one thread. TINYCHAT_NATIVE=0 turns the kernels off. kernel_path() names the path built.
 
-Rounding: int8 activations (INT8_STEP_VERSION 2) round differently from the int16 ones before (1) and from the
-PyTorch lean step's bf16 activations; the tests bound the difference (tests/unit/test_quant.py)."""
+Rounding: int8 activations (INT8_STEP_VERSION 2 on) round differently from the int16 ones before (1) and from the
+PyTorch lean step's bf16 activations; from 3 prefill's int8 Linears round their activations the same way (tc_gemm,
+native_gemm.h) where it runs; the tests bound the differences (tests/unit/test_quant.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -32,8 +33,10 @@ from ..nativebuild import build_shared
 from ..nativebuild import compiler as _compiler
 
 ENV = "TINYCHAT_NATIVE"
-INT8_STEP_VERSION = 2   # sessions record "native-int8-v<this>"; bump it when the native step's rounding changes
-                        # (2: int8 activations in blocks of 32; 1: int16 per vector)
+INT8_STEP_VERSION = 3   # sessions record "native-int8-v<this>"; bump it when the native step's rounding changes,
+                        # prefill's included (it fills the KV cache a later turn or a restore reads). 3: prefill's
+                        # int8 Linears on the native int8 GEMM (int8 activations, as decode) instead of fp32 / bf16
+                        # GEMMs; 2: int8 activations in blocks of 32; 1: int16 per vector
 _lock = threading.Lock()
 _lib = None
 _tried = False
