@@ -172,10 +172,11 @@ class Int8Linear(torch.nn.Module):
         from . import native
         return native.load()
 
-    def prefill_kernel(self, rows: int) -> str:
-        """Which kernel forward() runs for `rows` rows: "native-gemm", "bf16-gemm", "fp32-gemm" or "int8-gemv"."""
+    def prefill_kernel(self, rows: int, cpu: bool = True) -> str:
+        """Which kernel forward() runs for `rows` rows (of a CPU tensor, unless cpu is False): "native-gemm",
+        "bf16-gemm", "fp32-gemm" or "int8-gemv"."""
         bf16 = self.prefill_bf16 and rows > INT8_GEMV_ROWS_BF16
-        if rows > INT8_GEMM_ROWS and (INT8_GEMM_OVER_BF16 or not bf16) and self.gemm_lib() is not None:
+        if cpu and rows > INT8_GEMM_ROWS and (INT8_GEMM_OVER_BF16 or not bf16) and self.gemm_lib() is not None:
             return "native-gemm"
         if bf16:
             return "bf16-gemm"
@@ -197,7 +198,7 @@ class Int8Linear(torch.nn.Module):
     def forward(self, x):
         shape = x.shape
         rows = x.numel() // shape[-1]
-        kernel = self.prefill_kernel(rows)
+        kernel = self.prefill_kernel(rows, x.device.type == "cpu")
         if kernel == "native-gemm":
             return self._native_gemm(self.gemm_lib(), x)
         if kernel == "bf16-gemm":
