@@ -8,6 +8,7 @@
    layers:    attn + tail for a run of layers, in one call
    engram:    one token's Engram block (table gather, int8 w_v / w_k, the gate)
    softcap:   the logit softcap, cap * tanh(y / cap)
+   gemm:      prefill's Y (M, N) = X (M, K) @ (s * q)^T (+ bias), many tokens at once (native_gemm.h)
 
    The int8 products (gemv, and every Linear of norm_gemv, tail, engram) are native_q8.h's: activations rounded
    to int8 in blocks of 32 (one fp32 scale each, as llama.cpp's Q8_0), exact int32 block dots on the widest
