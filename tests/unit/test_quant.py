@@ -331,6 +331,18 @@ def test_int8_prefill_picks_its_kernel_by_rows_options_and_kernels():
     assert merged.native is False and merged.prefill_kernel(1000) == "fp32-gemm"
 
 
+def test_int8_prefill_keeps_the_fp32_gemm_where_the_kernels_have_only_their_scalar_path(monkeypatch):
+    native = _native_or_skip()
+    lin = Int8Linear(torch.nn.Linear(64, 96), prefill_bf16=False)
+    assert lin.prefill_kernel(200) == "native-gemm"
+
+    class Scalar:
+        def tc_kernel_path(self):
+            return b"scalar"
+    monkeypatch.setattr(native, "load", lambda: Scalar())
+    assert native.gemm_lib() is None and lin.prefill_kernel(200) == "fp32-gemm"
+
+
 @pytest.mark.parametrize("rows", [5, 37, 600])          # one tile, remainders, more than one GEMM chunk
 def test_int8_prefill_on_the_native_gemm_keeps_the_bias_and_the_int8_rounding(rows):
     """Qwen-style q/k/v biases: the fused Linear of biased rows through the native GEMM equals float64 math on the

@@ -166,11 +166,12 @@ class Int8Linear(torch.nn.Module):
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def gemm_lib(self):
-        """The native kernels this layer's prefill GEMM runs on, or None (native off, or no kernels here)."""
+        """The native kernels this layer's prefill GEMM runs on, or None (native off, no kernels here, or only their
+        scalar path: native.gemm_lib)."""
         if not getattr(self, "native", True):
             return None
         from . import native
-        return native.load()
+        return native.gemm_lib()
 
     def prefill_kernel(self, rows: int, cpu: bool = True) -> str:
         """Which kernel forward() runs for `rows` rows (of a CPU tensor, unless cpu is False): "native-gemm",
