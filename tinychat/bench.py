@@ -34,6 +34,14 @@ def _int8_kernels(nat):
     return None if nat is None else nat.lib.tc_kernel_path().decode()
 
 
+def _int8_prefill(model, rows: int):
+    """The kernel the int8 Linears' prefill of `rows` tokens runs ("native-gemm", "bf16-gemm", "fp32-gemm",
+    "int8-gemv"), None for a model without them."""
+    from .engine.quant import Int8Linear
+    lin = next((m for m in model.modules() if type(m) is Int8Linear), None)
+    return None if lin is None else lin.prefill_kernel(rows)
+
+
 def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = None, quant: str = "none",
               device: str = "cpu", prompt_len: int = 100, gen_len: int = 64, repeats: int = 3,
               progress: Optional[Progress] = None, *, warmup: int = 1, graph=None, compile: bool = False,
@@ -176,6 +184,7 @@ def _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup
         "mode": dec.mode,
         "native": nat is not None,
         "int8_kernels": _int8_kernels(nat),   # which native int8 path ran (avx512-vnni, avx2-vnni, ...), else None
+        "int8_prefill": _int8_prefill(model, prompt_len) if device == "cpu" else None,   # its prefill's GEMM
         "threads": torch.get_num_threads() if device == "cpu" else None,
         # the int8 native step picks 1..threads by measurement unless pinned (--threads); its choice at the end
         "threads_auto": tuned,
@@ -235,5 +244,7 @@ def render_table(result: dict):
                                                    if r.get("threads_auto") else ""))
     if r.get("int8_kernels"):
         t.add_row("int8 kernels", r["int8_kernels"])
+    if r.get("int8_prefill"):
+        t.add_row("int8 prefill", r["int8_prefill"])
     t.add_row("medians over", f"{r['repeats']} repeats")
     return t

@@ -487,14 +487,18 @@ class Chat(BranchesMixin):
         return result
 
     def step_name(self) -> str | None:
-        """Which int8 decode step runs here ("native-int8-v<N>" or "torch-int8"; None for other modes): the two
-        round differently, so a session records it per turn and replay can say why tokens differ."""
+        """Which int8 step runs here ("native-int8-v<N>", "torch-int8+native-prefill-v<N>": the PyTorch decode step
+        after a prefill on the native int8 GEMM, or "torch-int8"; None for other modes): they round differently, so
+        a session records it per turn and replay can say why tokens differ."""
         if self.quant != "int8" or self.device.type != "cpu":
             return None
+        from .engine.native import INT8_STEP_VERSION
         step = self.decoder.cpu_step
         if step is not None and step.nat is not None:
-            from .engine.native import INT8_STEP_VERSION
             return f"native-int8-v{INT8_STEP_VERSION}"
+        from .engine.quant import native_prefill
+        if native_prefill(self.model):
+            return f"torch-int8+native-prefill-v{INT8_STEP_VERSION}"
         return "torch-int8"
 
     def _shorten(self, user: S.Message, gen: list[int], max_new: int):

@@ -141,11 +141,14 @@ def replay_tree(chat: Chat, sess: S.Session, on_turn=None) -> list[BranchReplay]
 
 
 def describe_step(step: str | None) -> str:
-    """'native-int8-v1' -> 'the native int8 step v1'; 'torch-int8' -> 'the PyTorch int8 step'."""
+    """'native-int8-v1' -> 'the native int8 step v1'; 'torch-int8' -> 'the PyTorch int8 step';
+    'torch-int8+native-prefill-v3' -> 'the PyTorch int8 step after the native int8 prefill v3'."""
     if not step:
         return "an unknown int8 step"
     if step.startswith("native-int8-v"):
         return f"the native int8 step v{step.rsplit('v', 1)[1]}"
+    if step.startswith("torch-int8+native-prefill-v"):
+        return f"the PyTorch int8 step after the native int8 prefill v{step.rsplit('v', 1)[1]}"
     if step == "torch-int8":
         return "the PyTorch int8 step (the fallback: no native kernels)"
     return f"the int8 step {step!r}"

@@ -1,9 +1,10 @@
-/* The int8 GEMV kernels (tinychat/engine/native_q8.h) against a float64 reference, built for whatever target the
-   compiler is told (x86-64 levels natively, aarch64 under qemu-user: tests/unit/test_native_q8_targets.py).
-   Prints the kernel path, then "ok", or what differed (exit 1). No OpenMP: one thread. */
+/* The int8 GEMV and GEMM kernels (tinychat/engine/native_q8.h, native_gemm.h) against a float64 reference, built
+   for whatever target the compiler is told (x86-64 levels natively, aarch64 under qemu-user:
+   tests/unit/test_native_q8_targets.py). Prints the kernel path, then "ok", or what differed (exit 1). No OpenMP:
+   one thread. */
 #include <stdio.h>
 #include <stdlib.h>
-#include "native_q8.h"
+#include "native_gemm.h"
 
 static uint64_t rng = 88172645463325252ULL;
 static uint32_t next(void) {
@@ -72,6 +73,43 @@ static int check(int64_t N, int64_t K, int spiky) {
     return 0;
 }
 
+/* The GEMM (M tokens, N rows, K columns; remainders in every dimension) against float64 math on each token's
+   rounded activations, with and without a bias; and each token's row equal to the GEMV of that token. */
+static int check_gemm(int64_t M, int64_t N, int64_t K) {
+    int8_t *q = malloc(N * K);
+    float *s = malloc(N * sizeof(float)), *b = malloc(N * sizeof(float)), *x = malloc(M * K * sizeof(float));
+    float *y = malloc(M * N * sizeof(float)), *yv = malloc(N * sizeof(float));
+    void *buf = malloc(tc_gemm_act_bytes(M, K)), *one = malloc(tc_act_bytes(K));
+    for (int64_t i = 0; i < N * K; i++) q[i] = (int8_t)((int)(next() % 255) - 127);
+    for (int64_t n = 0; n < N; n++) s[n] = 0.5f + (unif() + 1.0f) * 0.25f, b[n] = unif();
+    for (int64_t i = 0; i < M * K; i++) x[i] = unif() * (i % 89 == 5 ? 40.0f : 1.0f);
+    int fails = 0;
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        tc_gemm1(x, buf, q, s, with_bias ? b : NULL, y, M, N, K);
+        double mx = 0.0, err = 0.0, verr = 0.0;
+        for (int64_t m = 0; m < M; m++) {
+            tc_act8 a = tc_quant8(x + m * K, one, K);
+            gemv_rows(&a, q, s, yv, N, K, 0);
+            for (int64_t n = 0; n < N; n++) {
+                double r = 0.0;
+                for (int64_t k = 0; k < K; k++) r += (double)q[n * K + k] * a.q[k] * a.s[(k / TC_QB) * (TC_QB / 4)];
+                r = r * s[n] + (with_bias ? b[n] : 0.0);
+                double g = y[m * N + n], v = yv[n] + (with_bias ? b[n] : 0.f);
+                mx = fabs(r) > mx ? fabs(r) : mx;
+                err = fabs(g - r) > err ? fabs(g - r) : err;
+                verr = fabs(g - v) > verr ? fabs(g - v) : verr;
+            }
+        }
+        if (!(err <= 1e-5 * mx) || !(verr <= 1e-5 * mx)) {
+            printf("GEMM M=%ld N=%ld K=%ld bias=%d: max error %g, vs the GEMV %g, of %g\n", (long)M, (long)N, (long)K,
+                   with_bias, err, verr, mx);
+            fails++;
+        }
+    }
+    free(q), free(s), free(b), free(x), free(y), free(yv), free(buf), free(one);
+    return fails;
+}
+
 int main(void) {
     static const int64_t shapes[][2] = {{37, 80}, {64, 768}, {5, 19}, {8, 9000}, {9, 100}, {4, 64}, {7, 33},
                                         {12, 3328}, {1, 1}};
@@ -92,6 +130,10 @@ int main(void) {
     gemv_rows(&a, w, s1, y, 2, 40, 0);
     if (!isnan(y[0]) || !isnan(y[1])) printf("NaN input: %g %g\n", y[0], y[1]), fails++;
     free(buf);
+    static const int64_t gshapes[][3] = {{1, 1, 1}, {5, 7, 19}, {67, 37, 80}, {130, 9, 768}, {3, 5, 3328},
+                                         {200, 12, 33}, {64, 4, 64}, {9, 13, 100}};
+    for (unsigned i = 0; i < sizeof gshapes / sizeof gshapes[0]; i++)
+        fails += check_gemm(gshapes[i][0], gshapes[i][1], gshapes[i][2]);
     printf(fails ? "FAILED %d\n" : "ok\n", fails);
     return fails != 0;
 }

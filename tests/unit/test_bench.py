@@ -92,6 +92,7 @@ def test_threads_auto_unless_pinned():
         r = run_bench(config="tiny", quant="int8", prompt_len=8, gen_len=4, repeats=1, threads=1)
         assert (r["threads"], r["threads_auto"], r["threads_used"]) == (1, False, 1)
         assert r["int8_kernels"] == native.kernel_path() != "pytorch"     # which native path ran
+        assert r["int8_prefill"] == "native-gemm"                        # 8 prompt rows: the native int8 GEMM
         torch.set_num_threads(2)
         r = run_bench(config="tiny", quant="int8", prompt_len=8, gen_len=4, repeats=1)
         assert r["threads"] == 2 and r["threads_auto"] and r["threads_used"] in (1, 2)

@@ -305,3 +305,80 @@ def test_engine_options_defaults_come_from_the_environment():
     assert EngineOptions.from_env({}, step_in_c=False) == EngineOptions(step_in_c=False)
     q = quantize_cpu(make_model(), "bf16", options=o)
     assert q.blocks[0].mlp.up.prefill_bf16 is True
+
+
+def _native_or_skip():
+    from tinychat.engine import native
+    if native.load() is None:
+        pytest.skip(f"no native kernels here: {native.why_not}")
+    return native
+
+
+def test_int8_prefill_picks_its_kernel_by_rows_options_and_kernels():
+    _native_or_skip()
+    from tinychat.engine import quant as Q
+    lin = torch.nn.Linear(64, 96)
+    fp, bf = Int8Linear(lin, prefill_bf16=False), Int8Linear(lin, prefill_bf16=True)
+    off = Int8Linear(lin, prefill_bf16=False, native=False)
+    assert [fp.prefill_kernel(r) for r in (1, Q.INT8_GEMM_ROWS, Q.INT8_GEMM_ROWS + 1, 1000)] == \
+        ["int8-gemv", "int8-gemv", "native-gemm", "native-gemm"]
+    assert [off.prefill_kernel(r) for r in (1, Q.INT8_GEMV_ROWS, Q.INT8_GEMV_ROWS + 1)] == \
+        ["int8-gemv", "int8-gemv", "fp32-gemm"]
+    want_bf = "native-gemm" if Q.INT8_GEMM_OVER_BF16 else "bf16-gemm"
+    assert [bf.prefill_kernel(r) for r in (Q.INT8_GEMV_ROWS_BF16, Q.INT8_GEMV_ROWS_BF16 + 1)] == \
+        ["native-gemm", want_bf]
+    merged = Int8Linear.from_rows([(off, 0, 48), (off, 48, 96)])
+    assert merged.native is False and merged.prefill_kernel(1000) == "fp32-gemm"
+
+
+def test_int8_prefill_keeps_the_fp32_gemm_where_the_kernels_have_only_their_scalar_path(monkeypatch):
+    native = _native_or_skip()
+    lin = Int8Linear(torch.nn.Linear(64, 96), prefill_bf16=False)
+    assert lin.prefill_kernel(200) == "native-gemm"
+
+    class Scalar:
+        def tc_kernel_path(self):
+            return b"scalar"
+    monkeypatch.setattr(native, "load", lambda: Scalar())
+    assert native.gemm_lib() is None and lin.prefill_kernel(200) == "fp32-gemm"
+
+
+@pytest.mark.parametrize("rows", [5, 37, 600])          # one tile, remainders, more than one GEMM chunk
+def test_int8_prefill_on_the_native_gemm_keeps_the_bias_and_the_int8_rounding(rows):
+    """Qwen-style q/k/v biases: the fused Linear of biased rows through the native GEMM equals float64 math on the
+    rounded activations plus the bias (1e-5 of the largest output), and stays within the int8 activation step of
+    the dequantized weights' fp32 product."""
+    native = _native_or_skip()
+    g = torch.Generator().manual_seed(rows)
+    a, b = torch.nn.Linear(96, 64), torch.nn.Linear(96, 40)
+    for lin in (a, b):
+        lin.bias.data = torch.randn(lin.bias.shape, generator=g)
+    qa, qb = Int8Linear(a, prefill_bf16=False), Int8Linear(b, prefill_bf16=False)
+    fused = Int8Linear.from_rows([(qa, 0, 64), (qb, 0, 40)])
+    x = torch.randn(1, rows, 96, generator=g)
+    assert fused.prefill_kernel(rows) == "native-gemm"
+    y = fused(x)
+    assert y.shape == (1, rows, 104) and y.dtype == torch.float32
+    ref = native.gemm_ref(x[0], fused.qweight, fused.scale.float(), fused.bias)
+    assert ((y[0].double() - ref).abs().max() <= 1e-5 * ref.abs().max()).item()
+    exact = x[0] @ fused.weight.t() + fused.bias
+    assert 0 < ((y[0] - exact).abs().max() / exact.abs().max()).item() < 0.02
+    assert torch.allclose(y[0, :, 64:], qb(x)[0], rtol=1e-5, atol=1e-5)      # the rows keep their own bias
+
+
+def test_native_int8_prefill_logits_stay_within_the_int8_tolerance_of_the_fp32_gemm_prefill():
+    """The whole prefill (append of 150 tokens) with the int8 Linears on the native GEMM against the dequantized
+    fp32 GEMMs on the same int8 model: the activations' int8 rounding moves the logits by less than FAST_VS_ONE
+    (2 % of the largest logit), never bit for bit."""
+    _native_or_skip()
+    q = quantize_cpu(make_model(), "int8", options=EngineOptions(prefill_bf16=False))
+    tokens = torch.randint(0, 512, (1, 150), generator=torch.Generator().manual_seed(8))
+    outs = {}
+    for flag in (True, False):
+        for m in q.modules():
+            if isinstance(m, Int8Linear):
+                m.native = flag
+        assert q.blocks[0].mlp.up.prefill_kernel(150) == ("native-gemm" if flag else "fp32-gemm")
+        cache = KVCache(q, 1, 160, "cpu", dtype=torch.float32)
+        outs[flag] = append(q, cache, tokens, [150])
+    assert 0 < _rel(outs[True], outs[False]) < FAST_VS_ONE["int8"]

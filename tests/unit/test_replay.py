@@ -1,6 +1,8 @@
 """Replay: regenerate each turn with its recorded settings and seed; report the first differing token."""
 import threading
 
+import pytest
+
 from support import make_chat
 from tinychat import session as S
 from tinychat.replay import replay
@@ -85,3 +87,41 @@ def test_replay_uses_only_the_public_chat_api():
     private = sorted({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
                       and isinstance(n.value, ast.Name) and n.value.id == "chat" and n.attr.startswith("_")})
     assert private == []
+
+
+def test_an_int8_session_from_the_step_before_the_native_prefill_is_named_not_called_a_divergence():
+    """INT8_STEP_VERSION 3 prefills on the native int8 GEMM: a session recorded by v2 may replay differently, and
+    replay says which steps made and remake it instead of reporting a divergence."""
+    from tinychat.engine import native
+    if native.load() is None:
+        pytest.skip(f"no native kernels here: {native.why_not}")
+    assert native.INT8_STEP_VERSION == 3
+    sess = _recorded(turns=1, quant="int8")
+    reply = sess.messages[-1]
+    assert reply.settings["step"] == "native-int8-v3"
+    assert replay(make_chat(autosave=False, quant="int8"), sess).ok
+    reply.settings["step"] = "native-int8-v2"                 # as recorded before; its tokens rounded otherwise
+    n_head = len(make_chat().tok.generation_prompt_ids())
+    reply.token_ids[n_head + 1] = (reply.token_ids[n_head + 1] + 1) % 300
+    report = replay(make_chat(autosave=False, quant="int8"), sess)
+    assert not report.ok and not report.divergences
+    assert "recorded with the native int8 step v2; this machine runs the native int8 step v3" in report.step_note()
+
+
+def test_a_llama_int8_chat_records_the_native_prefill_beside_the_pytorch_decode_step():
+    from support import make_llama_model, tokenizer
+    from tinychat.engine import EngineOptions, native
+    from tinychat.replay import describe_step
+    if native.load() is None:
+        pytest.skip(f"no native kernels here: {native.why_not}")
+    tok = tokenizer()
+    names = []
+    for opts in (EngineOptions(), EngineOptions(native=False)):
+        m = make_llama_model(vocab_size=tok.vocab_size)
+        m.set_token_strings(tok.token_strings())
+        chat = make_chat(m, quant="int8", max_new=4, seed=1, autosave=False, options=opts)
+        assert chat.decoder.cpu_step.nat is None
+        chat.send("hello there")
+        names.append(chat.session.messages[-1].settings["step"])
+    assert names == [f"torch-int8+native-prefill-v{native.INT8_STEP_VERSION}", "torch-int8"]
+    assert describe_step(names[0]) == "the PyTorch int8 step after the native int8 prefill v3"

@@ -9,6 +9,7 @@
    engram:    one token's Engram block (table gather, int8 w_v / w_k, the gate)
    softcap:   the logit softcap, cap * tanh(y / cap)
    step:      a whole TinyAgentLM decode step; llama_step (native_llama.h) the llama family's
+   gemm:      prefill's Y (M, N) = X (M, K) @ (s * q)^T (+ bias), many tokens at once (native_gemm.h)
 
    The int8 products (gemv, and every Linear of norm_gemv, tail, engram) are native_q8.h's: activations rounded
    to int8 in blocks of 32 (one fp32 scale each, as llama.cpp's Q8_0), exact int32 block dots on the widest
@@ -18,6 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "native_q8.h"
+#include "native_gemm.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -32,6 +34,28 @@ void tc_gemv(const float *x, void *xq, const int8_t *q, const float *s, float *y
     tc_act8 a = tc_quant8(x, xq, K);
 #pragma omp parallel num_threads(threads_for(N * K, nt))
     gemv_rows(&a, q, s, y, N, K, acc);
+}
+
+/* Prefill's int8 GEMM (native_gemm.h): y (M, N) = x (M, K) @ (s * q)^T (+ bias); buf: tc_gemm_act_bytes(M, K) of
+   scratch. The tokens are quantized in parallel, then the (chunk, row tile) jobs split in contiguous runs. */
+void tc_gemm(const float *x, void *buf, const int8_t *q, const float *s, const float *bias, float *y, int64_t M,
+             int64_t N, int64_t K, int nt) {
+    if (M <= 0 || N <= 0) return;
+    int64_t nj = tc_gemm_njobs(M, N);
+    int nth = threads_for(M * N * K, nt);
+    if (nth > nj) nth = (int)nj;
+#pragma omp parallel num_threads(nth)
+    {
+        int me = 0, all = 1;
+#ifdef _OPENMP
+        me = omp_get_thread_num(), all = omp_get_num_threads();
+#endif
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t m = 0; m < M; m++) tc_gemm_quant(x, buf, m, K);
+        tc_gemm_jobs(buf, q, s, bias, y, M, N, K, nj * me / all, nj * (me + 1) / all);
+    }
 }
 
 /* h = x / (|x| * inv) = x * sqrt(d) / |x| (rms_norm without epsilon, as _decode_fast computes it) */
@@ -412,4 +436,4 @@ void tc_step(const tc_plan *p, int64_t tok, int64_t L, float inv, float cap, int
 
 #include "native_llama.h"
 
-int tc_abi_version(void) { return 9; }
+int tc_abi_version(void) { return 10; }

@@ -16,8 +16,9 @@ compiler, the CPU's flags and the target flags (-march=native, or TINYCHAT_NATIV
 -mavxvnni" to build and measure the AVX2 + AVX-VNNI path on an AVX-512 machine). Without OpenMP (Apple clang) the
 kernels run on one thread. TINYCHAT_NATIVE=0 turns the kernels off. kernel_path() names the path built.
 
-Rounding: int8 activations (INT8_STEP_VERSION 2) round differently from the int16 ones before (1) and from the
-PyTorch lean step's bf16 activations; the tests bound the difference (tests/unit/test_quant.py)."""
+Rounding: int8 activations (INT8_STEP_VERSION 2 on) round differently from the int16 ones before (1) and from the
+PyTorch lean step's bf16 activations; from 3 prefill's int8 Linears round their activations the same way (tc_gemm,
+native_gemm.h) where it runs; the tests bound the differences (tests/unit/test_quant.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -32,16 +33,19 @@ from ..nativebuild import build_shared
 from ..nativebuild import compiler as _compiler
 
 ENV = "TINYCHAT_NATIVE"
-INT8_STEP_VERSION = 2   # sessions record "native-int8-v<this>"; bump it when the native step's rounding changes
-                        # (2: int8 activations in blocks of 32; 1: int16 per vector)
+INT8_STEP_VERSION = 3   # sessions record "native-int8-v<this>"; bump it when the native step's rounding changes,
+                        # prefill's included (it fills the KV cache a later turn or a restore reads). 3: prefill's
+                        # int8 Linears on the native int8 GEMM (int8 activations, as decode) instead of fp32 / bf16
+                        # GEMMs; 2: int8 activations in blocks of 32; 1: int16 per vector
 _lock = threading.Lock()
 _lib = None
 _tried = False
 why_not: str | None = None     # why the kernels are off (None while on or not tried yet)
 
 SOURCES = {n: Path(__file__).with_name(n).read_text(encoding="utf-8")
-           for n in ("native.c", "native_q8.h", "native_llama.h")}
-SOURCE = SOURCES["native.c"]    # the kernels (C), beside this file; native_q8.h: its int8 GEMV, included
+           for n in ("native.c", "native_q8.h", "native_gemm.h", "native_llama.h")}
+SOURCE = SOURCES["native.c"]    # the kernels (C), beside this file; included: native_q8.h (the int8 GEMV),
+                                # native_gemm.h (prefill's int8 GEMM), native_llama.h (the llama family's step)
 ARCH_ENV = "TINYCHAT_NATIVE_ARCH"   # the build's target flags instead of the host's own (-march=native), e.g.
                                     # "-march=x86-64-v3 -mavxvnni" (AVX2 + AVX-VNNI), "-march=x86-64-v3" (AVX2)
 
@@ -74,7 +78,7 @@ def _build(cc: str) -> Path:
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-ABI = 9                 # tc_abi_version() of the source this module binds
+ABI = 10                # tc_abi_version() of the source this module binds
 TC_MAXN = 8             # native.c's highest Engram order for tc_step's hashing
 
 
@@ -125,6 +129,11 @@ def _bind(lib):
     lib.tc_act_bytes.restype = ctypes.c_int64
     lib.tc_gemv_ref.argtypes = [_F, _F, _I8, _F, _F, _I64, _I64, _INT]
     lib.tc_gemv_ref.restype = None
+    lib.tc_gemm.argtypes = [_F, _F, _I8, _F, _F, _F, _I64, _I64, _I64, _INT]
+    lib.tc_gemm_ref.argtypes = [_F, _F, _I8, _F, _F, _F, _I64, _I64, _I64]
+    lib.tc_gemm.restype = lib.tc_gemm_ref.restype = None
+    lib.tc_gemm_act_bytes.argtypes = [_I64, _I64]
+    lib.tc_gemm_act_bytes.restype = ctypes.c_int64
     lib.tc_read_bytes.argtypes = [_I8, _I64]
     lib.tc_read_bytes.restype = ctypes.c_int64
     return lib
@@ -152,13 +161,44 @@ def act_scratch(lib, k: int) -> torch.Tensor:
     return torch.empty(int(lib.tc_act_bytes(max(k, 64))), dtype=torch.uint8)
 
 
+def gemm_ref(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """tc_gemm's result in float64: every token (row of x, (M, K)) rounded as quant8_ref rounds it, times the int8
+    rows q (N, K), times the per-row scales s (N,), plus the bias: (M, N)."""
+    xr = torch.stack([quant8_ref(r) for r in x.reshape(-1, x.size(-1))]) if x.numel() else x.double()
+    y = (xr @ q.double().t()) * s.double()
+    return y if bias is None else y + bias.double()
+
+
+def gemm(lib, x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None, nt: int,
+         scratch: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y (M, N) fp32 = tc_gemm of x (M, K) fp32 contiguous, q (N, K) int8 contiguous, s (N,) fp32, bias (N,) fp32 or
+    None, on nt threads. scratch: a uint8 buffer of at least tc_gemm_act_bytes(M, K) (else one is allocated); out: a
+    contiguous fp32 (M, N) to write into."""
+    M, K = x.shape
+    N = q.size(0)
+    if not (x.dtype == torch.float32 and x.is_contiguous() and q.dtype == torch.int8 and q.is_contiguous()
+            and q.size(1) == K and s.dtype == torch.float32 and s.numel() == N
+            and (bias is None or (bias.dtype == torch.float32 and bias.numel() == N and bias.is_contiguous()))):
+        raise ValueError("gemm: x (M, K) fp32, q (N, K) int8, s (N,) fp32, bias (N,) fp32, all contiguous")
+    need = int(lib.tc_gemm_act_bytes(M, K))
+    if scratch is None or scratch.numel() < need:
+        scratch = torch.empty(need, dtype=torch.uint8)
+    y = torch.empty(M, N) if out is None else out
+    if not (y.shape == (M, N) and y.dtype == torch.float32 and y.is_contiguous()):
+        raise ValueError("gemm: out must be a contiguous fp32 (M, N)")
+    lib.tc_gemm(x.data_ptr(), scratch.data_ptr(), q.data_ptr(), s.data_ptr(),
+                None if bias is None else bias.data_ptr(), y.data_ptr(), M, N, K, nt)
+    return y
+
+
 def _close(y, ref, tol=1e-4) -> bool:
     return bool(torch.allclose(y.double(), ref, rtol=tol, atol=tol * float(ref.abs().max())))
 
 
 def _self_test(lib) -> bool:
-    """The kernels against the same int8 activation rounding in float64 (quant8_ref) on odd shapes (remainder rows
-    and columns), 1 and 2 threads: equal up to fp32 summation order."""
+    """The kernels (GEMV, prefill GEMM, a layer's tail) against the same int8 activation rounding in float64
+    (quant8_ref) on odd shapes (remainder rows, columns and tokens), 1 and 2 threads: equal up to fp32 summation
+    order."""
     g = torch.Generator().manual_seed(0)
     xq = act_scratch(lib, 9000)
     for N, K in ((37, 80), (64, 768), (5, 19), (8, 9000), (9, 100)):
@@ -171,6 +211,12 @@ def _self_test(lib) -> bool:
             lib.tc_gemv(x.data_ptr(), xq.data_ptr(), q.data_ptr(), s.data_ptr(), y.data_ptr(), N, K, 1, nt)
             if not _close(y - 3.0, ref):
                 return False
+    for M, N, K in ((67, 37, 80), (5, 9, 19)):          # the prefill GEMM: remainder tokens, rows and columns
+        q = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)
+        s, b, x = torch.rand(N, generator=g) + 0.5, torch.randn(N, generator=g), torch.randn(M, K, generator=g)
+        ref = gemm_ref(x, q, s, b)
+        if not all(_close(gemm(lib, x, q, s, b, nt), ref) for nt in (1, 2)):
+            return False
     d, hid, nq = 48, 96, 40
     x0 = torch.randn(d, generator=g)
     ya = torch.randn(d, generator=g)
@@ -202,6 +248,13 @@ def kernel_path() -> str:
     "neon", "scalar"), or "pytorch" where the native kernels are off."""
     lib = load()
     return "pytorch" if lib is None else lib.tc_kernel_path().decode()
+
+
+def gemm_lib():
+    """The loaded kernels where their int8 GEMM beats the fp32 GEMM it replaces: every path with SIMD dot products;
+    the "scalar" path (no AVX2 / NEON) is ~5x slower than an fp32 BLAS GEMM. None there or without the kernels."""
+    lib = load()
+    return lib if lib is not None and lib.tc_kernel_path() != b"scalar" else None
 
 
 def load():

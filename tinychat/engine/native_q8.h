@@ -17,6 +17,8 @@
      avx2         vpmaddubsw(|xq|, sign(q, xq)) + vpmaddwd (|xq| <= 127: the int16 pair sums do not saturate);
      neon-dotprod sdot (vdotq_s32), signed by signed;  neon  vmull_s8 + vpadal;
      scalar       the reference: per block an int32 dot, times the block scale, summed in fp32. */
+#ifndef TC_NATIVE_Q8_H
+#define TC_NATIVE_Q8_H
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -405,3 +407,4 @@ int64_t tc_read_bytes(const int8_t *p, int64_t n) {
     for (; k < n; k++) t += p[k];
     return t;
 }
+#endif /* TC_NATIVE_Q8_H */

@@ -19,6 +19,10 @@ QUANT_GEMV_ROWS = 8    # BF16Linear: up to this many rows use the bf16 kernel (o
 INT8_GEMV_ROWS = 128   # Int8Linear: up to this many rows use the int8 kernel; beyond, dequantize + fp32 GEMM (the
                        # kernel costs per row, the GEMM per weight byte)
 INT8_GEMV_ROWS_BF16 = 12   # the same where prefill runs bf16 GEMMs: they win from ~12 rows on (full-config shapes)
+INT8_GEMM_ROWS = 4     # Int8Linear with the native kernels: more rows than this run the native int8 GEMM
+                       # (native_gemm.h) instead of everything above, except where bf16 GEMMs run (see below)
+INT8_GEMM_OVER_BF16 = False   # the native int8 GEMM also where bf16 GEMMs would run (AVX512-BF16 machines)
+INT8_GEMM_CHUNK = 512  # tokens per native GEMM call (bounds the activation scratch: 3 bytes per column per token)
 _SCRATCH_MAX = 16 << 20
 _tls = threading.local()
 
@@ -34,6 +38,15 @@ def _scratch(shape, dtype):
         t = torch.empty(shape, dtype=dtype)
         if t.numel() * t.element_size() <= _SCRATCH_MAX:
             d[key] = t
+    return t
+
+
+def _act_scratch(nbytes: int) -> torch.Tensor:
+    """The native GEMM's activation scratch: one uint8 buffer per thread, grown to the largest call's size (at most
+    3 bytes per column per token of an INT8_GEMM_CHUNK)."""
+    t = getattr(_tls, "act", None)
+    if t is None or t.numel() < nbytes:
+        t = _tls.act = torch.empty(nbytes, dtype=torch.uint8)
     return t
 
 
@@ -106,10 +119,13 @@ class Int8Linear(torch.nn.Module):
     """Weight-only int8 Linear: int8 weights with one scale per output channel (symmetric, max-abs; the scale is
     stored in bf16, the kernel's dtype, and the weights are rounded against that stored value), bf16 activations into
     aten._weight_int8pack_mm (dequantizes on the fly, fp32 accumulation). A quarter of the fp32 bytes per token.
-    Activations are not quantized (dynamic activation quantization is lossy for the ReLU^2 MLP).
-    More than INT8_GEMV_ROWS rows (long prefill): dequantize into a scratch buffer + fp32 GEMM."""
+    Activations are not quantized there (dynamic activation quantization is lossy for the ReLU^2 MLP).
+    Prefill (more than INT8_GEMM_ROWS rows) with the native kernels: their int8 GEMM (activations rounded to int8 in
+    blocks of 32 with one fp32 scale each, as the native decode step rounds them), except where bf16 GEMMs run
+    (prefill_bf16 and not INT8_GEMM_OVER_BF16). Without the kernels, more than INT8_GEMV_ROWS rows: dequantize into a
+    scratch buffer + fp32 GEMM. native: whether this layer may use the native kernels (EngineOptions.native)."""
 
-    def __init__(self, lin: torch.nn.Linear, prefill_bf16: bool | None = None):
+    def __init__(self, lin: torch.nn.Linear, prefill_bf16: bool | None = None, native: bool = True):
         super().__init__()
         src = lin.weight.detach()
         q = torch.empty(src.shape, dtype=torch.int8)
@@ -123,6 +139,7 @@ class Int8Linear(torch.nn.Module):
         self.register_buffer("scale", scale.contiguous())
         self.bias = None if lin.bias is None else torch.nn.Parameter(lin.bias.detach().float(), requires_grad=False)
         self.prefill_bf16 = resolve_prefill_bf16(prefill_bf16)    # resolved once: bf16 GEMMs for prefill
+        self.native = bool(native)
 
     @classmethod
     def from_rows(cls, pieces) -> "Int8Linear":
@@ -134,6 +151,7 @@ class Int8Linear(torch.nn.Module):
         torch.nn.Module.__init__(out)
         q = torch.cat([lin.qweight[a:b] for lin, a, b in pieces]).contiguous()
         out.in_features, out.out_features, out.prefill_bf16 = first.in_features, q.size(0), first.prefill_bf16
+        out.native = getattr(first, "native", True)
         out.register_buffer("qweight", q)
         out.register_buffer("scale", torch.cat([lin.scale[a:b] for lin, a, b in pieces]).contiguous())
         out.bias = _rows_bias(pieces)
@@ -147,20 +165,62 @@ class Int8Linear(torch.nn.Module):
         y = torch.ops.aten._weight_int8pack_mm(xb, self.qweight, self.scale)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
+    def gemm_lib(self):
+        """The native kernels this layer's prefill GEMM runs on, or None (native off, no kernels here, or only their
+        scalar path: native.gemm_lib)."""
+        if not getattr(self, "native", True):
+            return None
+        from . import native
+        return native.gemm_lib()
+
+    def prefill_kernel(self, rows: int, cpu: bool = True) -> str:
+        """Which kernel forward() runs for `rows` rows (of a CPU tensor, unless cpu is False): "native-gemm",
+        "bf16-gemm", "fp32-gemm" or "int8-gemv"."""
+        bf16 = self.prefill_bf16 and rows > INT8_GEMV_ROWS_BF16
+        if cpu and rows > INT8_GEMM_ROWS and (INT8_GEMM_OVER_BF16 or not bf16) and self.gemm_lib() is not None:
+            return "native-gemm"
+        if bf16:
+            return "bf16-gemm"
+        return "fp32-gemm" if rows > INT8_GEMV_ROWS else "int8-gemv"
+
+    def _native_gemm(self, lib, x):
+        """x (..., in) through the native int8 GEMM (native_gemm.h), in chunks of INT8_GEMM_CHUNK tokens."""
+        from . import native
+        x2 = x.reshape(-1, x.size(-1)).float().contiguous()
+        s = self.scale.float()
+        b = None if self.bias is None else self.bias.float().contiguous()
+        nt = torch.get_num_threads()
+        scratch = _act_scratch(int(lib.tc_gemm_act_bytes(min(x2.size(0), INT8_GEMM_CHUNK), x2.size(1))))
+        y = torch.empty(x2.size(0), self.out_features)
+        for i in range(0, x2.size(0), INT8_GEMM_CHUNK):
+            native.gemm(lib, x2[i:i + INT8_GEMM_CHUNK], self.qweight, s, b, nt, scratch, out=y[i:i + INT8_GEMM_CHUNK])
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
     def forward(self, x):
         shape = x.shape
         rows = x.numel() // shape[-1]
-        if rows > INT8_GEMV_ROWS_BF16 and self.prefill_bf16:
+        kernel = self.prefill_kernel(rows, x.device.type == "cpu")
+        if kernel == "native-gemm":
+            return self._native_gemm(self.gemm_lib(), x)
+        if kernel == "bf16-gemm":
             # bf16 GEMM on the int8 values (exact in bf16), the per-channel scale applied to the output columns
             wq = _scratch(self.qweight.shape, torch.bfloat16).copy_(self.qweight)
             y = torch.nn.functional.linear(x.to(torch.bfloat16), wq).to(x.dtype).mul_(self.scale.to(x.dtype))
             return y if self.bias is None else y.add_(self.bias.to(x.dtype))
-        if rows > INT8_GEMV_ROWS:
+        if kernel == "fp32-gemm":
             w = torch.mul(self.qweight, self.scale.float()[:, None],
                           out=_scratch(self.qweight.shape, torch.float32)).to(x.dtype)
             return torch.nn.functional.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
         y = self.mm(x.reshape(-1, shape[-1]).to(torch.bfloat16).contiguous())
         return y.view(*shape[:-1], self.out_features).to(x.dtype)
+
+
+def native_prefill(model) -> bool:
+    """Does the model's int8 prefill run on the native int8 GEMM (its Int8Linears may, and the kernels load)?"""
+    for m in model.modules():
+        if type(m) is Int8Linear:
+            return m.gemm_lib() is not None
+    return False
 
 
 QUANT_CLASSES = {"int8": Int8Linear, "bf16": BF16Linear}     # every QUANT_MODES name but "none"
@@ -218,12 +278,14 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
     if have != "none":
         raise ValueError(f"the model is already quantized ({have}); quantize a fresh copy for {want}")
     cls = QUANT_CLASSES[want]
-    pbf = (options or EngineOptions.from_env()).prefill_bf16
+    opts = options or EngineOptions.from_env()
+    pbf = opts.prefill_bf16
+    kw = {"native": opts.native} if cls is Int8Linear else {}
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)
                and (head or name != "head")]
     for name, mod in targets:
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-        setattr(parent, name.rsplit(".", 1)[-1], cls(mod, pbf))
+        setattr(parent, name.rsplit(".", 1)[-1], cls(mod, pbf, **kw))
     del targets, mod
     release_freed_memory()
     return model
