@@ -116,12 +116,15 @@ def test_a_llama_int8_chat_records_the_native_prefill_beside_the_pytorch_decode_
         pytest.skip(f"no native kernels here: {native.why_not}")
     tok = tokenizer()
     names = []
-    for opts in (EngineOptions(), EngineOptions(native=False)):
-        m = make_llama_model(vocab_size=tok.vocab_size)
+    # a llama the native decode step expresses; one it does not (QK-norm: PyTorch decode after the native
+    # prefill GEMM); the kernels off
+    for opts, kw in ((EngineOptions(), {}), (EngineOptions(), {"qk_norm": True}), (EngineOptions(native=False), {})):
+        m = make_llama_model(vocab_size=tok.vocab_size, **kw)
         m.set_token_strings(tok.token_strings())
         chat = make_chat(m, quant="int8", max_new=4, seed=1, autosave=False, options=opts)
-        assert chat.decoder.cpu_step.nat is None
+        assert (chat.decoder.cpu_step.nat is None) == bool(kw or not opts.native)
         chat.send("hello there")
         names.append(chat.session.messages[-1].settings["step"])
-    assert names == [f"torch-int8+native-prefill-v{native.INT8_STEP_VERSION}", "torch-int8"]
-    assert describe_step(names[0]) == "the PyTorch int8 step after the native int8 prefill v3"
+    v = native.INT8_STEP_VERSION
+    assert names == [f"native-int8-v{v}", f"torch-int8+native-prefill-v{v}", "torch-int8"]
+    assert describe_step(names[1]) == "the PyTorch int8 step after the native int8 prefill v3"
