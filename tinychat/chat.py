@@ -487,19 +487,26 @@ class Chat(BranchesMixin):
         return result
 
     def step_name(self) -> str | None:
-        """Which int8 step runs here ("native-int8-v<N>", "torch-int8+native-prefill-v<N>": the PyTorch decode step
-        after a prefill on the native int8 GEMM, or "torch-int8"; None for other modes): they round differently, so
-        a session records it per turn and replay can say why tokens differ."""
+        """Which int8 steps run here, as sessions record them per turn (None for other modes): the decode step
+        ("native-int8-v<N>" or "torch-int8", the fallback without kernels), then the prefill's GEMM where it is not
+        the decode step's own rounding: "+native-prefill-v<N>" (the PyTorch step after the native int8 GEMM),
+        "+bf16-prefill" (machines with bf16 dot products), "+fp32-prefill" (native decode, fp32 prefill). They round
+        differently, so replay can say why tokens differ on another machine or build."""
         if self.quant != "int8" or self.device.type != "cpu":
             return None
         from .engine.native import INT8_STEP_VERSION
+        from .engine.quant import bulk_prefill_kernel
         step = self.decoder.cpu_step
-        if step is not None and step.nat is not None:
-            return f"native-int8-v{INT8_STEP_VERSION}"
-        from .engine.quant import native_prefill
-        if native_prefill(self.model):
-            return f"torch-int8+native-prefill-v{INT8_STEP_VERSION}"
-        return "torch-int8"
+        native = step is not None and step.nat is not None
+        name = f"native-int8-v{INT8_STEP_VERSION}" if native else "torch-int8"
+        kernel = bulk_prefill_kernel(self.model)
+        if kernel == "native-gemm" and not native:
+            name += f"+native-prefill-v{INT8_STEP_VERSION}"
+        elif kernel == "bf16-gemm":
+            name += "+bf16-prefill"
+        elif kernel == "fp32-gemm" and native:
+            name += "+fp32-prefill"
+        return name
 
     def _shorten(self, user: S.Message, gen: list[int], max_new: int):
         """Context full: drop the oldest turns (the system prompt stays) until this turn fits; the cache is

@@ -140,18 +140,27 @@ def replay_tree(chat: Chat, sess: S.Session, on_turn=None) -> list[BranchReplay]
     return out
 
 
+PREFILLS = {"bf16-prefill": "bf16 prefill GEMMs", "fp32-prefill": "fp32 prefill GEMMs"}
+
+
 def describe_step(step: str | None) -> str:
-    """'native-int8-v1' -> 'the native int8 step v1'; 'torch-int8' -> 'the PyTorch int8 step';
-    'torch-int8+native-prefill-v3' -> 'the PyTorch int8 step after the native int8 prefill v3'."""
+    """'native-int8-v1' -> 'the native int8 step v1'; 'torch-int8' -> 'the PyTorch int8 step (...)';
+    'torch-int8+native-prefill-v3' -> 'the PyTorch int8 step after the native int8 prefill v3';
+    'native-int8-v3+bf16-prefill' -> 'the native int8 step v3 with bf16 prefill GEMMs' (Chat.step_name)."""
     if not step:
         return "an unknown int8 step"
-    if step.startswith("native-int8-v"):
-        return f"the native int8 step v{step.rsplit('v', 1)[1]}"
-    if step.startswith("torch-int8+native-prefill-v"):
-        return f"the PyTorch int8 step after the native int8 prefill v{step.rsplit('v', 1)[1]}"
-    if step == "torch-int8":
-        return "the PyTorch int8 step (the fallback: no native kernels)"
-    return f"the int8 step {step!r}"
+    decode, _, prefill = step.partition("+")
+    if decode.startswith("native-int8-v"):
+        text = f"the native int8 step v{decode.rsplit('v', 1)[1]}"
+    elif decode == "torch-int8":
+        text = "the PyTorch int8 step" if prefill else "the PyTorch int8 step (the fallback: no native kernels)"
+    else:
+        return f"the int8 step {step!r}"
+    if prefill.startswith("native-prefill-v"):
+        return f"{text} after the native int8 prefill v{prefill.rsplit('v', 1)[1]}"
+    if prefill in PREFILLS:
+        return f"{text} with {PREFILLS[prefill]}"
+    return text if not prefill else f"the int8 step {step!r}"
 
 
 def _turn_settings(base: ChatSettings, rec: S.Message, sess: S.Session) -> ChatSettings:

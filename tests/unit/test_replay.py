@@ -5,6 +5,7 @@ import pytest
 
 from support import make_chat
 from tinychat import session as S
+from tinychat.engine.quant import cpu_has_bf16_dot
 from tinychat.replay import replay
 
 
@@ -98,7 +99,7 @@ def test_an_int8_session_from_the_step_before_the_native_prefill_is_named_not_ca
     assert native.INT8_STEP_VERSION == 3
     sess = _recorded(turns=1, quant="int8")
     reply = sess.messages[-1]
-    assert reply.settings["step"] == "native-int8-v3"
+    assert reply.settings["step"].split("+")[0] == "native-int8-v3"
     assert replay(make_chat(autosave=False, quant="int8"), sess).ok
     reply.settings["step"] = "native-int8-v2"                 # as recorded before; its tokens rounded otherwise
     n_head = len(make_chat().tok.generation_prompt_ids())
@@ -111,7 +112,6 @@ def test_an_int8_session_from_the_step_before_the_native_prefill_is_named_not_ca
 def test_a_llama_int8_chat_records_the_native_prefill_beside_the_pytorch_decode_step():
     from support import make_llama_model, tokenizer
     from tinychat.engine import EngineOptions, native
-    from tinychat.replay import describe_step
     if native.load() is None:
         pytest.skip(f"no native kernels here: {native.why_not}")
     tok = tokenizer()
@@ -123,8 +123,45 @@ def test_a_llama_int8_chat_records_the_native_prefill_beside_the_pytorch_decode_
         m.set_token_strings(tok.token_strings())
         chat = make_chat(m, quant="int8", max_new=4, seed=1, autosave=False, options=opts)
         assert (chat.decoder.cpu_step.nat is None) == bool(kw or not opts.native)
+        assert chat.decoder.cpu_step is not None
         chat.send("hello there")
         names.append(chat.session.messages[-1].settings["step"])
     v = native.INT8_STEP_VERSION
-    assert names == [f"native-int8-v{v}", f"torch-int8+native-prefill-v{v}", "torch-int8"]
-    assert describe_step(names[1]) == "the PyTorch int8 step after the native int8 prefill v3"
+    if cpu_has_bf16_dot():                    # long prefills run bf16 GEMMs here, whatever the decode step
+        assert names == [f"native-int8-v{v}+bf16-prefill", "torch-int8+bf16-prefill", "torch-int8+bf16-prefill"]
+    else:
+        assert names == [f"native-int8-v{v}", f"torch-int8+native-prefill-v{v}", "torch-int8"]
+
+
+def test_step_names_describe_the_decode_step_and_the_prefill_gemm():
+    from tinychat.replay import describe_step
+    assert describe_step("native-int8-v3") == "the native int8 step v3"
+    assert describe_step("native-int8-v3+bf16-prefill") == "the native int8 step v3 with bf16 prefill GEMMs"
+    assert describe_step("native-int8-v3+fp32-prefill") == "the native int8 step v3 with fp32 prefill GEMMs"
+    assert describe_step("torch-int8+native-prefill-v3") == "the PyTorch int8 step after the native int8 prefill v3"
+    assert describe_step("torch-int8+bf16-prefill") == "the PyTorch int8 step with bf16 prefill GEMMs"
+    assert describe_step("torch-int8") == "the PyTorch int8 step (the fallback: no native kernels)"
+    assert describe_step("torch-int8+warp-prefill") == "the int8 step 'torch-int8+warp-prefill'"
+
+
+def test_a_session_prefilled_with_bf16_gemms_replays_elsewhere_with_a_step_note():
+    """A machine with bf16 dot products prefills in bf16, a laptop on the native int8 GEMM: the recorded name says
+    which, so a replay on the other kind explains a difference instead of calling it a divergence."""
+    from tinychat.engine import EngineOptions, native
+    if native.load() is None:
+        pytest.skip(f"no native kernels here: {native.why_not}")
+    bf16, gemm = EngineOptions(prefill_bf16=True), EngineOptions(prefill_bf16=False)
+    chat = make_chat(quant="int8", max_new=6, seed=3, autosave=False, options=bf16)
+    chat.send("hello there")
+    chat.send("and the cat")                 # the second turn's prompt is a multi-token prefill
+    sess = chat.session
+    assert sess.messages[-1].settings["step"] == f"native-int8-v{native.INT8_STEP_VERSION}+bf16-prefill"
+    assert replay(make_chat(autosave=False, quant="int8", options=bf16), sess).ok
+    here = make_chat(autosave=False, quant="int8", options=gemm)
+    assert here.step_name() == f"native-int8-v{native.INT8_STEP_VERSION}"
+    reply = sess.messages[-1]                # a token that came out otherwise on the other kind of machine
+    n_head = len(here.tok.generation_prompt_ids())
+    reply.token_ids[n_head] = (reply.token_ids[n_head] + 1) % 300
+    report = replay(here, sess)
+    assert report.step_mismatch and not report.divergences and not report.ok
+    assert "with bf16 prefill GEMMs; this machine runs the native int8 step v3" in report.step_note()

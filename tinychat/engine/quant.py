@@ -215,6 +215,15 @@ class Int8Linear(torch.nn.Module):
         return y.view(*shape[:-1], self.out_features).to(x.dtype)
 
 
+def bulk_prefill_kernel(model, rows: int = 64) -> str | None:
+    """Which kernel the model's Int8Linears prefill `rows` tokens on (Int8Linear.prefill_kernel), None without any:
+    what a session records beside the decode step (a bf16 GEMM and the native int8 GEMM round differently)."""
+    for m in model.modules():
+        if type(m) is Int8Linear:
+            return m.prefill_kernel(rows)
+    return None
+
+
 def native_prefill(model) -> bool:
     """Does the model's int8 prefill run on the native int8 GEMM (its Int8Linears may, and the kernels load)?"""
     for m in model.modules():
