@@ -160,8 +160,9 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_
     """Model summary: parameters, layers, and the KV-cache size per token next to a standard GQA cache."""
     m, desc = load_model_for(model, config)
     c = m.cfg
+    family = "TinyAgentLM" if c.is_tinyagent else "llama family"
     facts = {
-        "model": desc, "params": m.num_params(), "linear_params": m.num_linear_params(),
+        "model": desc, "family": family, "params": m.num_params(), "linear_params": m.num_linear_params(),
         "vocab_size": c.vocab_size, "d_model": c.d_model, "n_layers": c.n_layers, "n_heads": c.n_heads,
         "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim, "kv_group": c.kv_group, "swa_window": c.swa_window,
         "max_seq_len": c.max_seq_len, "engram_layers": list(c.engram_layers), "engram_orders": list(c.engram_orders),
@@ -175,7 +176,7 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_
         return
     from rich.console import Console
     from rich.table import Table
-    t = Table(title=f"TinyAgentLM — {desc}", show_header=False)
+    t = Table(title=f"{family} — {desc}", show_header=False)
     t.add_column(style="bold")
     t.add_column(justify="right")
     t.add_row("parameters", f"{facts['params'] / 1e6:.2f} M")

@@ -12,7 +12,7 @@ def test_info_reports_kv_bytes_next_to_standard_gqa():
     assert r.exit_code == 0, r.output
     facts = json.loads(r.output)
     assert facts["kv_bytes_per_token"] * 2 == facts["gqa_kv_bytes_per_token"]      # tiny: kv_group 2
-    assert facts["params"] > facts["linear_params"] > 0
+    assert facts["params"] > facts["linear_params"] > 0 and facts["family"] == "TinyAgentLM"
     from tinychat.engine import native
     assert facts["int8_kernels"].split()[0] == native.kernel_path()   # e.g. avx512-vnni; pytorch (why) when off
 

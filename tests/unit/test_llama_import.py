@@ -275,6 +275,8 @@ def test_imported_models_are_listed_and_open_by_name(tmp_path, capsys):
     code, out, err = _main(["--plain", "--model", "SmolTest", "--max-new", "4", "--temperature", "0"], capsys,
                            stdin="hello there\n")
     assert code == 0, err
+    code, out, _ = _main(["info", "--model", "SmolTest", "--json"], capsys)
+    assert code == 0 and json.loads(out)["family"] == "llama family"
 
 
 @pytest.mark.parametrize("flag, want", [([], "You are a tiny test model"), (["--system", "Be brief."], "Be brief."),
