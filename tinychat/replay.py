@@ -146,9 +146,13 @@ PREFILLS = {"bf16-prefill": "bf16 prefill GEMMs", "fp32-prefill": "fp32 prefill 
 def describe_step(step: str | None) -> str:
     """'native-int8-v1' -> 'the native int8 step v1'; 'torch-int8' -> 'the PyTorch int8 step (...)';
     'torch-int8+native-prefill-v3' -> 'the PyTorch int8 step after the native int8 prefill v3';
-    'native-int8-v3+bf16-prefill' -> 'the native int8 step v3 with bf16 prefill GEMMs' (Chat.step_name)."""
+    'native-int8-v3+bf16-prefill' -> 'the native int8 step v3 with bf16 prefill GEMMs'; '...@avx2-vnni' adds
+    ' on avx2-vnni kernels' (Chat.step_name)."""
     if not step:
         return "an unknown int8 step"
+    step, _, path = step.partition("@")
+    if path:
+        return f"{describe_step(step)} on {path} kernels"
     decode, _, prefill = step.partition("+")
     if decode.startswith("native-int8-v"):
         text = f"the native int8 step v{decode.rsplit('v', 1)[1]}"

@@ -340,7 +340,7 @@ def test_an_int8_turn_records_which_step_made_it():
     from tinychat.engine.quant import cpu_has_bf16_dot
     bf16 = "+bf16-prefill" if cpu_has_bf16_dot() else ""    # long prefills: bf16 GEMMs where the CPU has them
     if native.load() is not None:
-        assert step == f"native-int8-v{native.INT8_STEP_VERSION}{bf16}"
+        assert step == f"native-int8-v{native.INT8_STEP_VERSION}{bf16}@{native.kernel_path()}"
     else:
         assert step == f"torch-int8{bf16}"
     off = make_chat(quant="int8", max_new=4, seed=1, autosave=False, options=EngineOptions(native=False))

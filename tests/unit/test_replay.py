@@ -91,22 +91,22 @@ def test_replay_uses_only_the_public_chat_api():
 
 
 def test_an_int8_session_from_the_step_before_the_native_prefill_is_named_not_called_a_divergence():
-    """INT8_STEP_VERSION 3 prefills on the native int8 GEMM: a session recorded by v2 may replay differently, and
-    replay says which steps made and remake it instead of reporting a divergence."""
+    """INT8_STEP_VERSION 3 and later prefill on native kernels (v3 the GEMM, v4 the attention): a session recorded
+    by v2 may replay differently, and replay says which steps made and remake it instead of reporting a divergence."""
     from tinychat.engine import native
     if native.load() is None:
         pytest.skip(f"no native kernels here: {native.why_not}")
-    assert native.INT8_STEP_VERSION == 3
+    assert native.INT8_STEP_VERSION == 4
     sess = _recorded(turns=1, quant="int8")
     reply = sess.messages[-1]
-    assert reply.settings["step"].split("+")[0] == "native-int8-v3"
+    assert reply.settings["step"].split("+")[0].split("@")[0] == "native-int8-v4"
     assert replay(make_chat(autosave=False, quant="int8"), sess).ok
     reply.settings["step"] = "native-int8-v2"                 # as recorded before; its tokens rounded otherwise
     n_head = len(make_chat().tok.generation_prompt_ids())
     reply.token_ids[n_head + 1] = (reply.token_ids[n_head + 1] + 1) % 300
     report = replay(make_chat(autosave=False, quant="int8"), sess)
     assert not report.ok and not report.divergences
-    assert "recorded with the native int8 step v2; this machine runs the native int8 step v3" in report.step_note()
+    assert "recorded with the native int8 step v2; this machine runs the native int8 step v4" in report.step_note()
 
 
 def test_a_llama_int8_chat_records_the_native_prefill_beside_the_pytorch_decode_step():
@@ -126,11 +126,11 @@ def test_a_llama_int8_chat_records_the_native_prefill_beside_the_pytorch_decode_
         assert chat.decoder.cpu_step is not None
         chat.send("hello there")
         names.append(chat.session.messages[-1].settings["step"])
-    v = native.INT8_STEP_VERSION
+    v, at = native.INT8_STEP_VERSION, "@" + native.kernel_path()
     if cpu_has_bf16_dot():                    # long prefills run bf16 GEMMs here, whatever the decode step
-        assert names == [f"native-int8-v{v}+bf16-prefill", "torch-int8+bf16-prefill", "torch-int8+bf16-prefill"]
+        assert names == [f"native-int8-v{v}+bf16-prefill{at}", "torch-int8+bf16-prefill", "torch-int8+bf16-prefill"]
     else:
-        assert names == [f"native-int8-v{v}", f"torch-int8+native-prefill-v{v}", "torch-int8"]
+        assert names == [f"native-int8-v{v}{at}", f"torch-int8+native-prefill-v{v}{at}", "torch-int8"]
 
 
 def test_step_names_describe_the_decode_step_and_the_prefill_gemm():
@@ -142,6 +142,8 @@ def test_step_names_describe_the_decode_step_and_the_prefill_gemm():
     assert describe_step("torch-int8+bf16-prefill") == "the PyTorch int8 step with bf16 prefill GEMMs"
     assert describe_step("torch-int8") == "the PyTorch int8 step (the fallback: no native kernels)"
     assert describe_step("torch-int8+warp-prefill") == "the int8 step 'torch-int8+warp-prefill'"
+    assert describe_step("native-int8-v4+bf16-prefill@avx512-vnni") == \
+        "the native int8 step v4 with bf16 prefill GEMMs on avx512-vnni kernels"
 
 
 def test_a_session_prefilled_with_bf16_gemms_replays_elsewhere_with_a_step_note():
@@ -155,13 +157,14 @@ def test_a_session_prefilled_with_bf16_gemms_replays_elsewhere_with_a_step_note(
     chat.send("hello there")
     chat.send("and the cat")                 # the second turn's prompt is a multi-token prefill
     sess = chat.session
-    assert sess.messages[-1].settings["step"] == f"native-int8-v{native.INT8_STEP_VERSION}+bf16-prefill"
+    at = "@" + native.kernel_path()
+    assert sess.messages[-1].settings["step"] == f"native-int8-v{native.INT8_STEP_VERSION}+bf16-prefill{at}"
     assert replay(make_chat(autosave=False, quant="int8", options=bf16), sess).ok
     here = make_chat(autosave=False, quant="int8", options=gemm)
-    assert here.step_name() == f"native-int8-v{native.INT8_STEP_VERSION}"
+    assert here.step_name() == f"native-int8-v{native.INT8_STEP_VERSION}{at}"
     reply = sess.messages[-1]                # a token that came out otherwise on the other kind of machine
     n_head = len(here.tok.generation_prompt_ids())
     reply.token_ids[n_head] = (reply.token_ids[n_head] + 1) % 300
     report = replay(here, sess)
     assert report.step_mismatch and not report.divergences and not report.ok
-    assert "with bf16 prefill GEMMs; this machine runs the native int8 step v3" in report.step_note()
+    assert f"with bf16 prefill GEMMs on {at[1:]} kernels; this machine runs the native int8 step v4 on" in report.step_note()

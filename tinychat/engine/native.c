@@ -9,6 +9,7 @@
    engram:    one token's Engram block (table gather, int8 w_v / w_k, the gate)
    softcap:   the logit softcap, cap * tanh(y / cap)
    step:      a whole TinyAgentLM decode step; llama_step (native_llama.h) the llama family's
+   prefill_attn: prefill's attention, batch 1, each query against only the keys it sees
    gemm:      prefill's Y (M, N) = X (M, K) @ (s * q)^T (+ bias), many tokens at once (native_gemm.h)
 
    The int8 products (gemv, and every Linear of norm_gemv, tail, engram) are native_q8.h's: activations rounded
@@ -192,6 +193,86 @@ static void attend_head16(const float *q, const float *K, const float *V, const 
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+/* exp16 in 8 lanes for AVX2 laptops (no scalef): the same reduction and polynomial, 2^n built in the exponent bits
+   (n >= -126 after the clamp at -87, and n <= 0 for scores minus their max); below -87 it is 0, NaN stays NaN. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    __m256 keep = _mm256_cmp_ps(x, lo, _CMP_NLT_UQ);
+    x = _mm256_max_ps(lo, x);                                 /* NaN lanes keep their NaN (the second operand) */
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
+}
+
+static inline float dot8(const __m256 *qv, int64_t nv, const float *k) {
+    __m256 a = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k));
+    for (int64_t v = 1; v < nv; v++) a = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(k + 8 * v), a);
+    return hsum8(a);
+}
+
+static inline void axpy8(__m256 *acc, int64_t nv, float p, const float *v) {
+    __m256 pv = _mm256_set1_ps(p);
+    for (int64_t i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + 8 * i), acc[i]);
+}
+
+/* attend_head16 in 8 lanes (D a multiple of 8, at most 256). */
+static void attend_head8(const float *q, const float *K, const float *V, const float *Kl, const float *Vl,
+                         const int64_t *lpos, int64_t L, int64_t W, int64_t D, float *s, float *o) {
+    int64_t nv = D / 8, n = L + 1 + W;
+    __m256 qv[32], acc[32];
+    for (int64_t v = 0; v < nv; v++) qv[v] = _mm256_loadu_ps(q + 8 * v);
+    float m = -INFINITY;
+    for (int64_t j = 0; j <= L; j++) {
+        float x = dot8(qv, nv, K + j * D);
+        s[j] = x;
+        m = x > m ? x : m;
+    }
+    for (int64_t j = 0; j < W; j++) {
+        int64_t p = lpos[j];
+        float x = (p >= 0 && L - p < W) ? dot8(qv, nv, Kl + j * D) : -INFINITY;
+        s[L + 1 + j] = x;
+        m = x > m ? x : m;
+    }
+    __m256 mv = _mm256_set1_ps(m), zv = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+        _mm256_storeu_ps(s + j, e);
+        zv = _mm256_add_ps(zv, e);
+    }
+    float z = hsum8(zv);
+    for (; j < n; j++) {
+        float e = expf(s[j] - m);
+        s[j] = e;
+        z += e;
+    }
+    float rz = 1.0f / z;
+    for (int64_t v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
+    for (int64_t i = 0; i <= L; i++) axpy8(acc, nv, s[i], V + i * D);
+    for (int64_t i = 0; i < W; i++)
+        if (s[L + 1 + i] != 0.f) axpy8(acc, nv, s[L + 1 + i], Vl + i * D);
+    __m256 rv = _mm256_set1_ps(rz);
+    for (int64_t v = 0; v < nv; v++) _mm256_storeu_ps(o + 8 * v, _mm256_mul_ps(acc[v], rv));
+}
+#endif
+
 /* attend_head16 for any D, in plain C (the compiler's vectors): one q head against keys 0..L of K/V and the W ring
    slots of Kl/Vl holding one of the last W positions; scores into s (L + 1 + W), o = softmax @ [V | Vl]. */
 static void attend_head(const float *q, const float *K, const float *V, const float *Kl, const float *Vl,
@@ -260,8 +341,49 @@ static void attend_all(const float *heads, int64_t H, int64_t Hk, int64_t D, con
             attend_head16(q, K, V, Kl, Vl, lpos, L, W, D, s, y + hq * D);
             continue;
         }
+#elif defined(__AVX2__) && defined(__FMA__)
+        if ((D & 7) == 0 && D <= 256) {
+            attend_head8(q, K, V, Kl, Vl, lpos, L, W, D, s, y + hq * D);
+            continue;
+        }
 #endif
         attend_head(q, K, V, Kl, Vl, lpos, L, W, D, s, y + hq * D);
+    }
+}
+
+/* Prefill attention of one layer, batch 1: C queries at positions L0 .. L0 + C - 1, each against the global keys
+   0..its position of gk/gv ((Hk, gstride, D), the chunk's own keys already written) and its local band: seq_k/seq_v
+   ((Hk, W + C, D): the ring's last W entries in position order, then the chunk's keys) entries i + 1 .. i + W, whose
+   positions spos (W + C; -1: not a key) says. q: (H, C, D), rotated and already scaled by 1/sqrt(D); y: (H, C, D).
+   Every (head, query) pair runs attend_head(16) over only the keys it sees. sc: nt * (L0 + C + W) floats. */
+void tc_prefill_attn(const float *q, int64_t H, int64_t Hk, int64_t D, int64_t C, int64_t L0, const float *gk,
+                     const float *gv, int64_t gstride, const float *seq_k, const float *seq_v, const int64_t *spos,
+                     int64_t W, float *y, float *sc, int nt) {
+    int64_t rep = H / Hk, n = L0 + C + W;
+#pragma omp parallel for schedule(dynamic, 4) num_threads(nt)
+    for (int64_t t = 0; t < H * C; t++) {
+        int64_t hq = t / C, i = t % C, g = hq / rep;
+#ifdef _OPENMP
+        float *s = sc + (int64_t)omp_get_thread_num() * n;
+#else
+        float *s = sc;
+#endif
+        const float *qi = q + (hq * C + i) * D, *K = gk + g * gstride * D, *V = gv + g * gstride * D;
+        const float *Kl = W ? seq_k + (g * (W + C) + i + 1) * D : K, *Vl = W ? seq_v + (g * (W + C) + i + 1) * D : V;
+        const int64_t *lp = W ? spos + i + 1 : NULL;
+        float *o = y + (hq * C + i) * D;
+#if defined(__AVX512F__)
+        if ((D & 15) == 0 && D <= 256) {
+            attend_head16(qi, K, V, Kl, Vl, lp, L0 + i, W, D, s, o);
+            continue;
+        }
+#elif defined(__AVX2__) && defined(__FMA__)
+        if ((D & 7) == 0 && D <= 256) {
+            attend_head8(qi, K, V, Kl, Vl, lp, L0 + i, W, D, s, o);
+            continue;
+        }
+#endif
+        attend_head(qi, K, V, Kl, Vl, lp, L0 + i, W, D, s, o);
     }
 }
 
@@ -436,4 +558,4 @@ void tc_step(const tc_plan *p, int64_t tok, int64_t L, float inv, float cap, int
 
 #include "native_llama.h"
 
-int tc_abi_version(void) { return 10; }
+int tc_abi_version(void) { return 11; }

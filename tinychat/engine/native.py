@@ -33,9 +33,10 @@ from ..nativebuild import build_shared
 from ..nativebuild import compiler as _compiler
 
 ENV = "TINYCHAT_NATIVE"
-INT8_STEP_VERSION = 3   # sessions record "native-int8-v<this>"; bump it when the native step's rounding changes,
-                        # prefill's included (it fills the KV cache a later turn or a restore reads). 3: prefill's
-                        # int8 Linears on the native int8 GEMM (int8 activations, as decode) instead of fp32 / bf16
+INT8_STEP_VERSION = 4   # sessions record "native-int8-v<this>"; bump it when the native step's rounding changes,
+                        # prefill's included (it fills the KV cache a later turn or a restore reads). 4: prefill's
+                        # attention in the native kernels (tc_prefill_attn) instead of SDPA; 3: prefill's int8
+                        # Linears on the native int8 GEMM (int8 activations, as decode) instead of fp32 / bf16
                         # GEMMs; 2: int8 activations in blocks of 32; 1: int16 per vector
 _lock = threading.Lock()
 _lib = None
@@ -78,7 +79,7 @@ def _build(cc: str) -> Path:
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-ABI = 10                # tc_abi_version() of the source this module binds
+ABI = 11                # tc_abi_version() of the source this module binds
 TC_MAXN = 8             # native.c's highest Engram order for tc_step's hashing
 
 
@@ -120,6 +121,8 @@ def _bind(lib):
     lib.tc_softcap.argtypes = [_F, _I64, ctypes.c_float]
     lib.tc_step.argtypes = [_F, _I64, _I64, ctypes.c_float, ctypes.c_float, _INT]
     lib.tc_llama_step.argtypes = [_F, _I64, _I64, ctypes.c_float, ctypes.c_float, _INT]
+    lib.tc_prefill_attn.argtypes = [_F, _I64, _I64, _I64, _I64, _I64, _F, _F, _I64, _F, _F, _F, _I64, _F, _F, _INT]
+    lib.tc_prefill_attn.restype = None
     for f in (lib.tc_gemv, lib.tc_norm_gemv, lib.tc_tail, lib.tc_attn, lib.tc_layers, lib.tc_engram, lib.tc_softcap,
               lib.tc_step, lib.tc_llama_step):
         f.restype = None
@@ -255,6 +258,27 @@ def gemm_lib():
     the "scalar" path (no AVX2 / NEON) is ~5x slower than an fp32 BLAS GEMM. None there or without the kernels."""
     lib = load()
     return lib if lib is not None and lib.tc_kernel_path() != b"scalar" else None
+
+
+def prefill_attn(lib, q: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, seq: tuple | None, L0: int,
+                 W: int) -> torch.Tensor:
+    """tc_prefill_attn: q (H, C, D) fp32, already rotated and scaled by 1/sqrt(D); kg / vg (Hk, gstride, D) the
+    layer's global keys with the chunk's written at L0 ..; seq: (seq_k, seq_v (Hk, W + C, D), spos (W + C) int64) the
+    local band's keys in position order and their positions (-1: none), or None without local keys (W = 0).
+    Returns y (H, C, D): each query's softmax over the keys it sees, times their values."""
+    H, C, D = q.shape
+    Hk = kg.size(0)
+    q = q.contiguous()
+    nt = torch.get_num_threads()
+    y = torch.empty(H, C, D)
+    sc = torch.empty(nt * (L0 + C + W))
+    if seq is None:
+        sk, sv, sp, W = kg, vg, torch.empty(1, dtype=torch.int64), 0
+    else:
+        sk, sv, sp = (t.contiguous() for t in seq)
+    lib.tc_prefill_attn(q.data_ptr(), H, Hk, D, C, L0, kg.data_ptr(), vg.data_ptr(), kg.size(1), sk.data_ptr(),
+                        sv.data_ptr(), sp.data_ptr(), W, y.data_ptr(), sc.data_ptr(), nt)
+    return y
 
 
 def load():

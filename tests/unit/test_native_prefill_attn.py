@@ -1,0 +1,115 @@
+"""The native prefill attention (native.prefill_attn, tc_prefill_attn) against a dense float64 reference, and an
+int8 model's prefill through it against the SDPA path it replaces."""
+import importlib
+
+import pytest
+import torch
+
+from support import make_llama_model, make_model
+from tinychat.engine import KVCache, quantize_cpu
+from tinychat.engine import native
+
+pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native kernels off: {native.why_not}")
+Am = importlib.import_module("tinychat.engine.append")
+
+
+def _reference(q, kg, vg, seq, L0, W):
+    """Dense float64: query i (position L0 + i) over global keys 0..L0 + i, then band entries i + 1 .. i + W whose
+    position is not -1."""
+    H, C, D = q.shape
+    Hk = kg.size(0)
+    rep = H // Hk
+    y = torch.zeros(H, C, D, dtype=torch.float64)
+    for h in range(H):
+        g = h // rep
+        for i in range(C):
+            K, V = kg[g, :L0 + i + 1].double(), vg[g, :L0 + i + 1].double()
+            if seq is not None:
+                sk, sv, sp = seq
+                band = [j for j in range(i + 1, i + W + 1) if sp[j] >= 0]
+                K = torch.cat([K, sk[g, band].double()])
+                V = torch.cat([V, sv[g, band].double()])
+            p = torch.softmax(K @ q[h, i].double(), dim=0)
+            y[h, i] = p @ V
+    return y
+
+
+@pytest.mark.parametrize("nt", [1, 2])
+@pytest.mark.parametrize("D", [64, 24], ids=["D64-simd", "D24-plain"])
+@pytest.mark.parametrize("W", [0, 8], ids=["global-only", "with-band"])
+def test_prefill_attention_equals_the_dense_float64_reference(W, D, nt):
+    g = torch.Generator().manual_seed(W + D)
+    H, Hk, C, L0, M = 6, 2, 13, 21, 64
+    q = torch.randn(H, C, D, generator=g) * 0.5
+    kg, vg = torch.randn(Hk, M + 1, D, generator=g), torch.randn(Hk, M + 1, D, generator=g)
+    seq = None
+    if W:
+        sk, sv = torch.randn(Hk, W + C, D, generator=g), torch.randn(Hk, W + C, D, generator=g)
+        sp = torch.arange(L0 - W, L0 + C, dtype=torch.int64)
+        sp[2] = -1                                     # a ring slot that holds no key of the band
+        seq = (sk, sv, sp)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(nt)
+    try:
+        y = native.prefill_attn(native.load(), q, kg, vg, seq, L0, W)
+    finally:
+        torch.set_num_threads(prev)
+    want = _reference(q, kg, vg, seq, L0, W)
+    assert (y.double() - want).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("make", [make_model, make_llama_model], ids=["tinyagent", "llama"])
+def test_an_int8_prefill_on_the_native_attention_stays_with_the_sdpa_prefill(make, monkeypatch):
+    q = quantize_cpu(make(), "int8")
+    g = torch.Generator().manual_seed(3)
+    chunks = [torch.randint(0, 400, (1, n), generator=g) for n in (150, 90, 7)]
+    calls = []
+    real = native.prefill_attn
+    monkeypatch.setattr(native, "prefill_attn", lambda *a, **k: calls.append(1) or real(*a, **k))
+    outs = []
+    for use in (True, False):
+        if not use:
+            monkeypatch.setattr(Am, "_native_attn", lambda *a, **k: None)
+        cache = KVCache(q, 1, 512, "cpu", dtype=torch.float32)
+        outs.append(torch.stack([Am.append(q, cache, c, [c.size(1)])[0] for c in chunks]))
+    assert len(calls) == 3 * len(q.blocks)                # the first pass only, every layer of every chunk
+    rel = ((outs[0] - outs[1]).abs().max() / outs[1].abs().max()).item()
+    assert rel < 0.02                                     # int8 activation rounding can amplify fp32 differences
+    assert (outs[0].argmax(-1) == outs[1].argmax(-1)).all()
+
+
+def test_fp32_and_bf16_models_keep_the_sdpa_prefill(monkeypatch):
+    calls = []
+    monkeypatch.setattr(native, "prefill_attn", lambda *a, **k: calls.append(1))
+    for mode in ("none", "bf16"):
+        m = make_model() if mode == "none" else quantize_cpu(make_model(), "bf16")
+        cache = KVCache(m, 1, 256, "cpu", dtype=torch.float32)
+        Am.append(m, cache, torch.randint(0, 400, (1, 40)), [40])
+    assert calls == []
+
+
+def _cpu_has(flag: str) -> bool:
+    try:
+        return any(flag in line.split() for line in open("/proc/cpuinfo") if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not (_cpu_has("avx2") and _cpu_has("fma")), reason="needs an AVX2 + FMA CPU")
+def test_the_avx2_build_runs_its_8_lane_attention_against_the_same_references(tmp_path):
+    """The kernels built as for an AVX2 laptop (TINYCHAT_NATIVE_ARCH, as tests/perf measures it): the decode and
+    prefill attention tests run on attend_head8 / exp8 in a process of their own."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TINYCHAT_NATIVE_ARCH": "-march=x86-64-v3", "TINYCHAT_HOME": str(tmp_path)}
+    probe = subprocess.run([sys.executable, "-c", "from tinychat.engine import native; print(native.kernel_path())"],
+                           env=env, capture_output=True, text=True, cwd=root)
+    assert probe.stdout.strip() == "avx2", probe.stderr[-500:]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "tests/unit/test_native_prefill_attn.py::test_prefill_attention_equals_the_dense_float64_reference",
+                        "tests/unit/test_native_attention.py"], env=env, capture_output=True, text=True, cwd=root)
+    assert r.returncode == 0, r.stdout[-2000:]
+    assert " passed" in r.stdout and "failed" not in r.stdout
