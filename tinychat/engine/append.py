@@ -212,8 +212,9 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
     ring_ok = (wpos >= 0) & (sel(cache.lpos).gather(1, ring_idx) == wpos)      # slot really holds that position
     key_ok = torch.cat([ring_ok, valid], dim=1)                                 # (B, W + C)
     ring_gather = ring_idx[:, None, :, None].expand(B, Hk, W, D)
+    nat = _native_attn(model, cache, dev, rows, n_cpu, C)      # the native attention needs none of the masks
     blocks = []
-    for s in range(0, C, qb):
+    for s in range(0, C, qb) if nat is None else ():
         e = min(C, s + qb)
         lg = min(Lg, L0 + e)              # the last global key any query of this block can see
         lg = min(-(-lg // key_round) * key_round, cache.max_len)   # masked beyond the length
@@ -232,8 +233,8 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
     if not c.has_local:   # no local keys: the masks are the global part alone
         blocks = [(s, e, lg, m[..., :lg]) for s, e, lg, m in blocks]
     eps, qkn = c.norm_eps, _qkn(c)
-    nat = _native_attn(model, cache, dev, rows, n_cpu, C)
     if nat is not None:
+        from .native import prefill_attn
         spos = torch.where(key_ok, torch.cat([wpos, pos], dim=1), -1)[0].contiguous()   # (W + C): -1 not a key
     x = model.embed(idx)
     rope = model.rope
@@ -262,28 +263,21 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
             seq_k = torch.cat([sel(cache.lk[li]).gather(2, ring_gather), kl], dim=2)   # (B, Hk, W + C, D)
             seq_v = torch.cat([sel(cache.lv[li]).gather(2, ring_gather), vl], dim=2)
         if nat is not None:                # int8 with the native kernels: each query against only its keys
-            from .native import prefill_attn
             seq = (seq_k[0], seq_v[0], spos) if a.w_kv_local is not None else None
             y = prefill_attn(nat, q[0] * D ** -0.5, Kg_all[0], Vg_all[0], seq, L0, W if seq else 0)[None]
-            y = y.transpose(1, 2).reshape(B, C, H * D)
-            x = x + a.w_o(y.to(x.dtype))
-            x = x + _mlp(blk.mlp, rms_norm(x, eps))
-            if a.w_kv_local is not None:
-                cache.lk[li][bidx, :, slot] = kl.transpose(1, 2)
-                cache.lv[li][bidx, :, slot] = vl.transpose(1, 2)
-            continue
-        ys = []
-        for s, e, lg, m in blocks:
-            if a.w_kv_local is None:
-                Kb, Vb = Kg_all[:, :, :lg], Vg_all[:, :, :lg]
-            else:
-                Kb = torch.cat([Kg_all[:, :, :lg], seq_k[:, :, s + 1:e + W]], dim=2)
-                Vb = torch.cat([Vg_all[:, :, :lg], seq_v[:, :, s + 1:e + W]], dim=2)
-            if manual:
-                ys.append(_attn_explicit(q[:, :, s:e], Kb, Vb, m, Hk))
-            else:
-                ys.append(F.scaled_dot_product_attention(q[:, :, s:e], Kb, Vb, attn_mask=m, enable_gqa=True))
-        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=2)
+        else:
+            ys = []
+            for s, e, lg, m in blocks:
+                if a.w_kv_local is None:
+                    Kb, Vb = Kg_all[:, :, :lg], Vg_all[:, :, :lg]
+                else:
+                    Kb = torch.cat([Kg_all[:, :, :lg], seq_k[:, :, s + 1:e + W]], dim=2)
+                    Vb = torch.cat([Vg_all[:, :, :lg], seq_v[:, :, s + 1:e + W]], dim=2)
+                if manual:
+                    ys.append(_attn_explicit(q[:, :, s:e], Kb, Vb, m, Hk))
+                else:
+                    ys.append(F.scaled_dot_product_attention(q[:, :, s:e], Kb, Vb, attn_mask=m, enable_gqa=True))
+            y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=2)
         y = y.transpose(1, 2).reshape(B, C, H * D)
         x = x + a.w_o(y.to(x.dtype))
         x = x + _mlp(blk.mlp, rms_norm(x, eps))

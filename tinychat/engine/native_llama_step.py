@@ -17,12 +17,9 @@ import torch
 from .append import RESCORE_K
 from .cache import KVCache
 from .native import act_scratch
+from .native_step import _PointerView
 from .quant import Int8Linear
 from .threads import ThreadTuner
-
-
-def _no_native():
-    return None
 
 
 def expresses(model, fs) -> bool:
@@ -36,15 +33,9 @@ def expresses(model, fs) -> bool:
             and model.embed.weight.dtype in (torch.float32, torch.bfloat16))
 
 
-class _NativeLlama:
+class _NativeLlama(_PointerView):
     """The kernels' view of a llama-family int8 model: per layer the raw pointers of its int8 weights, fp32 scales
     and fused QKV bias (kept alive here), the buffers the step writes in place, and tc_llama_step's plan per cache."""
-
-    def __deepcopy__(self, memo):   # raw pointers into the original model's weights: a copy runs the PyTorch step
-        return None
-
-    def __reduce__(self):
-        return (_no_native, ())
 
     @classmethod
     def build(cls, model, fs):
@@ -58,12 +49,10 @@ class _NativeLlama:
         from .native import LTAB_COLS
         c = model.cfg
         self.lib = lib
-        keep = self._keep = []
+        self._keep = []
 
-        def w(lin):
-            s = lin.scale.float().contiguous()
-            keep.append(s)
-            return [lin.qweight.data_ptr(), s.data_ptr()]
+        def w(lin):                                         # (weights, scales)
+            return self._ptrs(lin)[:2]
 
         rows = []
         for li, b in enumerate(model.blocks):
@@ -71,12 +60,12 @@ class _NativeLlama:
             bias = 0
             if q.bias is not None:
                 bt = q.bias.detach().float().contiguous()
-                keep.append(bt)
+                self._keep.append(bt)
                 bias = bt.data_ptr()
-            rows.append([*w(q), q.qweight.size(0), bias, *w(b.attn.w_o), *w(b.mlp.up), *w(b.mlp.down)])
+            rows.append([*self._ptrs(q), bias, *w(b.attn.w_o), *w(b.mlp.up), *w(b.mlp.down)])
         self.tab = torch.tensor(rows, dtype=torch.int64)
         assert self.tab.size(1) == LTAB_COLS
-        self.head = (*w(fs.head), fs.head.qweight.size(0))
+        self.head = self._ptrs(fs.head)
         d, hid, HD = c.d_model, c.mlp_hidden, c.n_heads * c.head_dim
         self.x, self.h = torch.empty(d), torch.empty(d)
         self.xq = act_scratch(lib, max(d, hid, HD))

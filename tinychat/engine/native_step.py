@@ -19,15 +19,26 @@ def _no_native():
     return None
 
 
-class _NativeStep:
-    """The native kernels' view of an int8 model: per layer the raw pointers of the int8 weights and their fp32
-    scales (kept alive here), and the fp32 / int8 buffers the kernels read and write in place."""
+class _PointerView:
+    """What the native steps share: raw pointers into a model's weights, so a deep copy or a pickle of one is None
+    (a copy runs the PyTorch step), and _ptrs, an Int8Linear's pointers with its fp32 scales kept alive here."""
 
-    def __deepcopy__(self, memo):   # raw pointers into the original model's weights: a copy runs the PyTorch step
+    def __deepcopy__(self, memo):
         return None
 
     def __reduce__(self):
         return (_no_native, ())
+
+    def _ptrs(self, lin) -> tuple[int, int, int]:
+        """(int8 weights, fp32 scales, rows) of an Int8Linear (the fused QKV: out_features 1)."""
+        s = lin.scale.float().contiguous()
+        self._keep.append(s)
+        return lin.qweight.data_ptr(), s.data_ptr(), lin.qweight.size(0)
+
+
+class _NativeStep(_PointerView):
+    """The native kernels' view of an int8 model: per layer the raw pointers of the int8 weights and their fp32
+    scales (kept alive here), and the fp32 / int8 buffers the kernels read and write in place."""
 
     @classmethod
     def build(cls, model, fs):
@@ -45,13 +56,8 @@ class _NativeStep:
     def __init__(self, model, fs, lib):
         c = model.cfg
         self.lib = lib
-        keep = self._keep = []
-
-        def w(lin):
-            s = lin.scale.float().contiguous()
-            keep.append(s)
-            return lin.qweight.data_ptr(), s.data_ptr(), lin.qweight.size(0)   # (the fused QKV: out_features 1)
-
+        self._keep = []
+        w = self._ptrs
         self.qkv = [w(m) for m in fs.qkv]
         self.wo = [w(b.attn.w_o) for b in model.blocks]
         self.up = [w(b.mlp.up) for b in model.blocks]
