@@ -46,6 +46,16 @@ def test_native_gemm_equals_float64_math_on_the_rounded_activations(lib, M, N, K
         assert _err(y, ref) <= 1e-5
 
 
+@pytest.mark.parametrize("M", [130, 200, 257])
+def test_the_output_is_the_same_bits_whatever_the_chunking(lib, M):
+    # chunks are sized by the thread count (200 tokens: 64 each on 1 thread, 50 on 2, 34 on 3): no token's
+    # output may depend on which tokens share its chunk or register tile
+    q, s, x, b = _case(M, 24, 96)
+    one = native.gemm(lib, x, q, s, b, 1)
+    for nt in (2, 3):
+        assert torch.equal(native.gemm(lib, x, q, s, b, nt), one)
+
+
 def test_a_prefilled_token_gets_what_the_gemv_gives_it(lib):
     q, s, x, _ = _case(33, 50, 768)
     y = native.gemm(lib, x, q, s, None, 2)

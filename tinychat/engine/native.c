@@ -42,8 +42,8 @@ void tc_gemv(const float *x, void *xq, const int8_t *q, const float *s, float *y
 void tc_gemm(const float *x, void *buf, const int8_t *q, const float *s, const float *bias, float *y, int64_t M,
              int64_t N, int64_t K, int nt) {
     if (M <= 0 || N <= 0) return;
-    int64_t nj = tc_gemm_njobs(M, N);
     int nth = threads_for(M * N * K, nt);
+    int64_t gm = tc_gemm_chunk(M, nth), nj = tc_gemm_njobs(M, N, gm);
     if (nth > nj) nth = (int)nj;
 #pragma omp parallel num_threads(nth)
     {
@@ -55,7 +55,7 @@ void tc_gemm(const float *x, void *buf, const int8_t *q, const float *s, const f
 #pragma omp for schedule(static)
 #endif
         for (int64_t m = 0; m < M; m++) tc_gemm_quant(x, buf, m, K);
-        tc_gemm_jobs(buf, q, s, bias, y, M, N, K, nj * me / all, nj * (me + 1) / all);
+        tc_gemm_jobs(buf, q, s, bias, y, M, N, K, gm, nj * me / all, nj * (me + 1) / all);
     }
 }
 

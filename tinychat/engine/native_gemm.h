@@ -7,10 +7,12 @@
    token prefilled here gives what decoding it through the GEMV gives, up to fp32 summation order.
 
    Blocking: a register tile of TC_GR weight rows x TC_GT tokens (each weight vector loaded once per step serves
-   TC_GT tokens, each activation vector TC_GR rows), run for every tile of a cache chunk of TC_GM tokens (their
+   TC_GT tokens, each activation vector TC_GR rows), run for every tile of a cache chunk of <= TC_GM tokens (their
    activations stay in L2 while the row tiles stream past; a row tile's K bytes stay in L1 across the chunk's
    tokens). Jobs are (chunk, row tile) pairs, split over threads in contiguous runs: whole chunks per thread when
-   there are several, row tiles of one chunk otherwise. Row and token remainders run the full tile on a repeated
+   there are several, row tiles of one chunk otherwise. Chunks are of equal size (tc_gemm_chunk), their count a
+   multiple of the threads: 200 tokens on 2 threads are 4 chunks of 50, not 64, 64, 64, 8 (128 tokens to one
+   thread, 72 to the other). Each output is the same whatever the chunking: a tile's tokens never mix. Row and token remainders run the full tile on a repeated
    row / token and store only the real ones; the last partial column step reads the rows' tails from a zero-padded
    copy (the activations are zero past K). */
 #include "native_q8.h"
@@ -165,13 +167,24 @@ static inline void tc_tile(const int8_t *const rows[TC_GR], const int8_t *const 
 #define TC_TILE_TAILS 0
 #endif
 
-/* Jobs [j0, j1) of the (chunk, row tile) grid: Y rows of those chunks' tokens, columns of those row tiles. */
+/* Tokens per chunk for M tokens on nth threads: ceil(M / TC_GM) chunks, rounded up to a multiple of nth when
+   there are several, of equal size (rounded up to whole register tiles; the last chunk takes the remainder). */
+static inline int64_t tc_gemm_chunk(int64_t M, int nth) {
+    int64_t nc = (M + TC_GM - 1) / TC_GM;
+    if (nc > 1 && nth > 1) nc = (nc + nth - 1) / nth * nth;
+    if (nc < 1) nc = 1;
+    int64_t gm = (M + nc - 1) / nc;
+    return (gm + TC_GT - 1) / TC_GT * TC_GT;
+}
+
+/* Jobs [j0, j1) of the (chunk of gm tokens, row tile) grid: Y rows of those chunks' tokens, columns of those row
+   tiles. */
 static void tc_gemm_jobs(void *buf, const int8_t *q, const float *s, const float *bias, float *y, int64_t M,
-                         int64_t N, int64_t K, int64_t j0, int64_t j1) {
+                         int64_t N, int64_t K, int64_t gm, int64_t j0, int64_t j1) {
     int64_t nrt = (N + TC_GR - 1) / TC_GR;
     int8_t tail[TC_GR][TC_GW] __attribute__((aligned(64)));
     for (int64_t j = j0; j < j1; j++) {
-        int64_t m0 = (j / nrt) * TC_GM, m1 = m0 + TC_GM < M ? m0 + TC_GM : M, n0 = (j % nrt) * TC_GR;
+        int64_t m0 = (j / nrt) * gm, m1 = m0 + gm < M ? m0 + gm : M, n0 = (j % nrt) * TC_GR;
         const int8_t *rows[TC_GR], *tails[TC_GR];
         int64_t kt = K - K % TC_GW;
         for (int r = 0; r < TC_GR; r++) {
@@ -202,15 +215,16 @@ static void tc_gemm_jobs(void *buf, const int8_t *q, const float *s, const float
     }
 }
 
-static inline int64_t tc_gemm_njobs(int64_t M, int64_t N) {
-    return ((M + TC_GM - 1) / TC_GM) * ((N + TC_GR - 1) / TC_GR);
+static inline int64_t tc_gemm_njobs(int64_t M, int64_t N, int64_t gm) {
+    return ((M + gm - 1) / gm) * ((N + TC_GR - 1) / TC_GR);
 }
 
 /* The whole GEMM on one thread (the harness; native.c's tc_gemm splits the same jobs over threads). */
 void tc_gemm1(const float *x, void *buf, const int8_t *q, const float *s, const float *bias, float *y, int64_t M,
               int64_t N, int64_t K) {
     for (int64_t m = 0; m < M; m++) tc_gemm_quant(x, buf, m, K);
-    tc_gemm_jobs(buf, q, s, bias, y, M, N, K, 0, tc_gemm_njobs(M, N));
+    int64_t gm = tc_gemm_chunk(M, 1);
+    tc_gemm_jobs(buf, q, s, bias, y, M, N, K, gm, 0, tc_gemm_njobs(M, N, gm));
 }
 
 /* The reference GEMM (one thread, per token tc_quant8 and per row tc_dot_ref), for the tests. */
