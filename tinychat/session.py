@@ -28,19 +28,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import re
 import secrets
 import stat
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tinychat import paths, session_lock, session_tree
 from tinychat.fsutil import atomic_write
+from tinychat.jsonfields import Fields, is_int, is_obj, is_str, is_time, jtype, one_line, show
 from tinychat.session_check import fork_ok, fork_problem, order_problem, sampler_problem, seed_ok, tree_problem, vocab_problem
 from tinychat.textsafe import safe_line, strip_controls
 
@@ -190,7 +189,7 @@ def _dir(dir: str | Path | None) -> Path:
 
 def _check_id(session_id: object) -> str:
     if not isinstance(session_id, str) or not _ID_RE.fullmatch(session_id):
-        raise SessionError(f"invalid session id {_show(session_id)}")
+        raise SessionError(f"invalid session id {show(session_id)}")
     return session_id
 
 
@@ -230,7 +229,7 @@ def _serialize(session: Session, where: str, **overrides: Any) -> str:
     try:
         return _dumps(data) + "\n"
     except (TypeError, ValueError) as e:
-        raise SessionError(f"{where}: cannot serialize session ({_one_line(e)})") from None
+        raise SessionError(f"{where}: cannot serialize session ({one_line(e)})") from None
 
 
 # -- save / load ----------------------------------------------------------------------------------------------
@@ -287,7 +286,7 @@ def _check_current(session: Session, target: Path) -> None:
     except FileNotFoundError:  # deleted meanwhile (the sessions screen): saving brings it back
         return
     except OSError as e:
-        raise SessionError(f"{target}: cannot check the saved session ({e.strerror or _one_line(e)})") from None
+        raise SessionError(f"{target}: cannot check the saved session ({e.strerror or one_line(e)})") from None
     seen = _seen.get(str(Path(target).absolute()))
     if seen is not None and seen[:3] == (st.st_ino, st.st_mtime_ns, st.st_size):
         disk = seen[3:]
@@ -371,7 +370,7 @@ def _read_json(path: Path) -> Any:
     except FileNotFoundError:
         raise SessionError(f"{path}: no such session file") from None
     except OSError as e:
-        raise SessionError(f"{path}: cannot read session file ({e.strerror or _one_line(e)})") from None
+        raise SessionError(f"{path}: cannot read session file ({e.strerror or one_line(e)})") from None
     if not raw.strip():
         raise SessionError(f"{path}: empty session file")
     try:
@@ -384,7 +383,7 @@ def _read_json(path: Path) -> Any:
         hint = "truncated or invalid" if e.pos >= len(text.rstrip()) else "invalid"
         raise SessionError(f"{path}: {hint} JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
     except (ValueError, RecursionError) as e:  # NaN/Infinity, absurdly long integers, absurd nesting
-        raise SessionError(f"{path}: invalid JSON ({_one_line(e)[:120]})") from None
+        raise SessionError(f"{path}: invalid JSON ({one_line(e)[:120]})") from None
 
 
 def _reject_constant(name: str) -> Any:
@@ -393,148 +392,81 @@ def _reject_constant(name: str) -> Any:
 
 # -- validation -----------------------------------------------------------------------------------------------
 # Every field of a version-1 file is required (the writer always writes them all); unknown extra keys are
-# ignored. Each check names the field by its JSON path, e.g. messages[3].token_ids[17].
-
-
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
-
-
-def _jtype(v: Any) -> str:
-    names = {
-        dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer", float: "a number"
-    }
-    return "null" if v is None else names.get(type(v), type(v).__name__)
-
-
-def _show(v: Any) -> str:
-    if isinstance(v, (dict, list)):
-        return _jtype(v)
-    text = repr(v)  # repr escapes newlines, so messages stay on one line
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_time(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-
-
-def _is_str(v: Any) -> bool:
-    return isinstance(v, str)
-
-
-def _is_obj(v: Any) -> bool:
-    return isinstance(v, dict)
-
-
-class _Fields:
-    """Typed access to one JSON object's fields; failures raise SessionError naming file and field."""
-
-    def __init__(self, data: dict, where: str, prefix: str = ""):
-        self.data, self.where, self.prefix = data, where, prefix
-
-    def fail(self, key: str, what: str) -> SessionError:
-        return SessionError(f"{self.where}: field {self.prefix}{key} {what}")
-
-    def get(self, key: str, ok: Callable[[Any], bool], expected: str, *, nullable: bool = False) -> Any:
-        if key not in self.data:
-            raise SessionError(f"{self.where}: missing field {self.prefix}{key}")
-        value = self.data[key]
-        if value is None and nullable:
-            return None
-        if not ok(value):
-            raise self.fail(key, f"must be {expected}{' or null' if nullable else ''}, got {_show(value)}")
-        return value
-
-    def optional(self, key: str, ok: Callable[[Any], bool], expected: str) -> Any:
-        """A field added after version 1 shipped: its default when absent."""
-        if key not in self.data:
-            return OPTIONAL_FIELDS[key]
-        return self.get(key, ok, expected)
-
-    def int_list(self, key: str, ok: Callable[[Any], bool], expected: str, *, nullable: bool = False) -> list | None:
-        values = self.get(key, lambda v: isinstance(v, list), "an array", nullable=nullable)
-        if values is not None and not all(map(ok, values)):
-            i = next(i for i, v in enumerate(values) if not ok(v))
-            raise self.fail(f"{key}[{i}]", f"must be {expected}, got {_show(values[i])}")
-        return values
+# ignored. Each check names the field by its JSON path, e.g. messages[3].token_ids[17] (jsonfields.Fields).
 
 
 def _from_dict(d: Any, where: str) -> Session:
     if not isinstance(d, dict):
-        raise SessionError(f"{where}: not a session file (top level is {_jtype(d)}, expected an object)")
+        raise SessionError(f"{where}: not a session file (top level is {jtype(d)}, expected an object)")
     if d.get("schema") != SCHEMA:
-        schema = _show(d.get("schema"))
+        schema = show(d.get("schema"))
         raise SessionError(f"{where}: not a tinychat session file (schema {schema}, expected {SCHEMA!r})")
     version = d.get("version")
-    if not _is_int(version):
-        raise SessionError(f"{where}: field version must be an integer, got {_show(version)}")
+    if not is_int(version):
+        raise SessionError(f"{where}: field version must be an integer, got {show(version)}")
     if version not in READ_VERSIONS:
         raise SessionError(f"{where}: unsupported session version {version} (this tinychat reads versions "
                            f"{', '.join(map(str, READ_VERSIONS))})")
 
-    f = _Fields(d, where)
-    sid = f.get("id", _is_str, "a string")
+    f = Fields(d, where, error=SessionError, defaults=OPTIONAL_FIELDS)
+    sid = f.get("id", is_str, "a string")
     if not _ID_RE.fullmatch(sid):
-        raise f.fail("id", f"is not a valid session id: {_show(sid)}")
-    model = f.get("model", _is_obj, "an object")
-    mf = _Fields(model, where, "model.")
-    mf.get("name", _is_str, "a string")
-    mf.get("hash", _is_str, "a string")
+        raise f.fail("id", f"is not a valid session id: {show(sid)}")
+    model = f.get("model", is_obj, "an object")
+    mf = f.at(model, "model.")
+    mf.get("name", is_str, "a string")
+    mf.get("hash", is_str, "a string")
     session = Session(
         id=sid,
-        title=f.get("title", _is_str, "a string"),
-        created=f.get("created", _is_time, "a non-negative number (unix time)"),
-        updated=f.get("updated", _is_time, "a non-negative number (unix time)"),
+        title=f.get("title", is_str, "a string"),
+        created=f.get("created", is_time, "a non-negative number (unix time)"),
+        updated=f.get("updated", is_time, "a non-negative number (unix time)"),
         model=model,
-        tokenizer_hash=f.get("tokenizer_hash", _is_str, "a string"),
-        quant=f.get("quant", _is_str, "a string"),
-        device=f.get("device", _is_str, "a string"),
-        settings=f.get("settings", _is_obj, "an object"),
-        revision=f.optional("revision", lambda v: _is_int(v) and v >= 0, "a non-negative integer"),
-        kv_sha256=f.optional("kv_sha256", _is_str, "a string"),
+        tokenizer_hash=f.get("tokenizer_hash", is_str, "a string"),
+        quant=f.get("quant", is_str, "a string"),
+        device=f.get("device", is_str, "a string"),
+        settings=f.get("settings", is_obj, "an object"),
+        revision=f.optional("revision", lambda v: is_int(v) and v >= 0, "a non-negative integer"),
+        kv_sha256=f.optional("kv_sha256", is_str, "a string"),
     )
     if problem := sampler_problem(session.settings, "settings."):
         raise SessionError(f"{where}: {problem}")
     messages = f.get("messages", lambda v: isinstance(v, list), "an array")
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
-            raise f.fail(f"messages[{i}]", f"must be an object, got {_show(m)}")
-        session.messages.append(_message_from_dict(_Fields(m, where, f"messages[{i}]."), version))
+            raise f.fail(f"messages[{i}]", f"must be an object, got {show(m)}")
+        session.messages.append(_message_from_dict(f.at(m, f"messages[{i}]."), version))
     if problem := order_problem(session.messages):
         raise SessionError(f"{where}: {problem}")
     if version >= 2:
         branches = f.get("branches", lambda v: isinstance(v, list), "an array")
         for i, m in enumerate(branches):
             if not isinstance(m, dict):
-                raise f.fail(f"branches[{i}]", f"must be an object, got {_show(m)}")
-            session.branches.append(_message_from_dict(_Fields(m, where, f"branches[{i}]."), version))
+                raise f.fail(f"branches[{i}]", f"must be an object, got {show(m)}")
+            session.branches.append(_message_from_dict(f.at(m, f"branches[{i}]."), version))
         if problem := tree_problem(session.messages, session.branches):
             raise SessionError(f"{where}: {problem}")
     return session
 
 
-def _message_from_dict(f: _Fields, version: int = VERSION) -> Message:
+def _message_from_dict(f: Fields, version: int = VERSION) -> Message:
     role = f.get("role", lambda v: v in ROLES, "one of " + "/".join(ROLES))
     tree: dict[str, Any] = {}
     if version >= 2:
-        tree = {"id": f.get("id", lambda v: _is_int(v) and 1 <= v <= _MAX_TOKEN_ID, "an integer in 1..2^31-1"),
-                "parent": f.get("parent", _is_int, "an integer", nullable=True),
+        tree = {"id": f.get("id", lambda v: is_int(v) and 1 <= v <= _MAX_TOKEN_ID, "an integer in 1..2^31-1"),
+                "parent": f.get("parent", is_int, "an integer", nullable=True),
                 "fork": f.get("fork", fork_ok, "an object {position, token} of non-negative integers",
                               nullable=True)}
     msg = Message(
         **tree,
         role=role,
-        content=f.get("content", _is_str, "a string"),
-        token_ids=f.int_list("token_ids", lambda v: _is_int(v) and 0 <= v <= _MAX_TOKEN_ID, "a token id (0..2^31-1)"),
-        created=f.get("created", _is_time, "a non-negative number (unix time)"),
-        settings=f.get("settings", _is_obj, "an object", nullable=True),
+        content=f.get("content", is_str, "a string"),
+        token_ids=f.int_list("token_ids", lambda v: is_int(v) and 0 <= v <= _MAX_TOKEN_ID, "a token id (0..2^31-1)"),
+        created=f.get("created", is_time, "a non-negative number (unix time)"),
+        settings=f.get("settings", is_obj, "an object", nullable=True),
         seed=f.get("seed", seed_ok, "an integer in 0..2^63-1", nullable=True),
         finish=f.get("finish", lambda v: v in FINISH_REASONS, "one of " + "/".join(FINISH_REASONS), nullable=True),
-        timing_ms=f.int_list("timing_ms", _is_time, "a non-negative number", nullable=True),
+        timing_ms=f.int_list("timing_ms", is_time, "a non-negative number", nullable=True),
     )
     if problem := fork_problem(msg):
         raise f.fail("fork", problem)

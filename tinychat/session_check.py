@@ -12,6 +12,7 @@ import dataclasses
 import math
 from typing import Any
 
+from .jsonfields import is_int, show
 from .settings import ChatSettings
 
 MAX_SEED = 2**63 - 1             # the flags' range (ChatSettings): a file may not hold a seed the chat cannot take
@@ -21,21 +22,8 @@ _INTEGERS = ("penalty_window", "max_new")
 _BOOLS = tuple(f.name for f in dataclasses.fields(ChatSettings) if f.type in (bool, "bool"))   # ban, no_parrot, ...
 
 
-def _show(v: Any) -> str:
-    if isinstance(v, dict):
-        return "an object"
-    if isinstance(v, list):
-        return "an array"
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def seed_ok(v: Any) -> bool:
-    return _is_int(v) and 0 <= v <= MAX_SEED
+    return is_int(v) and 0 <= v <= MAX_SEED
 
 
 def sampler_problem(d: dict, prefix: str) -> str | None:
@@ -44,25 +32,25 @@ def sampler_problem(d: dict, prefix: str) -> str | None:
         if key in d:
             v, (lo, hi) = d[key], ChatSettings.LIMITS[key]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                return f"field {prefix}{key} must be a number, got {_show(v)}"
+                return f"field {prefix}{key} must be a number, got {show(v)}"
             if not lo <= v <= hi:
-                return f"field {prefix}{key} must be between {lo:g} and {hi:g}, got {_show(v)}"
+                return f"field {prefix}{key} must be between {lo:g} and {hi:g}, got {show(v)}"
     for key in _INTEGERS:
         if key in d:
             v, (lo, hi) = d[key], ChatSettings.LIMITS[key]
-            if not _is_int(v):
-                return f"field {prefix}{key} must be an integer, got {_show(v)}"
+            if not is_int(v):
+                return f"field {prefix}{key} must be an integer, got {show(v)}"
             if not lo <= v <= hi:
-                return f"field {prefix}{key} must be between {lo:g} and {hi:g}, got {_show(v)}"
+                return f"field {prefix}{key} must be between {lo:g} and {hi:g}, got {show(v)}"
     for key in _BOOLS:
         if key in d and not isinstance(d[key], bool):
-            return f"field {prefix}{key} must be true or false, got {_show(d[key])}"
+            return f"field {prefix}{key} must be true or false, got {show(d[key])}"
     if "seed" in d and d["seed"] is not None and not seed_ok(d["seed"]):
-        return f"field {prefix}seed must be an integer in 0..2^63-1 or null, got {_show(d['seed'])}"
+        return f"field {prefix}seed must be an integer in 0..2^63-1 or null, got {show(d['seed'])}"
     if "system_prompt" in d and not isinstance(d["system_prompt"], str):
-        return f"field {prefix}system_prompt must be a string, got {_show(d['system_prompt'])}"
+        return f"field {prefix}system_prompt must be a string, got {show(d['system_prompt'])}"
     if "step" in d and d["step"] is not None and not isinstance(d["step"], str):
-        return f"field {prefix}step must be a string or null, got {_show(d['step'])}"
+        return f"field {prefix}step must be a string or null, got {show(d['step'])}"
     return None
 
 
@@ -94,9 +82,9 @@ def order_problem(messages: list) -> str | None:
         if problem:
             return problem
         start = r.settings.get("context_start")
-        if start is not None and not (_is_int(start) and start in users):
+        if start is not None and not (is_int(start) and start in users):
             return f"field {where}settings.context_start must be the index of a user message up to {i}, " \
-                   f"got {_show(start)}"
+                   f"got {show(start)}"
         i += 2
     return None
 
@@ -114,7 +102,7 @@ def vocab_problem(messages: list, vocab_size: int, name: str = "messages") -> st
 
 def fork_ok(v: Any) -> bool:
     """A fork record: {"position": n, "token": id}, both non-negative integers."""
-    return isinstance(v, dict) and set(v) == {"position", "token"} and all(_is_int(x) and x >= 0 for x in v.values())
+    return isinstance(v, dict) and set(v) == {"position", "token"} and all(is_int(x) and x >= 0 for x in v.values())
 
 
 def fork_problem(m: Any) -> str | None:
@@ -141,7 +129,7 @@ def tree_problem(messages: list, branches: list) -> str | None:
     prev = None
     for i, m in enumerate(messages):
         if m.parent != prev:
-            return f"field messages[{i}].parent must be {_show(prev)} (the message before it), got {_show(m.parent)}"
+            return f"field messages[{i}].parent must be {show(prev)} (the message before it), got {show(m.parent)}"
         prev = m.id
     parent = {m.id: m.parent for m in list(messages) + list(branches)}
     node = {m.id: m for m in list(messages) + list(branches)}

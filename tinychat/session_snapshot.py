@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from tinychat.fsutil import atomic_write
-from tinychat.session import SNAPSHOT_FORMAT, SessionError, SnapshotError, _one_line, _show, snapshot_path
+from tinychat.jsonfields import one_line, show
+from tinychat.session import SNAPSHOT_FORMAT, SessionError, SnapshotError, snapshot_path
 
 
 def hash_bytes(data: bytes) -> str:
@@ -68,7 +69,7 @@ def save_snapshot(
         with contextlib.suppress(OSError):  # an older snapshot no longer matches the session: never load it
             if target.is_file():
                 target.unlink()
-        detail = getattr(e, "strerror", None) or _one_line(e)[:160]
+        detail = getattr(e, "strerror", None) or one_line(e)[:160]
         raise SnapshotError(f"{target}: cannot write the KV snapshot ({detail})") from None
     return target
 
@@ -101,9 +102,9 @@ def load_snapshot(
             meta = dict(f.metadata() or {})
             tensors = {name: f.get_tensor(name) for name in f.keys()}
     except Exception as e:  # noqa: BLE001  safetensors raises its own error types (and OSError) for damaged files
-        raise SessionError(f"{path}: corrupt KV snapshot ({_one_line(e)[:160]})") from None
+        raise SessionError(f"{path}: corrupt KV snapshot ({one_line(e)[:160]})") from None
     if meta.get(_META_FORMAT) != SNAPSHOT_FORMAT:
-        raise SessionError(f"{path}: not a tinychat KV snapshot (format {_show(meta.get(_META_FORMAT))})")
+        raise SessionError(f"{path}: not a tinychat KV snapshot (format {show(meta.get(_META_FORMAT))})")
     if meta.get(_META_SESSION) != session_id:
-        raise SessionError(f"{path}: KV snapshot belongs to session {_show(meta.get(_META_SESSION))}")
+        raise SessionError(f"{path}: KV snapshot belongs to session {show(meta.get(_META_SESSION))}")
     return tensors, {k: v for k, v in meta.items() if not k.startswith("tinychat.")}

@@ -29,6 +29,8 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from .jsonfields import one_line
+
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 ENDOFTEXT = "<|endoftext|>"
@@ -71,17 +73,13 @@ def chat_format_for(tokenizer_path: Path) -> ChatFormat:
         spec = json.loads(f.read_text(encoding="utf-8"))
         name = spec.get("format")
     except (OSError, ValueError, AttributeError) as e:
-        raise TokenizerError(f"{f}: unreadable chat format ({_one_line(e)[:100]})") from None
+        raise TokenizerError(f"{f}: unreadable chat format ({one_line(e)[:100]})") from None
     if name not in CHAT_FORMATS:
         raise TokenizerError(f"{f}: unknown chat format {name!r} (known: {', '.join(CHAT_FORMATS)})")
     default = spec.get("default_system")
     if default is not None and not isinstance(default, str):
         raise TokenizerError(f"{f}: default_system must be a string")
     return dataclasses.replace(CHAT_FORMATS[name], default_system=default or None)
-
-
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -147,7 +145,7 @@ class Tokenizer:
         except FileNotFoundError:
             raise TokenizerError(f"{path}: tokenizer file not found") from None
         except (OSError, UnicodeDecodeError) as e:
-            raise TokenizerError(f"{path}: cannot read tokenizer file ({_one_line(e)})") from None
+            raise TokenizerError(f"{path}: cannot read tokenizer file ({one_line(e)})") from None
         return cls.from_str(text, source=str(path), chat=chat_format_for(path))
 
     @classmethod
@@ -155,11 +153,11 @@ class Tokenizer:
         try:
             json.loads(text)
         except (ValueError, RecursionError) as e:
-            raise TokenizerError(f"{source}: tokenizer file is not valid JSON ({_one_line(e)})") from None
+            raise TokenizerError(f"{source}: tokenizer file is not valid JSON ({one_line(e)})") from None
         try:
             hf = HFTokenizer.from_str(text)
         except Exception as e:  # noqa: BLE001  the Rust side raises plain Exception for schema errors
-            raise TokenizerError(f"{source}: not a Hugging Face tokenizer.json ({_one_line(e)[:200]})") from None
+            raise TokenizerError(f"{source}: not a Hugging Face tokenizer.json ({one_line(e)[:200]})") from None
         return cls(hf, source=source, chat=chat)
 
     def to_str(self, pretty: bool = False) -> str:
