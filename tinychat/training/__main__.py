@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 
 STEPS = {
@@ -41,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
                                 description=module.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     module.add_arguments(p)
-    return int(module.run(p.parse_args(argv[1:])) or 0)
+    args = p.parse_args(argv[1:])
+    args.command_line = "python -m tinychat.training " + shlex.join(argv)     # for the records the step writes
+    return int(module.run(args) or 0)
 
 
 if __name__ == "__main__":

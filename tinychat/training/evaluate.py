@@ -165,6 +165,7 @@ def run(args) -> int:
         print(f"error: {' '.join(args.shards)} has no held-out conversations", file=sys.stderr)
         return 2
     result: dict = {"model": str(args.model), "shards": " ".join(args.shards), "held_out_conversations": len(val),
+                    "command": getattr(args, "command_line", None),
                     "settings": {"max_new": args.max_new, "seed": args.seed, "turns": args.turns,
                                  "defaults": "tinychat.chat.ChatSettings()", "sampler": _default_sampler()}}
     if args.n:

