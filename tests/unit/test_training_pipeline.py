@@ -194,6 +194,32 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
     assert lrs[110] == pytest.approx(1e-4) and lrs[60] == pytest.approx(5.5e-4)
 
 
+def test_a_run_re_planned_to_end_sooner_anneals_from_where_it_is_and_keeps_the_new_end(tmp_path):
+    train, val = tiny_sets(20)
+    cfg = tiny_cfg(steps=12, warmup=2, lr=1e-2, ckpt_every=2)
+    quiet = dict(log=lambda *_: None)
+    a = Trainer(cfg, tok(), train, val, tmp_path / "r", **quiet)
+    a.fit(stop_after=4, progress=False)
+    b = Trainer.resume(tmp_path / "r", tok(), train, val, **quiet)
+    before = lr_at(4, cfg, 12)
+    b.end_at(8)
+    lrs = [lr_at(s, cfg, b.total_steps, b.replan) for s in range(4, 9)]
+    assert lrs[0] == pytest.approx(before)                    # nothing jumps at the re-plan
+    assert all(x > y for x, y in zip(lrs, lrs[1:])) and lrs[-1] == pytest.approx(1e-3)   # down to the floor at 8
+    assert lr_at(3, cfg, b.total_steps, b.replan) == lr_at(3, cfg, 12)                    # the past is unchanged
+    b.fit(progress=False)
+    assert b.step == 8
+    c = Trainer.resume(tmp_path / "r", tok(), train, val, **quiet)
+    assert (c.total_steps, c.replan) == (8, {"from": 4, "lr": pytest.approx(before), "end": 8, "planned": 12})
+    with pytest.raises(SystemExit, match="already at step 8"):
+        c.end_at(8)
+    c.end_at(10)                                              # a second re-plan keeps the history of the first
+    assert [lr_at(s, cfg, c.total_steps, c.replan) for s in range(9)] == [lr_at(s, cfg, 8, b.replan) for s in range(9)]
+    from tinychat.training.card import _train_lines                # the card's commands redo both re-plans
+    assert _train_lines("train", c.replan) == ["train --stop-after 4", "train --end-at 8 --stop-after 4   # resumed at "
+                                               "step 4", "train --end-at 10   # resumed at step 8"]
+
+
 def test_head_only_on_targets_gives_the_full_forward_loss(tiny):
     t = tok()
     ts = D.encode_all(t, fake_conversations(4, seed=4))

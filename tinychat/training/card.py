@@ -72,6 +72,27 @@ def _threads_text(st: dict) -> str:
     return ", then ".join(parts)
 
 
+def _replans(replan: dict | None) -> list[dict]:
+    """A run's re-plans (Trainer.end_at), oldest first."""
+    out = []
+    while replan:
+        out.insert(0, replan)
+        replan = replan.get("prev")
+    return out
+
+
+def _train_lines(command: str, replan: dict | None) -> list[str]:
+    """The train command, split where the run was resumed with --end-at: stop there, then resume re-planned."""
+    plans = _replans(replan)
+    if not plans:
+        return [command]
+    lines = [f"{command} --stop-after {plans[0]['from']}"]
+    for i, r in enumerate(plans):
+        nxt = f" --stop-after {plans[i + 1]['from'] - r['from']}" if i + 1 < len(plans) else ""
+        lines.append(f"{command} --end-at {r['end']}{nxt}   # resumed at step {r['from']}")
+    return lines
+
+
 def card_sections(text: str, titles=LINEAGE_SECTIONS, demote: int = 0) -> str:
     """The named `## ` sections of a card, headings and all, every heading demoted `demote` levels (2: `## X` ->
     `#### X`), so a card can carry its parent's inside one of its own sections; '' when it has none of them."""
@@ -134,7 +155,7 @@ def _command_lines(f: dict) -> list[str]:
     else:
         lines.append(f"python -m tinychat.training tokenizer --shards {' '.join(shard_paths)} --out "
                      f"{run_dir}/tokenizer.json --vocab-size {mc['vocab_size']} --val-fraction {cfg['val_fraction']}")
-    lines.append(train_command(st, run_dir, shard_paths, tokenizer))
+    lines += _train_lines(train_command(st, run_dir, shard_paths, tokenizer), st.get("replan"))
     ev = f.get("eval") or {}
     lines.append(ev.get("command") or f"python -m tinychat.training eval --model {run_dir}/model --shards "
                  f"{' '.join(shard_paths)} --loss --teacher --out {run_dir}/eval.json")
@@ -195,6 +216,9 @@ def model_card(f: dict) -> str:
         f"({cfg['beta1']}, {cfg['beta2']}), weight decay {cfg['weight_decay']} (not on embeddings / Engram "
         f"tables), grad clip {cfg['clip']}, batches of <= {cfg['batch_tokens']:,} padded tokens "
         f"(<= {cfg['max_rows']} whole conversations, length-bucketed), sequences truncated at {cfg['seq_len']}.",
+        *[f"- The schedule, planned for {r['planned']:,} steps, was re-planned at step {r['from']:,} (`--end-at "
+          f"{r['end']}`): a cosine from lr {r['lr']:.2e} down to the floor at step {r['end']:,}, so the run annealed "
+          "in the time it had." for r in _replans(st.get("replan"))],
         f"- Checkpoint `{f['checkpoint']}`" + (f" of {st['total_steps']:,} planned (stopped early: the cosine "
                                                f"schedule's last {st['total_steps'] - st['step']:,} steps not run)"
                                                if st["step"] < st["total_steps"] else "") + f", seed {cfg['seed']}.",

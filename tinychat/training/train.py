@@ -84,13 +84,21 @@ class TrainConfig:
         return config_for(self.size, **self.model_overrides)
 
 
-def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
-    """Linear warmup over cfg.warmup steps, then cosine from lr down to lr * min_lr_ratio at total_steps."""
+def lr_at(step: int, cfg: TrainConfig, total_steps: int, replan: dict | None = None) -> float:
+    """Linear warmup over cfg.warmup steps, then cosine from lr down to lr * min_lr_ratio at total_steps.
+    replan {"from", "lr", "end", "planned", "prev"} (Trainer.end_at): from step `from` on, a cosine from `lr` (the
+    schedule's value there, so nothing jumps) down to the same floor at step `end`; before it, the schedule as it
+    was (`planned` steps, and any earlier re-plan `prev`)."""
+    lo = cfg.lr * cfg.min_lr_ratio
+    if replan:
+        if step < replan["from"]:
+            return lr_at(step, cfg, replan["planned"], replan.get("prev"))
+        t = min(1.0, (step - replan["from"]) / max(1, replan["end"] - replan["from"]))
+        return lo + (replan["lr"] - lo) * 0.5 * (1 + math.cos(math.pi * t))
     if cfg.warmup and step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     span = max(1, total_steps - cfg.warmup)
     t = min(1.0, (step - cfg.warmup) / span)
-    lo = cfg.lr * cfg.min_lr_ratio
     return lo + (cfg.lr - lo) * 0.5 * (1 + math.cos(math.pi * t))
 
 
@@ -149,6 +157,7 @@ class Trainer:
         self.threads_log = [[0, torch.get_num_threads()]]   # [from step, threads] per stretch of the run
         self._plan: tuple[int, list] | None = None
         self.total_steps = total_steps or cfg.steps or self.steps_for_tokens()
+        self.replan: dict | None = None       # end_at's new end of the schedule (lr_at)
         self._stop = False
 
     def _load_init(self, path: str, mcfg) -> None:
@@ -192,7 +201,7 @@ class Trainer:
         t0 = time.perf_counter()
         rows = self.next_batch()
         idx, tgt, msk = self.train.collate(rows, self.cfg.seq_len)
-        lr = lr_at(self.step, self.cfg, self.total_steps)
+        lr = lr_at(self.step, self.cfg, self.total_steps, self.replan)
         for g in self.opt.param_groups:
             g["lr"] = lr
         loss_sum, n = masked_loss(self.model, idx, tgt, msk, self.cfg.bf16)
@@ -244,7 +253,7 @@ class Trainer:
         return {"format": CKPT_FORMAT, "step": self.step, "epoch": self.epoch, "pos": self.pos,
                 "total_steps": self.total_steps, "tokens_seen": self.tokens_seen, "targets_seen": self.targets_seen,
                 "elapsed_s": round(self.elapsed, 3), "val_loss": self.val_loss, "val_full": self.val_full, "lr": lr_at(max(self.step - 1, 0),
-                self.cfg, self.total_steps), "threads": torch.get_num_threads(), "threads_log": self.threads_log,
+                self.cfg, self.total_steps, self.replan), **({"replan": self.replan} if self.replan else {}), "threads": torch.get_num_threads(), "threads_log": self.threads_log,
                 "config": self.cfg.to_dict(),
                 "model_config": self.model.cfg.to_dict(), "tokenizer_sha256": self.tok.sha256,
                 **({"init_sha256": self.init_sha256} if self.init_sha256 else {}),
@@ -319,7 +328,8 @@ class Trainer:
         if self.threads_log[-1][1] != torch.get_num_threads():
             self.threads_log.append([self.step, torch.get_num_threads()])
         self.val_full = state.get("val_full", False)
-        self.init_sha256 = state.get("init_sha256", "")
+        self.init_sha256 = state.get("init_sha256", self.init_sha256)   # (older runs: the folder as it is now)
+        self.replan = state.get("replan")
 
     @classmethod
     def resume(cls, run_dir, tok: Tokenizer, train: TokenizedSet, val: TokenizedSet, log=print,
@@ -348,6 +358,18 @@ class Trainer:
         return tr
 
     # -- the loop -----------------------------------------------------------------------------------------------
+    def end_at(self, end: int) -> None:
+        """End the schedule at step `end` instead (a run that cannot finish its plan in the time it has): from the
+        current step the learning rate follows a cosine from its present value down to the floor at `end`, so
+        the run still anneals. Recorded in the checkpoints (and the card); later resumes keep it."""
+        if end <= self.step:
+            raise SystemExit(f"--end-at {end}: the run is already at step {self.step}")
+        if self.step < self.cfg.warmup:
+            raise SystemExit(f"--end-at: the run is still warming up (step {self.step} of {self.cfg.warmup})")
+        self.replan = {"from": self.step, "lr": lr_at(self.step, self.cfg, self.total_steps, self.replan),
+                       "end": end, "planned": self.total_steps, **({"prev": self.replan} if self.replan else {})}
+        self.total_steps = end
+
     def request_stop(self, *_):
         self._stop = True
 
@@ -443,6 +465,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--stop-after", type=int, default=None, help="stop (with a checkpoint) after this many steps")
     p.add_argument("--time-limit", type=float, default=None, help="stop (with a checkpoint) after this many s")
+    p.add_argument("--end-at", type=int, default=None, metavar="STEP",
+                   help="on resume: anneal to the end of the schedule by this step instead (a cosine from the "
+                        "present learning rate), for a run that cannot finish its plan in time")
     p.add_argument("--no-resume", action="store_true", help="refuse to continue an existing run")
     p.add_argument("--init", default=None, metavar="MODEL_DIR",
                    help="start a new run from this model folder's weights (e.g. assets), not random ones")
@@ -499,7 +524,13 @@ def run(args) -> int:
     if ck is not None:
         tr = Trainer.resume(run_dir, tok, train, val, overrides=book)
         print(f"resumed {ck.name}: step {tr.step}/{tr.total_steps}, {tr.tokens_seen:,} tokens seen", flush=True)
+        if args.end_at is not None and args.end_at != tr.total_steps:
+            tr.end_at(args.end_at)
+            print(f"schedule re-planned: cosine from lr {tr.replan['lr']:.2e} at step {tr.step} to the floor at step "
+                  f"{tr.total_steps}", flush=True)
     else:
+        if args.end_at is not None:
+            raise SystemExit("--end-at re-plans a resumed run; a new run is sized by --tokens or --steps")
         tr = Trainer(cfg, tok, train, val, run_dir)
         print(f"new run {run_dir}: {tr.model.num_params() / 1e6:.2f}M params, {tr.total_steps} steps "
               f"for {cfg.tokens:,} tokens, threads {torch.get_num_threads()}", flush=True)
