@@ -540,7 +540,7 @@ def run(args) -> int:
     done = "finished" if tr.step >= tr.total_steps else "stopped (run the same command to resume)"
     print(f"{done} at step {tr.step}/{tr.total_steps}: {tr.tokens_seen:,} tokens in {_hms(tr.elapsed)}, "
           f"{tr.tokens_seen / max(tr.elapsed, 1e-9):,.0f} tok/s, last loss {rec.get('loss', float('nan')):.4f}, "
-          f"val loss {tr.val_loss if tr.val_loss is not None else float('nan'):.4f}", flush=True)
+          "val loss " + (f"{tr.val_loss:.4f}" if tr.val_loss is not None else "not measured yet"), flush=True)
     return 0
 
 
