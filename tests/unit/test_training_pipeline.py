@@ -448,6 +448,17 @@ def test_cli_pipeline_tokenizer_train_resume_export_eval(tmp_path, capsys):
     assert main(["eval", "--model", str(tmp_path / "assets"), "--shards", str(shards),
                  "--words", str(tmp_path / "nope.txt")]) == 2
     assert "wamerican" in capsys.readouterr().err
+    # another sampler than the app's defaults: recorded with the figures, and bad settings refused in one line
+    assert main(["eval", "--model", str(tmp_path / "assets"), "--shards", str(shards), "--val-fraction", "0.1",
+                 "--n", "1", "--turns", "1", "--max-new", "4", "--words", str(wl), "--threads", "1",
+                 "--set", "temperature=0", "--set", "ban-reply=off", "--out", str(tmp_path / "eval0.json")]) == 0
+    res0 = json.loads((tmp_path / "eval0.json").read_text())
+    assert res0["settings"]["sampler"]["temperature"] == 0 and res0["settings"]["sampler"]["ban_reply"] is False
+    assert res0["settings"]["defaults"].endswith("with temperature=0, ban-reply=off")
+    for bad in ("nope=1", "temperature", "temperature=9"):
+        assert main(["eval", "--model", str(tmp_path / "assets"), "--shards", str(shards), "--words", str(wl),
+                     "--set", bad]) == 2
+    assert capsys.readouterr().err.count("error: ") == 3
 
 
 # -- evaluation metrics -------------------------------------------------------------------------------------------

@@ -157,6 +157,10 @@ def _command_lines(f: dict) -> list[str]:
                      f"{run_dir}/tokenizer.json --vocab-size {mc['vocab_size']} --val-fraction {cfg['val_fraction']}")
     lines += _train_lines(train_command(st, run_dir, shard_paths, tokenizer), st.get("replan"))
     ev = f.get("eval") or {}
+    if ev.get("command") and ev.get("model") and f.get("out") and ev["model"] != f["out"]:
+        # the eval read a folder of its own: the export that wrote it (without the eval, the card not final)
+        lines.append(f"python -m tinychat.training export --run {run_dir} --out {ev['model']} --shards "
+                     f"{' '.join(shard_paths)} --samples 0")
     lines.append(ev.get("command") or f"python -m tinychat.training eval --model {run_dir}/model --shards "
                  f"{' '.join(shard_paths)} --loss --teacher --out {run_dir}/eval.json")
     lines.append(f.get("export_command") or f"python -m tinychat.training export --run {run_dir} --out assets "
@@ -261,8 +265,10 @@ def model_card(f: dict) -> str:
 
 def _quality_lines(ev: dict, q: dict, bar: dict, loop_max: float) -> list[str]:
     s = ev.get("settings", {})
+    other = str(s.get("defaults", "")).partition(" with ")[2]
     lines = [f"Chatted through {ev.get('conversations') and len(ev['conversations'])} held-out conversations "
-             f"with the app's default settings, `--max-new {s.get('max_new')}` ({q['replies']} replies):", ""]
+             f"with the app's default settings{f' but {other}' if other else ''}, `--max-new {s.get('max_new')}` "
+             f"({q['replies']} replies):", ""]
     if s.get("sampler"):
         d = s["sampler"]
         lines += [f"Sampling: temperature {d['temperature']}, top-p {d['top_p']}, repetition penalty "

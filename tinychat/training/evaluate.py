@@ -54,16 +54,16 @@ def quality(replies: Sequence[str], finishes: Sequence[str], wordset: frozenset[
 # -- chats with the real runtime --------------------------------------------------------------------------------
 
 def chat_conversations(model, tok, conversations: Sequence[Sequence[dict]], max_new: int = 192, seed: int = 0,
-                       max_turns: int = 4, model_name: str = "eval", log=None) -> list[dict]:
-    """Send each conversation's user messages through a fresh Chat (default settings but max_new and a per-turn
-    seed). Returns [{"turns": [{"user", "reply", "finish", "tokens"}...]}, ...]."""
+                       max_turns: int = 4, model_name: str = "eval", log=None, settings=None) -> list[dict]:
+    """Send each conversation's user messages through a fresh Chat (`settings`, default the app's defaults, with
+    max_new and a per-turn seed). Returns [{"turns": [{"user", "reply", "finish", "tokens"}...]}, ...]."""
     from tinychat.chat import Chat, ChatSettings, model_identity
 
     ident = model_identity(model)
     out = []
     for ci, msgs in enumerate(conversations):
         users = [m["content"] for m in msgs if m["role"] == "user"][:max_turns]
-        chat = Chat(model, tok, dataclasses.replace(ChatSettings(), max_new=max_new), autosave=False,
+        chat = Chat(model, tok, dataclasses.replace(settings or ChatSettings(), max_new=max_new), autosave=False,
                     model_name=model_name, model_hash=ident)
         turns = []
         for ti, u in enumerate(users):
@@ -117,10 +117,9 @@ def student_loss(model, tok, conversations, system: str = DEFAULT_SYSTEM, seq_le
             "bits_per_byte": nats / math.log(2) / max(b, 1), "assistant_bytes": b}
 
 
-def _default_sampler() -> dict:
-    """The app's default sampler settings (what the quality figures were measured with)."""
-    from tinychat.settings import ChatSettings
-    d = ChatSettings().sampler()
+def _sampler(settings) -> dict:
+    """The sampler settings the quality figures were measured with."""
+    d = settings.sampler()
     return {k: d[k] for k in ("temperature", "top_p", "penalty", "penalty_window", "ban", "no_parrot",
                                "ban_reply")}
 
@@ -143,6 +142,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--teacher", action="store_true", help="also the teacher's loss on the same text")
     p.add_argument("--loss-convs", type=int, default=200, help="held-out conversations for --loss/--teacher")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a chat setting other than the app's default (as /set: temperature=0.6, ban-reply=off); "
+                        "repeatable")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
 
 
@@ -151,10 +153,17 @@ def run(args) -> int:
 
     from tinychat.model import TinyAgentLM
     from tinychat.tokenizer import Tokenizer
+    from tinychat.settings import ChatError, ChatSettings
     torch.set_num_threads(args.threads)
     try:
         wordset = load_wordlist(args.words)
-    except EvalError as e:
+        settings = ChatSettings()
+        for kv in args.set:
+            key, sep, value = kv.partition("=")
+            if not sep:
+                raise EvalError(f"--set {kv!r}: expected KEY=VALUE")
+            settings = settings.with_value(key.strip(), value.strip())
+    except (EvalError, ChatError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     model = TinyAgentLM.from_pretrained(args.model)
@@ -167,12 +176,15 @@ def run(args) -> int:
     result: dict = {"model": str(args.model), "shards": " ".join(args.shards), "held_out_conversations": len(val),
                     "command": getattr(args, "command_line", None),
                     "settings": {"max_new": args.max_new, "seed": args.seed, "turns": args.turns,
-                                 "defaults": "tinychat.chat.ChatSettings()", "sampler": _default_sampler()}}
+                                 "defaults": "tinychat.chat.ChatSettings()" + (f" with {', '.join(args.set)}" if args.set
+                                                                             else ""),
+                                 "sampler": _sampler(settings)}}
     if args.n:
         convs = val[:args.n]
         t0 = time.perf_counter()
         print(f"chatting through {len(convs)} held-out conversations (max-new {args.max_new}) ...", flush=True)
-        chats = chat_conversations(model, tok, convs, args.max_new, args.seed, args.turns, log=print)
+        chats = chat_conversations(model, tok, convs, args.max_new, args.seed, args.turns, log=print,
+                                   settings=settings)
         turns = [t for c in chats for t in c["turns"]]
         q = quality([t["reply"] for t in turns], [t["finish"] for t in turns], wordset)
         q["seconds"] = round(time.perf_counter() - t0, 1)

@@ -137,7 +137,8 @@ def export(run_dir, out, eval_json=None, shards=None, samples: int = 3, seed: in
     facts = {"state": state, "checkpoint": ck.name, "weights_bytes": size, "params": shipped.num_params(),
              "eval": ev, "samples": convs, "sources": {d: package_info(d) for _, d, _ in SOURCES},
              "shards": shard_summary(shards) if shards else None, "exported_at": time.strftime("%Y-%m-%d"),
-             "generate_command": generate_cmd, "run": str(run_dir), "init": init, "export_command": command}
+             "generate_command": generate_cmd, "run": str(run_dir), "init": init, "export_command": command,
+             "out": str(out)}
     card = model_card(facts)
     (out / "MODEL_CARD.md").write_text(card, encoding="utf-8")
     log(f"wrote {out}: model.safetensors {size / 2**20:.1f} MiB ({facts['params'] / 1e6:.2f}M params, bf16), "
