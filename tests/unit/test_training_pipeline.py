@@ -445,6 +445,10 @@ def test_cli_pipeline_tokenizer_train_resume_export_eval(tmp_path, capsys):
     card = (tmp_path / "assets2" / "MODEL_CARD.md").read_text()
     assert f"| replies that loop (a word 4-gram 3+ times) | {res['quality']['loops']:.3f} | <= 0.02 |" in card
     assert "| the student | 2.500 | 0.000 |" in card and "| the teacher itself | 1.000 | 0.125 |" in card
+    # the commands as run: the eval's own command line, after the export that wrote the folder it read
+    ev_line = f"python -m tinychat.training eval --model {tmp_path / 'assets'} --shards {shards}"
+    first_export = f"python -m tinychat.training export --run {run} --out {tmp_path / 'assets'} --shards {shards}"
+    assert ev_line in card and first_export in card and card.index(first_export) < card.index(ev_line)
     assert main(["eval", "--model", str(tmp_path / "assets"), "--shards", str(shards),
                  "--words", str(tmp_path / "nope.txt")]) == 2
     assert "wamerican" in capsys.readouterr().err
