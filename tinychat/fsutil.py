@@ -3,6 +3,7 @@ at any point leaves either the old file or the new one, never a torn one."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -49,3 +50,12 @@ def fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()

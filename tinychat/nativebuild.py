@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from tinychat.fsutil import file_sha256
+
 
 SUFFIX = ".dylib" if sys.platform == "darwin" else ".dll" if sys.platform == "win32" else ".so"
 
@@ -107,11 +109,7 @@ def build_shared(source: str, name: str, flag_sets: Sequence[Sequence[str]], cc:
 
 def _stamp(path: Path) -> str:
     """"SIZE SHA256" of a file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return f"{path.stat().st_size} {h.hexdigest()}"
+    return f"{path.stat().st_size} {file_sha256(path)}"
 
 
 def _write_stamp(so: Path, digest: str) -> None:

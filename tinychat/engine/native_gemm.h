@@ -12,9 +12,9 @@
    tokens). Jobs are (chunk, row tile) pairs, split over threads in contiguous runs: whole chunks per thread when
    there are several, row tiles of one chunk otherwise. Chunks are of equal size (tc_gemm_chunk), their count a
    multiple of the threads: 200 tokens on 2 threads are 4 chunks of 50, not 64, 64, 64, 8 (128 tokens to one
-   thread, 72 to the other). Each output is the same whatever the chunking: a tile's tokens never mix. Row and token remainders run the full tile on a repeated
-   row / token and store only the real ones; the last partial column step reads the rows' tails from a zero-padded
-   copy (the activations are zero past K). */
+   thread, 72 to the other). Each output is the same whatever the chunking: a tile's tokens never mix. Row and
+   token remainders run the full tile on a repeated row / token and store only the real ones; the last partial
+   column step reads the rows' tails from a zero-padded copy (the activations are zero past K). */
 #include "native_q8.h"
 
 #ifndef TC_GM

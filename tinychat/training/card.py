@@ -227,10 +227,11 @@ def model_card(f: dict) -> str:
                                                f"schedule's last {st['total_steps'] - st['step']:,} steps not run)"
                                                if st["step"] < st["total_steps"] else "") + f", seed {cfg['seed']}.",
     ]
-    if init and init.get("card"):
+    earlier = card_sections(init["card"], demote=2) if init else ""
+    if earlier:
         lines += ["", "### The earlier model it continues", "",
                   "Its card's commands and training figures, as they were when this model was exported:", "",
-                  card_sections(init["card"], demote=2)]
+                  earlier]
     lines += ["",
               "## Validation loss",
               "",

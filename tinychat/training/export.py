@@ -17,7 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from .card import SOURCES, card_sections, model_card
+from tinychat.fsutil import file_sha256
+
+from .card import SOURCES, model_card
 
 MAX_BYTES = 60 * 1024 * 1024
 SAMPLE_PROMPTS = (("Hi! How are you today?", "What do you like to do for fun?"),
@@ -81,7 +83,6 @@ def shard_summary(shards) -> dict:
 def _init_facts(state: dict) -> dict | None:
     """What a run started from (`train --init DIR`): DIR's weights hash and the lineage sections of its card, read
     before the export may overwrite DIR. Refuses when DIR's weights are no longer the ones the run started from."""
-    from .train import _file_sha256
     init = state["config"].get("init")
     if not init:
         return None
@@ -89,13 +90,12 @@ def _init_facts(state: dict) -> dict | None:
     weights = folder / "model.safetensors"
     if not weights.is_file():
         raise SystemExit(f"the run started from {init} (--init), which is no longer there: its card is needed")
-    sha = _file_sha256(weights)
+    sha = file_sha256(weights)
     if state.get("init_sha256") and state["init_sha256"] != sha:
         raise SystemExit(f"{init} is no longer the model the run started from (weights sha256 {sha[:12]}..., the "
                          f"run recorded {state['init_sha256'][:12]}...): restore it (git) to export")
     card = folder / "MODEL_CARD.md"
-    return {"path": init, "sha256": sha, "recorded": bool(state.get("init_sha256")),
-            "card": card_sections(card.read_text(encoding="utf-8")) if card.is_file() else ""}   # as it stands
+    return {"sha256": sha, "card": card.read_text(encoding="utf-8") if card.is_file() else ""}   # as it stands
 
 
 def export(run_dir, out, eval_json=None, shards=None, samples: int = 3, seed: int = 0, max_new: int = 192,

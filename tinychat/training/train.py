@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from tinychat.model import TinyAgentLM, config_for
-from tinychat.fsutil import atomic_write_bytes, fsync_dir
+from tinychat.fsutil import atomic_write_bytes, file_sha256, fsync_dir
 from tinychat.tokenizer import Tokenizer
 
 from .data import DEFAULT_SYSTEM, TokenizedSet, load_tokenized, shards_arg, stats
@@ -102,15 +102,6 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int, replan: dict | None = N
     return lo + (cfg.lr - lo) * 0.5 * (1 + math.cos(math.pi * t))
 
 
-def _file_sha256(path: Path) -> str:
-    import hashlib
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _param_groups(model: TinyAgentLM, weight_decay: float):
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -173,7 +164,7 @@ class Trainer:
         except CheckpointError as e:
             raise SystemExit(f"--init {path}: {e}") from None
         self.model.load_state_dict(src.state_dict(), strict=True)
-        self.init_sha256 = _file_sha256(Path(path) / "model.safetensors")    # the card names what it started from
+        self.init_sha256 = file_sha256(Path(path) / "model.safetensors")    # the card names what it started from
 
     # -- data order ---------------------------------------------------------------------------------------------
     def plan(self, epoch: int) -> list[list[int]]:
