@@ -496,3 +496,12 @@ def test_teacher_loss_counts_the_assistant_text_in_its_own_tokenization():
     assert res["target_tokens"] == expect
     assert res["loss_per_token"] > 0 and res["bits_per_byte"] == pytest.approx(
         res["loss_per_token"] * expect / math.log(2) / res["assistant_bytes"])
+
+
+def test_a_step_reports_bad_input_in_one_line_not_a_traceback(tmp_path, capsys):
+    from tinychat.training.__main__ import main
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--shards", str(tmp_path / "none"), "--run", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("python -m tinychat.training train: error: ") and "tokenizer file not found" in err

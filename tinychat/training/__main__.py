@@ -44,8 +44,19 @@ def main(argv: list[str] | None = None) -> int:
     module.add_arguments(p)
     args = p.parse_args(argv[1:])
     args.command_line = "python -m tinychat.training " + shlex.join(argv)     # for the records the step writes
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except (ValueError, RuntimeError, OSError) as e:
+        # bad input (our own errors: a missing tokenizer, a broken shard, ...) and the file system: one line;
+        # anything else (torch's RuntimeErrors included) is a bug, with its traceback
+        if not (isinstance(e, OSError) or type(e).__module__.startswith("tinychat.")):
+            raise
+        msg = " ".join(str(e).split()) or type(e).__name__
+        p.exit(1, f"{p.prog}: error: {msg}\n")
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] and sys.argv[1] in STEPS and not {"-h", "--help"} & set(sys.argv[2:]):
+        from .mkl_dispatch import reexec
+        reexec(sys.argv[1:])          # on AMD: once, with MKL's vendor test answered (mkl_dispatch.py)
     sys.exit(main())

@@ -35,6 +35,7 @@ from tinychat.model import TinyAgentLM, config_for
 from tinychat.fsutil import atomic_write_bytes, file_sha256, fsync_dir
 from tinychat.tokenizer import Tokenizer
 
+from . import mkl_dispatch
 from .data import DEFAULT_SYSTEM, TokenizedSet, load_tokenized, shards_arg, stats
 from .loss import masked_loss
 
@@ -512,6 +513,8 @@ def run(args) -> int:
                            cache=run_dir / "data.safetensors")
     print(f"data: train {stats(train)} | val {stats(val)} | tokenized in {time.perf_counter() - t0:.1f}s",
           flush=True)
+    if mkl_dispatch.describe():
+        print(mkl_dispatch.describe(), flush=True)
     if ck is not None:
         tr = Trainer.resume(run_dir, tok, train, val, overrides=book)
         print(f"resumed {ck.name}: step {tr.step}/{tr.total_steps}, {tr.tokens_seen:,} tokens seen", flush=True)
