@@ -220,6 +220,43 @@ def test_a_run_re_planned_to_end_sooner_anneals_from_where_it_is_and_keeps_the_n
                                                "step 4", "train --end-at 10   # resumed at step 8"]
 
 
+def test_a_run_told_to_finish_within_a_time_shortens_its_schedule_to_what_fits_and_anneals(tmp_path):
+    train, val = tiny_sets(20)
+    cfg = tiny_cfg(steps=200, warmup=5, lr=1e-2, ckpt_every=0, eval_every=0)
+    logs = []
+    now = [0.0]
+
+    def timed(tr):                              # a clock on which every step takes 1 s
+        step = tr.train_step
+
+        def one_second():
+            now[0] += 1.0
+            return step()
+        tr.train_step = one_second
+        return tr
+
+    tr = timed(Trainer(cfg, tok(), train, val, tmp_path / "r", log=logs.append))
+    tr.FIT_PROBE = 10
+    rec = tr.fit(progress=False, finish_within=60.5, clock=lambda: now[0])
+    # after 10 steps (10 s), 50.5 s left: 0.95 * 50.5 = 47 more steps -> the plan ends at 57, then holds
+    assert tr.total_steps == tr.step == 57 and tr.replan["by"] == "finish-within"
+    assert tr.replan["from"] == 10 and tr.replan["planned"] == 200
+    assert rec["lr"] == pytest.approx(lr_at(56, cfg, 57, tr.replan))          # the last step's: just above ...
+    floor = lr_at(57, cfg, 57, tr.replan)
+    assert floor == pytest.approx(cfg.lr * cfg.min_lr_ratio) and floor < rec["lr"]         # ... the floor
+    assert len([m for m in logs if "to finish in time" in m]) == 1
+    # never lengthens: a budget that fits the plan leaves it alone
+    tr2 = timed(Trainer(tiny_cfg(steps=30, warmup=5, ckpt_every=0, eval_every=0), tok(), train, val,
+                        tmp_path / "r2", log=logs.append))
+    tr2.fit(progress=False, finish_within=1000, clock=lambda: now[0])
+    assert tr2.step == tr2.total_steps == 30 and tr2.replan is None
+    from tinychat.training.train import _duration
+    assert [_duration(t) for t in ("1h40m", "95m", "30s", "5400", "1.5h")] == [6000, 5700, 30, 5400, 5400]
+    for bad in ("", "soon", "0", "5x"):
+        with pytest.raises(Exception, match="duration"):
+            _duration(bad)
+
+
 def test_head_only_on_targets_gives_the_full_forward_loss(tiny):
     t = tok()
     ts = D.encode_all(t, fake_conversations(4, seed=4))

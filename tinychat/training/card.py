@@ -220,9 +220,10 @@ def model_card(f: dict) -> str:
         f"({cfg['beta1']}, {cfg['beta2']}), weight decay {cfg['weight_decay']} (not on embeddings / Engram "
         f"tables), grad clip {cfg['clip']}, batches of <= {cfg['batch_tokens']:,} padded tokens "
         f"(<= {cfg['max_rows']} whole conversations, length-bucketed), sequences truncated at {cfg['seq_len']}.",
-        *[f"- The schedule, planned for {r['planned']:,} steps, was re-planned at step {r['from']:,} (`--end-at "
-          f"{r['end']}`): a cosine from lr {r['lr']:.2e} down to the floor at step {r['end']:,}, so the run annealed "
-          "in the time it had." for r in _replans(st.get("replan"))],
+        *[f"- The schedule, planned for {r['planned']:,} steps, was re-planned at step {r['from']:,} ("
+          + ("by `--finish-within`, the same as " if r.get("by") == "finish-within" else "")
+          + f"`--end-at {r['end']}`): a cosine from lr {r['lr']:.2e} down to the floor at step {r['end']:,}, so the "
+          "run annealed in the time it had." for r in _replans(st.get("replan"))],
         f"- Checkpoint `{f['checkpoint']}`" + (f" of {st['total_steps']:,} planned (stopped early: the cosine "
                                                f"schedule's last {st['total_steps'] - st['step']:,} steps not run)"
                                                if st["step"] < st["total_steps"] else "") + f", seed {cfg['seed']}.",

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -362,17 +363,42 @@ class Trainer:
                        "end": end, "planned": self.total_steps, **({"prev": self.replan} if self.replan else {})}
         self.total_steps = end
 
+    FIT_PROBE, FIT_MARGIN, FIT_SLACK = 20, 0.95, 0.02
+
+    def fit_deadline(self, start_step: int, used: float, budget: float) -> int | None:
+        """Shorten the schedule so the run ends inside `budget` seconds, `used` of them gone since start_step (the
+        step this process began at): every 10 steps once past warmup and FIT_PROBE steps into this process, the
+        steps that still fit (this process's mean step time, FIT_MARGIN of the time left, for evaluations and the
+        last checkpoint) are compared with the plan; when they fall short by more than FIT_SLACK of it, end_at()
+        re-plans to end there. It only ever shortens. Returns the new end step, None when unchanged."""
+        done = self.step - start_step
+        if (self.step < self.cfg.warmup or done < self.FIT_PROBE or done % 10 or self.step >= self.total_steps
+                or used <= 0):
+            return None
+        fit = self.step + max(1, int((budget - used) * self.FIT_MARGIN / (used / done)))
+        if fit >= self.total_steps * (1 - self.FIT_SLACK):
+            return None
+        self.end_at(fit)
+        self.replan["by"] = "finish-within"
+        self.log(f"schedule re-planned to finish in time: cosine from lr {self.replan['lr']:.2e} at step "
+                 f"{self.step} to the floor at step {fit} ({used / done:.2f} s a step, {budget - used:.0f} s left)")
+        return fit
+
     def request_stop(self, *_):
         self._stop = True
 
-    def fit(self, stop_after: int | None = None, time_limit: float | None = None, progress: bool = True) -> dict:
+    def fit(self, stop_after: int | None = None, time_limit: float | None = None, progress: bool = True,
+            finish_within: float | None = None, clock=time.perf_counter) -> dict:
         """Train to total_steps (or stop_after more steps / time_limit seconds), checkpointing on the way.
-        Returns the last step's record."""
+        finish_within: seconds by which the run must have annealed and finished (see fit_deadline). Returns the
+        last step's record."""
         cfg = self.cfg
         metrics = self.run_dir / "metrics.jsonl"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         _trim_metrics(metrics, self.step)
-        start_step, t_start = self.step, time.perf_counter()
+        start_step, t_start = self.step, clock()
+        if finish_within is not None:
+            time_limit = finish_within if time_limit is None else min(time_limit, finish_within)
         rec: dict = {}
         ema = None
         tty = progress and sys.stdout.isatty()
@@ -380,9 +406,11 @@ class Trainer:
             while self.step < self.total_steps and not self._stop:
                 if stop_after is not None and self.step - start_step >= stop_after:
                     break
-                if time_limit is not None and time.perf_counter() - t_start >= time_limit:
+                if time_limit is not None and clock() - t_start >= time_limit:
                     break
                 rec = self.train_step()
+                if finish_within is not None:
+                    self.fit_deadline(start_step, clock() - t_start, finish_within)
                 rate = rec["tokens"] / max(rec["seconds"], 1e-9)
                 ema = rate if ema is None else 0.9 * ema + 0.1 * rate
                 rec["tok_s"] = round(rate, 1)
@@ -449,6 +477,17 @@ def _kv(text: str):
         return k, v
 
 
+def _duration(text: str) -> float:
+    """'1h40m', '95m', '30s', '5400' (seconds) -> seconds."""
+    m = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
+    if not text.strip() or not m or not any(m.groups()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 1h40m, 95m, 5400)")
+    h, mi, sec = (float(g) if g else 0.0 for g in m.groups())
+    if h * 3600 + mi * 60 + sec <= 0:
+        raise argparse.ArgumentTypeError("a duration must be positive")
+    return h * 3600 + mi * 60 + sec
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = TrainConfig()
     p.add_argument("--shards", nargs="+", default=["data/shards"], help="shard directories or files")
@@ -460,6 +499,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--end-at", type=int, default=None, metavar="STEP",
                    help="on resume: anneal to the end of the schedule by this step instead (a cosine from the "
                         "present learning rate), for a run that cannot finish its plan in time")
+    p.add_argument("--finish-within", type=_duration, default=None, metavar="DURATION",
+                   help="end annealed within this wall time from now (e.g. 1h40m): once past warmup the schedule "
+                        "is shortened (as --end-at does) to the steps the measured speed fits; it never lengthens. "
+                        "For a stage that must end inside a working session")
     p.add_argument("--no-resume", action="store_true", help="refuse to continue an existing run")
     p.add_argument("--init", default=None, metavar="MODEL_DIR",
                    help="start a new run from this model folder's weights (e.g. assets), not random ones")
@@ -530,7 +573,8 @@ def run(args) -> int:
               f"for {cfg.tokens:,} tokens, threads {torch.get_num_threads()}", flush=True)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, tr.request_stop)
-    rec = tr.fit(stop_after=args.stop_after, time_limit=args.time_limit)
+    rec = tr.fit(stop_after=args.stop_after, time_limit=args.time_limit,
+                 finish_within=None if args.finish_within is None else args.finish_within - (time.perf_counter() - t0))
     done = "finished" if tr.step >= tr.total_steps else "stopped (run the same command to resume)"
     print(f"{done} at step {tr.step}/{tr.total_steps}: {tr.tokens_seen:,} tokens in {_hms(tr.elapsed)}, "
           f"{tr.tokens_seen / max(tr.elapsed, 1e-9):,.0f} tok/s, last loss {rec.get('loss', float('nan')):.4f}, "
