@@ -6,7 +6,7 @@ Intel(R) Architecture processors", and `perf` shows `mkl_blas_def_*` kernels). T
 PyTorch's CPU flash attention, whose block GEMMs call MKL's bf16 x bf16 -> fp32 GEMM (~30,000 calls in a step of
 32 x 150 tokens), and through fp32 GEMMs. MKL asks `mkl_serv_intel_cpu_true()` through libtorch_cpu's dynamic
 symbol table, so a library loaded first that defines it (returning 1) makes MKL choose by the CPU's features
-alone. Measured on an AMD EPYC Zen 4 (2 threads, docs/benchmarks.md): training 1,950 -> 2,350 tok/s.
+alone (what it buys a training step: docs/benchmarks.md, "MKL's vendor dispatch on AMD").
 
 The dynamic loader reads LD_PRELOAD only when a process starts, so `python -m tinychat.training` re-executes
 itself once with the library preloaded (`reexec`), on Linux x86-64 with an AMD CPU. TINYCHAT_MKL_SHIM=0 turns it
