@@ -27,6 +27,7 @@ from ..nativebuild import BuildError, build_shared
 SOURCE = "/* MKL's vendor test, answered yes: MKL then picks kernels by CPU features */\n" \
          "int mkl_serv_intel_cpu_true(void) { return 1; }\n"
 ENV = "TINYCHAT_MKL_SHIM"
+NAME = "mklshim"            # build_shared names the object NAME_<key>.so: how LD_PRELOAD shows it is there
 
 
 def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
@@ -45,20 +46,20 @@ def wanted(env: Mapping[str, str], vendor: str, system: str, machine: str) -> bo
     turned off, not already preloaded."""
     if env.get(ENV, "").strip() == "0" or system != "Linux" or machine not in ("x86_64", "AMD64"):
         return False
-    if "mklshim_" in env.get("LD_PRELOAD", ""):
+    if f"{NAME}_" in env.get("LD_PRELOAD", ""):
         return False
     return vendor == "AuthenticAMD"
 
 
 def shim_path() -> Path:
     """The built library (cached like the engine's kernels; BuildError without a compiler)."""
-    return build_shared(SOURCE, "mklshim", [["-O2"]], libs=())
+    return build_shared(SOURCE, NAME, [["-O2"]], libs=())
 
 
 def active() -> bool:
     """Whether this process has the library preloaded (its symbol answers first in the global scope)."""
     try:
-        return "mklshim_" in os.environ.get("LD_PRELOAD", "") and ctypes.CDLL(None).mkl_serv_intel_cpu_true() == 1
+        return f"{NAME}_" in os.environ.get("LD_PRELOAD", "") and ctypes.CDLL(None).mkl_serv_intel_cpu_true() == 1
     except (AttributeError, OSError):
         return False
 

@@ -556,8 +556,9 @@ def run(args) -> int:
                            cache=run_dir / "data.safetensors")
     print(f"data: train {stats(train)} | val {stats(val)} | tokenized in {time.perf_counter() - t0:.1f}s",
           flush=True)
-    if mkl_dispatch.describe():
-        print(mkl_dispatch.describe(), flush=True)
+    mkl = mkl_dispatch.describe()
+    if mkl:
+        print(mkl, flush=True)
     if ck is not None:
         tr = Trainer.resume(run_dir, tok, train, val, overrides=book)
         print(f"resumed {ck.name}: step {tr.step}/{tr.total_steps}, {tr.tokens_seen:,} tokens seen", flush=True)
