@@ -490,7 +490,8 @@ class Chat(BranchesMixin):
         """Which int8 steps run here, as sessions record them per turn (None for other modes): the decode step
         ("native-int8-v<N>" or "torch-int8", the fallback without kernels), then the prefill's GEMM where it is not
         the decode step's own rounding: "+native-prefill-v<N>" (the PyTorch step after the native int8 GEMM),
-        "+bf16-prefill" (machines with bf16 dot products), "+fp32-prefill" (native decode, fp32 prefill); then, where
+        "+bf16-prefill" (bf16 GEMMs: asked for, or no native kernels on a CPU with bf16 dot products), "+fp32-prefill"
+        (native decode, fp32 prefill); then, where
         native kernels run, "@" and their path (avx512-vnni, avx2-vnni, neon-dotprod, ...). They round differently,
         so replay can say why tokens differ on another machine or build."""
         if self.quant != "int8" or self.device.type != "cpu":

@@ -79,7 +79,7 @@ static int check_gemm(int64_t M, int64_t N, int64_t K) {
     int8_t *q = malloc(N * K);
     float *s = malloc(N * sizeof(float)), *b = malloc(N * sizeof(float)), *x = malloc(M * K * sizeof(float));
     float *y = malloc(M * N * sizeof(float)), *yv = malloc(N * sizeof(float));
-    void *buf = malloc(tc_gemm_act_bytes(M, K)), *one = malloc(tc_act_bytes(K));
+    void *buf = malloc(tc_gemm_act_bytes(M, K, 1)), *one = malloc(tc_act_bytes(K));
     for (int64_t i = 0; i < N * K; i++) q[i] = (int8_t)((int)(next() % 255) - 127);
     for (int64_t n = 0; n < N; n++) s[n] = 0.5f + (unif() + 1.0f) * 0.25f, b[n] = unif();
     for (int64_t i = 0; i < M * K; i++) x[i] = unif() * (i % 89 == 5 ? 40.0f : 1.0f);
@@ -131,7 +131,8 @@ int main(void) {
     if (!isnan(y[0]) || !isnan(y[1])) printf("NaN input: %g %g\n", y[0], y[1]), fails++;
     free(buf);
     static const int64_t gshapes[][3] = {{1, 1, 1}, {5, 7, 19}, {67, 37, 80}, {130, 9, 768}, {3, 5, 3328},
-                                         {200, 12, 33}, {64, 4, 64}, {9, 13, 100}};
+                                         {200, 12, 33}, {64, 4, 64}, {9, 13, 100}, {11, 7, 576}, {6, 9, 300},
+                                         {13, 5, 1100}, {7, 6, 520}, {5, 8, 256}, {3, 3, 255}, {9, 7, 1536}};
     for (unsigned i = 0; i < sizeof gshapes / sizeof gshapes[0]; i++)
         fails += check_gemm(gshapes[i][0], gshapes[i][1], gshapes[i][2]);
     printf(fails ? "FAILED %d\n" : "ok\n", fails);

@@ -324,11 +324,24 @@ def test_int8_prefill_picks_its_kernel_by_rows_options_and_kernels():
         ["int8-gemv", "int8-gemv", "native-gemm", "native-gemm"]
     assert [off.prefill_kernel(r) for r in (1, Q.INT8_GEMV_ROWS, Q.INT8_GEMV_ROWS + 1)] == \
         ["int8-gemv", "int8-gemv", "fp32-gemm"]
-    want_bf = "native-gemm" if Q.INT8_GEMM_OVER_BF16 else "bf16-gemm"
     assert [bf.prefill_kernel(r) for r in (Q.INT8_GEMV_ROWS_BF16, Q.INT8_GEMV_ROWS_BF16 + 1)] == \
-        ["native-gemm", want_bf]
+        ["native-gemm", "bf16-gemm"]                      # asked for: bf16 GEMMs beyond their row threshold
+    default = Int8Linear(lin)          # not asked: the native GEMM, bf16 dot products or not, but on AMX tiles
+    assert default.prefill_kernel(1000) == ("bf16-gemm" if Q.cpu_has_amx() else "native-gemm")
     merged = Int8Linear.from_rows([(off, 0, 48), (off, 48, 96)])
     assert merged.native is False and merged.prefill_kernel(1000) == "fp32-gemm"
+
+
+def test_int8_prefill_keeps_bf16_gemms_by_default_only_on_amx_machines(monkeypatch):
+    _native_or_skip()
+    from tinychat.engine import quant as Q
+    lin = torch.nn.Linear(64, 96)
+    for amx, bf16_dot, want in ((True, True, "bf16-gemm"), (False, True, "native-gemm"), (False, False, "native-gemm")):
+        monkeypatch.setattr(Q, "cpu_has_amx", lambda amx=amx: amx)
+        monkeypatch.setattr(Q, "cpu_has_bf16_dot", lambda b=bf16_dot: b)
+        assert Int8Linear(lin).prefill_kernel(200) == want
+        assert Int8Linear(lin, prefill_bf16=False).prefill_kernel(200) == "native-gemm"
+        assert Int8Linear(lin, prefill_bf16=True).prefill_kernel(200) == "bf16-gemm"
 
 
 def test_int8_prefill_keeps_the_fp32_gemm_where_the_kernels_have_only_their_scalar_path(monkeypatch):

@@ -96,17 +96,18 @@ def test_an_int8_session_from_the_step_before_the_native_prefill_is_named_not_ca
     from tinychat.engine import native
     if native.load() is None:
         pytest.skip(f"no native kernels here: {native.why_not}")
-    assert native.INT8_STEP_VERSION == 4
+    v = native.INT8_STEP_VERSION
+    assert v >= 4
     sess = _recorded(turns=1, quant="int8")
     reply = sess.messages[-1]
-    assert reply.settings["step"].split("+")[0].split("@")[0] == "native-int8-v4"
+    assert reply.settings["step"].split("+")[0].split("@")[0] == f"native-int8-v{v}"
     assert replay(make_chat(autosave=False, quant="int8"), sess).ok
     reply.settings["step"] = "native-int8-v2"                 # as recorded before; its tokens rounded otherwise
     n_head = len(make_chat().tok.generation_prompt_ids())
     reply.token_ids[n_head + 1] = (reply.token_ids[n_head + 1] + 1) % 300
     report = replay(make_chat(autosave=False, quant="int8"), sess)
     assert not report.ok and not report.divergences
-    assert "recorded with the native int8 step v2; this machine runs the native int8 step v4" in report.step_note()
+    assert f"recorded with the native int8 step v2; this machine runs the native int8 step v{v}" in report.step_note()
 
 
 def test_a_llama_int8_chat_records_the_native_prefill_beside_the_pytorch_decode_step():
@@ -126,11 +127,13 @@ def test_a_llama_int8_chat_records_the_native_prefill_beside_the_pytorch_decode_
         assert chat.decoder.cpu_step is not None
         chat.send("hello there")
         names.append(chat.session.messages[-1].settings["step"])
+    from tinychat.engine.quant import cpu_has_amx
     v, at = native.INT8_STEP_VERSION, "@" + native.kernel_path()
-    if cpu_has_bf16_dot():                    # long prefills run bf16 GEMMs here, whatever the decode step
-        assert names == [f"native-int8-v{v}+bf16-prefill{at}", "torch-int8+bf16-prefill", "torch-int8+bf16-prefill"]
+    off = "torch-int8+bf16-prefill" if cpu_has_bf16_dot() else "torch-int8"   # kernels off: bf16 GEMMs where they run
+    if cpu_has_amx():                           # AMX tiles: bf16 prefill GEMMs whatever the decode step
+        assert names == [f"native-int8-v{v}+bf16-prefill{at}", "torch-int8+bf16-prefill", off]
     else:
-        assert names == [f"native-int8-v{v}{at}", f"torch-int8+native-prefill-v{v}{at}", "torch-int8"]
+        assert names == [f"native-int8-v{v}{at}", f"torch-int8+native-prefill-v{v}{at}", off]
 
 
 def test_step_names_describe_the_decode_step_and_the_prefill_gemm():
@@ -147,8 +150,9 @@ def test_step_names_describe_the_decode_step_and_the_prefill_gemm():
 
 
 def test_a_session_prefilled_with_bf16_gemms_replays_elsewhere_with_a_step_note():
-    """A machine with bf16 dot products prefills in bf16, a laptop on the native int8 GEMM: the recorded name says
-    which, so a replay on the other kind explains a difference instead of calling it a divergence."""
+    """A session prefilled with bf16 GEMMs (TINYCHAT_PREFILL_BF16=1, or a build without the native GEMM on a CPU with
+    bf16 dot products), replayed where the native int8 GEMM prefills: the recorded name says which, so the replay
+    explains a difference instead of calling it a divergence."""
     from tinychat.engine import EngineOptions, native
     if native.load() is None:
         pytest.skip(f"no native kernels here: {native.why_not}")
@@ -167,4 +171,5 @@ def test_a_session_prefilled_with_bf16_gemms_replays_elsewhere_with_a_step_note(
     reply.token_ids[n_head] = (reply.token_ids[n_head] + 1) % 300
     report = replay(here, sess)
     assert report.step_mismatch and not report.divergences and not report.ok
-    assert f"with bf16 prefill GEMMs on {at[1:]} kernels; this machine runs the native int8 step v4 on" in report.step_note()
+    assert f"with bf16 prefill GEMMs on {at[1:]} kernels; this machine runs the native int8 step " \
+           f"v{native.INT8_STEP_VERSION} on" in report.step_note()

@@ -37,11 +37,12 @@ void tc_gemv(const float *x, void *xq, const int8_t *q, const float *s, float *y
     gemv_rows(&a, q, s, y, N, K, acc);
 }
 
-/* Prefill's int8 GEMM (native_gemm.h): y (M, N) = x (M, K) @ (s * q)^T (+ bias); buf: tc_gemm_act_bytes(M, K) of
-   scratch. The tokens are quantized in parallel, then the (chunk, row tile) jobs split in contiguous runs. */
+/* Prefill's int8 GEMM (native_gemm.h): y (M, N) = x (M, K) @ (s * q)^T (+ bias); buf: tc_gemm_act_bytes(M, K, nt)
+   of scratch. The tokens are quantized in parallel, then the (chunk, row tile) jobs split in contiguous runs. */
 void tc_gemm(const float *x, void *buf, const int8_t *q, const float *s, const float *bias, float *y, int64_t M,
              int64_t N, int64_t K, int nt) {
     if (M <= 0 || N <= 0) return;
+    if (nt < 1) nt = 1;
     int nth = threads_for(M * N * K, nt);
     int64_t gm = tc_gemm_chunk(M, nth), nj = tc_gemm_njobs(M, N, gm);
     if (nth > nj) nth = (int)nj;
@@ -54,8 +55,9 @@ void tc_gemm(const float *x, void *buf, const int8_t *q, const float *s, const f
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
-        for (int64_t m = 0; m < M; m++) tc_gemm_quant(x, buf, m, K);
-        tc_gemm_jobs(buf, q, s, bias, y, M, N, K, gm, nj * me / all, nj * (me + 1) / all);
+        for (int64_t m = 0; m < M; m++) tc_gemm_quant(x, buf, m, K, nt);
+        tc_gemm_jobs(buf, tc_gemm_base(buf) + me * tc_gemm_pack_bytes(K), q, s, bias, y, M, N, K, gm, nt,
+                     nj * me / all, nj * (me + 1) / all);
     }
 }
 
@@ -558,4 +560,4 @@ void tc_step(const tc_plan *p, int64_t tok, int64_t L, float inv, float cap, int
 
 #include "native_llama.h"
 
-int tc_abi_version(void) { return 11; }
+int tc_abi_version(void) { return 12; }

@@ -33,8 +33,9 @@ from ..nativebuild import build_shared
 from ..nativebuild import compiler as _compiler
 
 ENV = "TINYCHAT_NATIVE"
-INT8_STEP_VERSION = 4   # sessions record "native-int8-v<this>"; bump it when the native step's rounding changes,
-                        # prefill's included (it fills the KV cache a later turn or a restore reads). 4: prefill's
+INT8_STEP_VERSION = 5   # sessions record "native-int8-v<this>"; bump it when the native step's rounding changes,
+                        # prefill's included (it fills the KV cache a later turn or a restore reads). 5: the
+                        # prefill GEMM's x86 kernels sum by super-blocks (native_gemm.h); 4: prefill's
                         # attention in the native kernels (tc_prefill_attn) instead of SDPA; 3: prefill's int8
                         # Linears on the native int8 GEMM (int8 activations, as decode) instead of fp32 / bf16
                         # GEMMs; 2: int8 activations in blocks of 32; 1: int16 per vector
@@ -79,7 +80,7 @@ def _build(cc: str) -> Path:
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-ABI = 11                # tc_abi_version() of the source this module binds
+ABI = 12                # tc_abi_version() of the source this module binds
 TC_MAXN = 8             # native.c's highest Engram order for tc_step's hashing
 
 
@@ -135,7 +136,7 @@ def _bind(lib):
     lib.tc_gemm.argtypes = [_F, _F, _I8, _F, _F, _F, _I64, _I64, _I64, _INT]
     lib.tc_gemm_ref.argtypes = [_F, _F, _I8, _F, _F, _F, _I64, _I64, _I64]
     lib.tc_gemm.restype = lib.tc_gemm_ref.restype = None
-    lib.tc_gemm_act_bytes.argtypes = [_I64, _I64]
+    lib.tc_gemm_act_bytes.argtypes = [_I64, _I64, _INT]
     lib.tc_gemm_act_bytes.restype = ctypes.c_int64
     lib.tc_read_bytes.argtypes = [_I8, _I64]
     lib.tc_read_bytes.restype = ctypes.c_int64
@@ -175,7 +176,7 @@ def gemm_ref(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Tens
 def gemm(lib, x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None, nt: int,
          scratch: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """y (M, N) fp32 = tc_gemm of x (M, K) fp32 contiguous, q (N, K) int8 contiguous, s (N,) fp32, bias (N,) fp32 or
-    None, on nt threads. scratch: a uint8 buffer of at least tc_gemm_act_bytes(M, K) (else one is allocated); out: a
+    None, on nt threads. scratch: a uint8 buffer of at least tc_gemm_act_bytes(M, K, nt) (else one is allocated); out: a
     contiguous fp32 (M, N) to write into."""
     M, K = x.shape
     N = q.size(0)
@@ -183,7 +184,7 @@ def gemm(lib, x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Ten
             and q.size(1) == K and s.dtype == torch.float32 and s.numel() == N
             and (bias is None or (bias.dtype == torch.float32 and bias.numel() == N and bias.is_contiguous()))):
         raise ValueError("gemm: x (M, K) fp32, q (N, K) int8, s (N,) fp32, bias (N,) fp32, all contiguous")
-    need = int(lib.tc_gemm_act_bytes(M, K))
+    need = int(lib.tc_gemm_act_bytes(M, K, nt))
     if scratch is None or scratch.numel() < need:
         scratch = torch.empty(need, dtype=torch.uint8)
     y = torch.empty(M, N) if out is None else out

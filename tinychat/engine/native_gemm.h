@@ -3,52 +3,109 @@
 
    Y[m, n] = s[n] * sum_b sx[m, b] * dot(xq[m, b], q[n, b]) (+ bias[n])      X: (M, K) fp32 tokens, q: (N, K) int8
    Every token's activations are rounded as the GEMV rounds one vector (native_q8.h's tc_quant8: int8 in blocks of 32,
-   one fp32 scale each), into a scratch of tc_gemm_act_bytes(M, K): token m's tc_act8 at 3 * pad64(K) * m. So a
-   token prefilled here gives what decoding it through the GEMV gives, up to fp32 summation order.
+   one fp32 scale each). So a token prefilled here gives what decoding it through the GEMV gives, up to fp32
+   summation order.
 
-   Blocking: a register tile of TC_GR weight rows x TC_GT tokens (each weight vector loaded once per step serves
-   TC_GT tokens, each activation vector TC_GR rows), run for every tile of a cache chunk of <= TC_GM tokens (their
-   activations stay in L2 while the row tiles stream past; a row tile's K bytes stay in L1 across the chunk's
-   tokens). Jobs are (chunk, row tile) pairs, split over threads in contiguous runs: whole chunks per thread when
-   there are several, row tiles of one chunk otherwise. Chunks are of equal size (tc_gemm_chunk), their count a
-   multiple of the threads: 200 tokens on 2 threads are 4 chunks of 50, not 64, 64, 64, 8 (128 tokens to one
-   thread, 72 to the other). Each output is the same whatever the chunking: a tile's tokens never mix. Row and
-   token remainders run the full tile on a repeated row / token and store only the real ones; the last partial
-   column step reads the rows' tails from a zero-padded copy (the activations are zero past K). */
+   x86 paths: super-blocks. The GEMV's layout puts 4 consecutive columns in each int32 lane of a dot-product register,
+   so a register holds 2 (AVX-512) or 1 (AVX2) blocks and every step pays an int -> float conversion and a
+   multiply-add by the block scales beside its integer dot. Here a super-block of TC_L blocks (TC_L: a register's
+   int32 lanes; 512 columns on AVX-512, 256 on AVX2) is stored transposed by 4-byte groups: step j's register holds
+   columns 32 l + 4 j .. 32 l + 4 j + 3 in lane l, so after the 8 steps of a super-block lane l holds block l's exact
+   int32 dot, and one conversion and one multiply-add by the TC_L block scales finish it: 8 integer dots per
+   float step instead of 1. On AVX-512 a rest of >= 256 columns is a half super-block on 256-bit registers; the
+   columns past that keep the GEMV's layout (a float step per register). The tokens are stored so once per call
+   (tc_gemm_quant: a slot of tc_gemm_slot_bytes(K) each); the weights of a TC_GR-row tile are transposed so
+   (tc_gemm_pack: shuffles, VNNI: as q ^ 0x80) into a per-thread buffer once per tile and run against all of the
+   thread's tokens while they stay in L1; a tile's TC_GR x TC_GT float registers are summed across lanes in one
+   reduction tree (tc_hsum8x). AMD Zen 4, one thread, the full config's four shapes at 200 tokens: 66-74 -> 105-127
+   GMAC/s (AVX-512), 37 -> 58 (AVX2), 58 -> 130 (256-bit VNNI); docs/benchmarks.md.
+   NEON / scalar: each (row, token) pair through the GEMV's one-row dot on the GEMV's layout.
+
+   Work split: jobs are (chunk of <= TC_GM tokens, row tile) pairs, split over threads in contiguous runs (whole
+   chunks per thread when there are several, row tiles of one chunk otherwise); a thread runs its row tiles in
+   order, each against every chunk of its run. Chunks are of equal size (tc_gemm_chunk), their count a multiple of
+   the threads: 200 tokens on 2 threads are 4 chunks of 50, not 64, 64, 64, 8. Each output is the same whatever
+   the chunking and threads: a register tile's tokens never mix, and the summation order is fixed by K alone. Row
+   and token remainders run the full tile on a repeated row / token and store only the real ones. */
 #include "native_q8.h"
 
 #ifndef TC_GM
-#define TC_GM 64                                   /* tokens per cache chunk */
+#define TC_GM 64                                   /* tokens per chunk */
 #endif
+
+#if defined(TC_512) || defined(TC_256)
 #if defined(TC_512)
-#define TC_GW 64                                   /* columns per step */
+#define TC_L 16                                    /* int32 lanes of a register = blocks per super-block */
+#if defined(__AVX512VL__)
+#define TC_HALF 1                                  /* a half super-block (8 blocks) on 256-bit registers */
 #else
-#define TC_GW 32
+#define TC_HALF 0
+#endif
+#else
+#define TC_L 8
+#define TC_HALF 0
 #endif
 #ifndef TC_GR
-#define TC_GR 4                                    /* weight rows per register tile */
+#if defined(TC_512)
+#define TC_GR 8                                    /* weight rows per register tile */
+#else
+#define TC_GR 4
+#endif
 #endif
 #ifndef TC_GT
 #if defined(TC_512)
-#define TC_GT 4                                    /* tokens per register tile */
+#define TC_GT 1                                    /* tokens per register tile */
 #else
 #define TC_GT 2
 #endif
 #endif
+#define TC_VB (4 * TC_L)                           /* bytes of a register */
+#define TC_SBC (TC_QB * TC_L)                      /* columns of a super-block */
 
-/* bytes of activation scratch for M tokens of K columns (64 spare for alignment) */
-int64_t tc_gemm_act_bytes(int64_t M, int64_t K) { return 3 * tc_pad64(K) * (M > 0 ? M : 1) + 64; }
+/* K's split (columns): nsb super-blocks, then (TC_HALF) hsb = 0 or 1 half super-block of 256 columns, then the
+   rest (< 256 or < TC_SBC columns) in the GEMV's layout, rounded up to whole registers: rp bytes. Bytes: slot, a
+   token's; pack, a row tile's. */
+typedef struct {
+    int64_t nsb, hsb, r0, rp, slot, pack;
+} tc_geo;
 
-static inline tc_act8 tc_gemm_act(void *buf, int64_t K, int64_t m) {
-    int64_t Kp = tc_pad64(K);
-    int8_t *b = (int8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63) + 3 * Kp * m;
-    tc_act8 a = {b, (float *)(b + Kp), (int32_t *)(b + 2 * Kp)};
-    return a;
+static inline tc_geo tc_gemm_geo(int64_t K) {
+    tc_geo g;
+    g.nsb = K / TC_SBC;
+    g.hsb = TC_HALF && K - g.nsb * TC_SBC >= 8 * TC_QB;
+    g.r0 = g.nsb * TC_SBC + g.hsb * 8 * TC_QB;
+    g.rp = (K - g.r0 + TC_VB - 1) / TC_VB * TC_VB;
+    g.slot = (g.nsb * 40 * TC_L + g.hsb * 320 + 3 * g.rp + 63) & ~(int64_t)63;
+    g.pack = (TC_GR * (g.r0 + g.rp) + 63) & ~(int64_t)63;
+    return g;
+}
+/* A token's slot: per super-block of L lanes (L = TC_L; 8 for the half one) 8 step registers (lane l of step j:
+   the block's columns 4 j .. 4 j + 3), L block scales (fp32), L corrections (int32, -128 * the block's sum); then
+   the rest: rp bytes of int8, rp / 4 fp32 lane scales, rp / 4 int32 lane corrections (native_q8.h's tc_act8). */
+static inline int64_t tc_gemm_slot_bytes(int64_t K) { return tc_gemm_geo(K).slot; }
+/* A row tile's packed weights: per super-block, per step, per row one register of the slots' order; then per
+   rest step, per row, one register of the row's columns (zero past K). VNNI builds store q ^ 0x80 (unsigned). */
+static inline int64_t tc_gemm_pack_bytes(int64_t K) { return tc_gemm_geo(K).pack; }
+#else
+#ifndef TC_GR
+#define TC_GR 4
+#endif
+#ifndef TC_GT
+#define TC_GT 2
+#endif
+static inline int64_t tc_gemm_slot_bytes(int64_t K) { return 3 * tc_pad64(K); }   /* a tc_act8 */
+static inline int64_t tc_gemm_pack_bytes(int64_t K) { (void)K; return 0; }
+#endif
+
+/* Bytes of scratch for M tokens of K columns on up to nt threads: per thread a row tile's packed weights, then the
+   tokens' slots (64 spare for alignment). */
+int64_t tc_gemm_act_bytes(int64_t M, int64_t K, int nt) {
+    return (nt > 0 ? nt : 1) * tc_gemm_pack_bytes(K) + tc_gemm_slot_bytes(K) * (M > 0 ? M : 1) + 64;
 }
 
-/* Token m's activations into its slot of buf (tc_quant8 aligns to 64: the slot already is). */
-static inline void tc_gemm_quant(const float *x, void *buf, int64_t m, int64_t K) {
-    tc_quant8(x + m * K, tc_gemm_act(buf, K, m).q, K);
+static inline int8_t *tc_gemm_base(void *buf) { return (int8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63); }
+static inline int8_t *tc_gemm_slot(void *buf, int64_t K, int64_t m, int nt) {
+    return tc_gemm_base(buf) + nt * tc_gemm_pack_bytes(K) + tc_gemm_slot_bytes(K) * m;
 }
 
 #if defined(TC_512) || defined(TC_256)
@@ -56,115 +113,278 @@ static inline void tc_gemm_quant(const float *x, void *buf, int64_t m, int64_t K
 typedef __m512 tc_vf;
 typedef __m512i tc_vi;
 #define TC_VZERO() _mm512_setzero_ps()
-#define TC_LDW(p) _mm512_xor_si512(_mm512_loadu_si512((const void *)(p)), _mm512_set1_epi8((char)0x80))
-#define TC_LDX(p) _mm512_load_si512((const void *)(p))
+#define TC_IZERO() _mm512_setzero_si512()
+#define TC_LDI(p) _mm512_load_si512((const void *)(p))
 #define TC_LDS(p) _mm512_load_ps(p)
-#define TC_DOT(C, W, X, AX) _mm512_dpbusd_epi32(C, W, X)
 #define TC_FMA(I, S, F) _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), S, F)
 #define TC_HSUM(F) _mm512_reduce_add_ps(F)
 #define TC_ABS(X) (X)
+#define TC_ACC(C, W, X, AX) _mm512_dpbusd_epi32(C, W, X)          /* W already q ^ 0x80; C starts at the correction */
+#define TC_VNNI 1
 #else
 typedef __m256 tc_vf;
 typedef __m256i tc_vi;
 #define TC_VZERO() _mm256_setzero_ps()
-#if defined(TC_256_VNNI)
-#define TC_LDW(p) _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p)), _mm256_set1_epi8((char)0x80))
-#define TC_ABS(X) (X)
-#define TC_DOT(C, W, X, AX) TC_DP256(C, W, X)             /* W already q ^ 0x80 */
-#else
-#define TC_LDW(p) _mm256_loadu_si256((const __m256i *)(p))
-#define TC_ABS(X) _mm256_abs_epi8(X)
-#define TC_DOT(C, W, X, AX) TC_BLK256(W, X, C, AX)
-#endif
-#define TC_LDX(p) _mm256_load_si256((const __m256i *)(p))
+#define TC_IZERO() _mm256_setzero_si256()
+#define TC_LDI(p) _mm256_load_si256((const __m256i *)(p))
 #define TC_LDS(p) _mm256_load_ps(p)
 #define TC_FMA(I, S, F) _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), S, F)
 #define TC_HSUM(F) tc_hsum8(F)
+#if defined(TC_256_VNNI)
+#define TC_ABS(X) (X)
+#define TC_ACC(C, W, X, AX) TC_DP256(C, W, X)
+#define TC_VNNI 1
+#else
+#define TC_ABS(X) _mm256_abs_epi8(X)
+#define TC_ACC(C, W, X, AX) \
+    _mm256_add_epi32(C, _mm256_madd_epi16(_mm256_maddubs_epi16(AX, _mm256_sign_epi8(W, X)), _mm256_set1_epi16(1)))
+#define TC_VNNI 0
+#endif
+#endif
+#if TC_VNNI
+#define TC_FLIP 0x80                               /* packed weights: q ^ 0x80 = q + 128, unsigned */
+#else
+#define TC_FLIP 0
 #endif
 
-/* One column step of a tile: TC_GR weight vectors (row r's at w[r]) against TC_GT tokens at column k. */
-static inline __attribute__((always_inline)) void tc_tile_step(tc_vf f[TC_GR][TC_GT], const int8_t *const w[TC_GR],
-                                                               const tc_act8 *const a[TC_GT], int64_t k) {
-    tc_vi wv[TC_GR];
-    for (int r = 0; r < TC_GR; r++) wv[r] = TC_LDW(w[r]);
-    for (int t = 0; t < TC_GT; t++) {
-        tc_vi xv = TC_LDX(a[t]->q + k), cv = TC_LDX(a[t]->c + k / 4), ax = TC_ABS(xv);
-        tc_vf sv = TC_LDS(a[t]->s + k / 4);
-        (void)cv, (void)ax;
-        for (int r = 0; r < TC_GR; r++) f[r][t] = TC_FMA(TC_DOT(cv, wv[r], xv, ax), sv, f[r][t]);
+/* One block's rounded activations (32 int8 q, scale sx, correction c) into lane l of a super-block of L lanes. */
+static inline void tc_place(int8_t *sb, int L, int l, const int8_t *q, float sx, int32_t c) {
+    for (int j = 0; j < 8; j++) memcpy(sb + 4 * (j * L + l), q + 4 * j, 4);
+    memcpy(sb + 4 * (8 * L + l), &sx, 4);
+    memcpy(sb + 4 * (9 * L + l), &c, 4);
+}
+
+/* Token m's activations into its slot: rounded by tc_quant8 two blocks at a time (into t, 256 bytes), then placed. */
+static void tc_gemm_quant(const float *x, void *buf, int64_t m, int64_t K, int nt) {
+    tc_geo g = tc_gemm_geo(K);
+    int8_t *d = tc_gemm_slot(buf, K, m, nt);
+    int8_t t[3 * 64 + 64] __attribute__((aligned(64)));
+    const float *xm = x + m * K;
+    for (int64_t b0 = 0; b0 < g.r0; b0 += 64) {
+        tc_act8 a = tc_quant8(xm + b0, t, 64);
+        for (int h = 0; h < 2; h++) {
+            int64_t b = b0 / TC_QB + h;                   /* the block */
+            int32_t c = 0;
+            for (int j = 0; j < 8; j++) c += a.c[8 * h + j];
+            if (b < g.nsb * TC_L)
+                tc_place(d + (b / TC_L) * 40 * TC_L, TC_L, (int)(b % TC_L), a.q + 32 * h, a.s[8 * h], c);
+            else
+                tc_place(d + g.nsb * 40 * TC_L, 8, (int)(b - g.nsb * TC_L), a.q + 32 * h, a.s[8 * h], c);
+        }
+    }
+    int8_t *rq = d + g.nsb * 40 * TC_L + g.hsb * 320;
+    for (int64_t o = 0; o < g.rp; o += 64) {            /* the rest: the GEMV's layout, zero past K */
+        int64_t n = K - g.r0 - o < 64 ? K - g.r0 - o : 64, w = g.rp - o < 64 ? g.rp - o : 64;
+        tc_act8 a = tc_quant8(xm + g.r0 + o, t, n > 0 ? n : 0);
+        memcpy(rq + o, a.q, w);
+        memcpy(rq + g.rp + o, a.s, w);
+        memcpy(rq + 2 * g.rp + o, a.c, w);
     }
 }
 
-#if defined(TC_256_VNNI) && TC_GT % 2 == 0
-/* AVX-VNNI: tokens in pairs, the two tokens' int32 block lanes folded into one vector (vphaddd: lanes 0, 1, 4, 5
-   token t, 2, 3, 6, 7 token t + 1), one conversion and one multiply-add for both, against their scales side by
-   side (on the AVX2 build without VNNI that loses: its dots already cost more shuffles). */
-static inline __attribute__((always_inline)) void tc_tile_step2(tc_vf f[TC_GR][TC_GT / 2],
-                                                                const int8_t *const w[TC_GR],
-                                                                const tc_act8 *const a[TC_GT], int64_t k) {
-    tc_vi wv[TC_GR];
-    for (int r = 0; r < TC_GR; r++) wv[r] = TC_LDW(w[r]);
-    for (int t = 0; t < TC_GT; t += 2) {
-        tc_vi x0 = TC_LDX(a[t]->q + k), c0 = TC_LDX(a[t]->c + k / 4), a0 = TC_ABS(x0);
-        tc_vi x1 = TC_LDX(a[t + 1]->q + k), c1 = TC_LDX(a[t + 1]->c + k / 4), a1 = TC_ABS(x1);
-        tc_vf sv = _mm256_blend_ps(TC_LDS(a[t]->s + k / 4), TC_LDS(a[t + 1]->s + k / 4), 0xCC);
-        (void)c0, (void)c1, (void)a0, (void)a1;
+/* 8 blocks' 32 bytes (rows of an 8 x 8 dword matrix, at p + 32 i) transposed into o (o + 32 j: dword j of each
+   block), each byte ^ TC_FLIP. */
+static inline void tc_pack8(const int8_t *p, int8_t *o) {
+    __m256i r[8], t[8], s[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_si256((const __m256i *)(p + 32 * i));
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int h = 0; h < 8; h += 4) {
+        s[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);
+        s[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]);
+        s[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]);
+        s[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]);
+    }
+    const __m256i flip = _mm256_set1_epi8((char)TC_FLIP);
+    for (int j = 0; j < 4; j++) {
+        _mm256_store_si256((__m256i *)(o + 32 * j), _mm256_xor_si256(_mm256_permute2x128_si256(s[j], s[j + 4], 0x20), flip));
+        _mm256_store_si256((__m256i *)(o + 32 * (j + 4)),
+                           _mm256_xor_si256(_mm256_permute2x128_si256(s[j], s[j + 4], 0x31), flip));
+    }
+}
+
+#if defined(TC_512)
+/* 16 blocks' 32 bytes at p transposed into o (o + 64 j: dword j of each block), each byte ^ TC_FLIP: each register
+   of two blocks to (block 2i, 2i + 1) dword pairs, then an 8 x 8 transpose of those qwords. */
+static inline void tc_pack16(const int8_t *p, int8_t *o) {
+    const __m512i pair = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    __m512i r[8], t[8], v[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm512_permutexvar_epi32(pair, _mm512_loadu_si512((const void *)(p + 64 * i)));
+    for (int i = 0; i < 8; i += 2) {                 /* 128-bit lane k: (row i, i + 1) qwords 2k, then 2k + 1 */
+        t[i] = _mm512_unpacklo_epi64(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi64(r[i], r[i + 1]);
+    }
+    for (int e = 0; e < 2; e++) {                    /* lanes 2h, 2h + 1 of rows 0-3 / 4-7, odd / even qwords */
+        v[4 * e + 0] = _mm512_shuffle_i64x2(t[e], t[2 + e], _MM_SHUFFLE(1, 0, 1, 0));
+        v[4 * e + 1] = _mm512_shuffle_i64x2(t[4 + e], t[6 + e], _MM_SHUFFLE(1, 0, 1, 0));
+        v[4 * e + 2] = _mm512_shuffle_i64x2(t[e], t[2 + e], _MM_SHUFFLE(3, 2, 3, 2));
+        v[4 * e + 3] = _mm512_shuffle_i64x2(t[4 + e], t[6 + e], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    const __m512i flip = _mm512_set1_epi8((char)TC_FLIP);
+    for (int j = 0; j < 8; j++) {                    /* qword j: lane j >> 1 of the (j & 1) rows */
+        int e = j & 1, h = (j >> 1) >> 1, gsel = (j >> 1) & 1;
+        __m512i a = v[4 * e + 2 * h], b = v[4 * e + 2 * h + 1];
+        __m512i out = gsel ? _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 1, 3, 1))
+                           : _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+        _mm512_store_si512((void *)(o + 64 * j), _mm512_xor_si512(out, flip));
+    }
+}
+#endif
+
+/* A row tile's weights (rows[r], K bytes each) into pk, in the slots' order (VNNI: q ^ 0x80, unsigned). */
+static void tc_gemm_pack(const int8_t *const rows[TC_GR], int64_t K, int8_t *pk) {
+    tc_geo g = tc_gemm_geo(K);
+    int8_t tmp[8 * 64] __attribute__((aligned(64)));
+    for (int64_t sb = 0; sb < g.nsb; sb++)
         for (int r = 0; r < TC_GR; r++) {
-            tc_vi h = _mm256_hadd_epi32(TC_DOT(c0, wv[r], x0, a0), TC_DOT(c1, wv[r], x1, a1));
-            f[r][t / 2] = TC_FMA(h, sv, f[r][t / 2]);
+#if defined(TC_512)
+            tc_pack16(rows[r] + sb * TC_SBC, tmp);
+#else
+            tc_pack8(rows[r] + sb * TC_SBC, tmp);
+#endif
+            for (int j = 0; j < 8; j++) memcpy(pk + ((sb * 8 + j) * TC_GR + r) * TC_VB, tmp + j * TC_VB, TC_VB);
         }
-    }
+    int8_t *ph = pk + g.nsb * 8 * TC_GR * TC_VB;
+    if (g.hsb)
+        for (int r = 0; r < TC_GR; r++) {
+            tc_pack8(rows[r] + g.nsb * TC_SBC, tmp);
+            for (int j = 0; j < 8; j++) memcpy(ph + (j * TC_GR + r) * 32, tmp + 32 * j, 32);
+        }
+    int8_t *pr = ph + g.hsb * 8 * TC_GR * 32;
+    for (int64_t i = 0; i < g.rp / TC_VB; i++)
+        for (int r = 0; r < TC_GR; r++) {
+            int8_t *o = pr + (i * TC_GR + r) * TC_VB;
+            int64_t k = g.r0 + i * TC_VB, n = K - k < TC_VB ? K - k : TC_VB;
+            for (int64_t c = 0; c < TC_VB; c++) o[c] = (int8_t)((c < n ? rows[r][k + c] : 0) ^ TC_FLIP);
+        }
 }
 
-static inline void tc_tile(const int8_t *const rows[TC_GR], const int8_t *const tails[TC_GR],
-                           const tc_act8 *const a[TC_GT], int64_t K, float out[TC_GR][TC_GT]) {
-    tc_vf f[TC_GR][TC_GT / 2];
-    for (int r = 0; r < TC_GR; r++)
-        for (int t = 0; t < TC_GT / 2; t++) f[r][t] = TC_VZERO();
-    const int8_t *w[TC_GR];
-    int64_t k = 0;
-    for (; k + TC_GW <= K; k += TC_GW) {
-        for (int r = 0; r < TC_GR; r++) w[r] = rows[r] + k;
-        tc_tile_step2(f, w, a, k);
-    }
-    if (k < K) tc_tile_step2(f, tails, a, k);
-    for (int r = 0; r < TC_GR; r++)
-        for (int t = 0; t < TC_GT / 2; t++) {
-            float v[8];
-            _mm256_storeu_ps(v, f[r][t]);
-            out[r][2 * t] = (v[0] + v[1]) + (v[4] + v[5]);
-            out[r][2 * t + 1] = (v[2] + v[3]) + (v[6] + v[7]);
-        }
-}
+/* The lane sums of 8 registers (o[i]: v[i]'s), all in the same order, in one reduction tree: per output ~3
+   instructions instead of a whole horizontal sum's ~8. */
+static inline void tc_hsum8x(const tc_vf v[8], float o[8]) {
+#if defined(TC_512)
+    __m512 x[4], z[2];
+    for (int i = 0; i < 4; i++)                      /* 128-bit lanes 0 + 2, 1 + 3 of v[2i], v[2i + 1] */
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 2; i++)                      /* then lanes 0 + 1: lane k holds v[4i + k]'s 4 partials */
+        z[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0xDD));
+    __m512 w = _mm512_add_ps(_mm512_unpacklo_ps(z[0], z[1]), _mm512_unpackhi_ps(z[0], z[1]));
+    w = _mm512_add_ps(w, _mm512_permute_ps(w, _MM_SHUFFLE(1, 0, 3, 2)));
+    float t[16];
+    _mm512_storeu_ps(t, w);                          /* lane k: (v[k] from z[0], v[4 + k] from z[1]) */
+    for (int k = 0; k < 4; k++) o[k] = t[4 * k], o[4 + k] = t[4 * k + 1];
 #else
-/* out[r][t] = sum_b sx[t, b] * dot(xq[t, b], q[r, b]) for the tile's rows (rows[r], K bytes each; tails[r]: the
-   row's columns past the last full step, zero-padded to TC_GW) and tokens. */
-static inline void tc_tile(const int8_t *const rows[TC_GR], const int8_t *const tails[TC_GR],
-                           const tc_act8 *const a[TC_GT], int64_t K, float out[TC_GR][TC_GT]) {
+    __m256 a = _mm256_hadd_ps(v[0], v[1]), b = _mm256_hadd_ps(v[2], v[3]), c = _mm256_hadd_ps(v[4], v[5]),
+           d = _mm256_hadd_ps(v[6], v[7]);
+    a = _mm256_hadd_ps(a, b), c = _mm256_hadd_ps(c, d);   /* half h of v[0..3] / v[4..7] in 128-bit lane h */
+    __m256 lo = _mm256_permute2f128_ps(a, c, 0x20), hi = _mm256_permute2f128_ps(a, c, 0x31);
+    _mm256_storeu_ps(o, _mm256_add_ps(lo, hi));
+#endif
+}
+
+/* One super-block's exact int32 block dots of a row tile (w: its packed steps) against TC_GT tokens (their
+   super-block at a[t] + o), into acc. Not inlined: alone, the compiler keeps the tile's weights and accumulators in
+   registers (inlined into tc_tile beside the float accumulators it reloaded the weights for every token). */
+static __attribute__((noinline)) void tc_sb_dots(const int8_t *w, const int8_t *const a[TC_GT], int64_t o,
+                                                 tc_vi acc[TC_GR][TC_GT]) {
+    tc_vi c[TC_GR][TC_GT];
+    for (int t = 0; t < TC_GT; t++) {
+        tc_vi ct = TC_VNNI ? TC_LDI(a[t] + o + 9 * TC_VB) : TC_IZERO();
+        for (int r = 0; r < TC_GR; r++) c[r][t] = ct;
+    }
+    for (int j = 0; j < 8; j++) {
+        tc_vi wv[TC_GR];
+        for (int r = 0; r < TC_GR; r++) wv[r] = TC_LDI(w + (j * TC_GR + r) * TC_VB);
+        for (int t = 0; t < TC_GT; t++) {
+            tc_vi xv = TC_LDI(a[t] + o + j * TC_VB), ax = TC_ABS(xv);
+            (void)ax;
+            for (int r = 0; r < TC_GR; r++) c[r][t] = TC_ACC(c[r][t], wv[r], xv, ax);
+        }
+    }
+    for (int r = 0; r < TC_GR; r++)
+        for (int t = 0; t < TC_GT; t++) acc[r][t] = c[r][t];
+}
+
+/* out[r][t] = sum_b sx[t, b] * dot(xq[t, b], q[r, b]) for a packed row tile (pk) and TC_GT token slots (a[t]). */
+static inline void tc_tile(const int8_t *pk, const int8_t *const a[TC_GT], int64_t K, float out[TC_GR][TC_GT]) {
+    tc_geo g = tc_gemm_geo(K);
     tc_vf f[TC_GR][TC_GT];
     for (int r = 0; r < TC_GR; r++)
         for (int t = 0; t < TC_GT; t++) f[r][t] = TC_VZERO();
-    const int8_t *w[TC_GR];
-    int64_t k = 0;
-    for (; k + TC_GW <= K; k += TC_GW) {
-        for (int r = 0; r < TC_GR; r++) w[r] = rows[r] + k;
-        tc_tile_step(f, w, a, k);
+    for (int64_t sb = 0; sb < g.nsb; sb++) {           /* 8 integer steps, then one float step */
+        tc_vi acc[TC_GR][TC_GT];
+        tc_sb_dots(pk + sb * 8 * TC_GR * TC_VB, a, sb * 40 * TC_L, acc);
+        for (int t = 0; t < TC_GT; t++) {
+            tc_vf sv = TC_LDS((const float *)(a[t] + sb * 40 * TC_L + 8 * TC_VB));
+            for (int r = 0; r < TC_GR; r++) f[r][t] = TC_FMA(acc[r][t], sv, f[r][t]);
+        }
     }
-    if (k < K) tc_tile_step(f, tails, a, k);
+    const int8_t *w = pk + g.nsb * 8 * TC_GR * TC_VB;
+#if TC_HALF
+    if (g.hsb) {                                       /* the half super-block, on 256-bit registers */
+        __m256i acc[TC_GR][TC_GT];
+        int64_t o = g.nsb * 40 * TC_L;
+        for (int t = 0; t < TC_GT; t++) {
+            __m256i c = _mm256_load_si256((const __m256i *)(a[t] + o + 288));
+            for (int r = 0; r < TC_GR; r++) acc[r][t] = c;
+        }
+        for (int j = 0; j < 8; j++) {
+            __m256i wv[TC_GR];
+            for (int r = 0; r < TC_GR; r++) wv[r] = _mm256_load_si256((const __m256i *)(w + (j * TC_GR + r) * 32));
+            for (int t = 0; t < TC_GT; t++) {
+                __m256i xv = _mm256_load_si256((const __m256i *)(a[t] + o + 32 * j));
+                for (int r = 0; r < TC_GR; r++) acc[r][t] = _mm256_dpbusd_epi32(acc[r][t], wv[r], xv);
+            }
+        }
+        for (int t = 0; t < TC_GT; t++) {
+            __m256 sv = _mm256_load_ps((const float *)(a[t] + o + 256));
+            for (int r = 0; r < TC_GR; r++)
+                f[r][t] = _mm512_add_ps(f[r][t], _mm512_zextps256_ps512(
+                                                     _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][t]), sv)));
+        }
+        w += 8 * TC_GR * 32;
+    }
+#endif
+    int64_t ro = g.nsb * 40 * TC_L + g.hsb * 320;
+    for (int64_t i = 0; i < g.rp / TC_VB; i++) {       /* the rest: a float step per register */
+        tc_vi wv[TC_GR];
+        for (int r = 0; r < TC_GR; r++) wv[r] = TC_LDI(w + (i * TC_GR + r) * TC_VB);
+        for (int t = 0; t < TC_GT; t++) {
+            const int8_t *rq = a[t] + ro;
+            tc_vi xv = TC_LDI(rq + i * TC_VB), ax = TC_ABS(xv);
+            tc_vf sv = TC_LDS((const float *)(rq + g.rp + i * TC_VB));
+            tc_vi c = TC_VNNI ? TC_LDI(rq + 2 * g.rp + i * TC_VB) : TC_IZERO();
+            (void)ax;
+            for (int r = 0; r < TC_GR; r++) f[r][t] = TC_FMA(TC_ACC(c, wv[r], xv, ax), sv, f[r][t]);
+        }
+    }
+#if TC_GR * TC_GT % 8 == 0
+    for (int i = 0; i < TC_GR * TC_GT; i += 8) tc_hsum8x((const tc_vf *)f + i, (float *)out + i);
+#else
     for (int r = 0; r < TC_GR; r++)
         for (int t = 0; t < TC_GT; t++) out[r][t] = TC_HSUM(f[r][t]);
-}
 #endif
-#define TC_TILE_TAILS 1
-#else
-/* NEON / scalar: each (row, token) pair through the GEMV's one-row dot (sdot where the target has it). */
-static inline void tc_tile(const int8_t *const rows[TC_GR], const int8_t *const tails[TC_GR],
-                           const tc_act8 *const a[TC_GT], int64_t K, float out[TC_GR][TC_GT]) {
-    (void)tails;
-    for (int r = 0; r < TC_GR; r++)
-        for (int t = 0; t < TC_GT; t++) out[r][t] = tc_dot1(a[t], rows[r], K);
 }
-#define TC_TILE_TAILS 0
+#define TC_PACKED 1
+#else
+static void tc_gemm_quant(const float *x, void *buf, int64_t m, int64_t K, int nt) {
+    tc_quant8(x + m * K, tc_gemm_slot(buf, K, m, nt), K);
+}
+
+/* NEON / scalar: each (row, token) pair through the GEMV's one-row dot (sdot where the target has it); the rows are
+   read in place (rows[r] is a row's K bytes). */
+static inline void tc_tile(const int8_t *const rows[TC_GR], const int8_t *const a[TC_GT], int64_t K,
+                           float out[TC_GR][TC_GT]) {
+    for (int t = 0; t < TC_GT; t++) {
+        tc_act8 v = tc_act_view((void *)a[t], K);
+        for (int r = 0; r < TC_GR; r++) out[r][t] = tc_dot1(&v, rows[r], K);
+    }
+}
+#define TC_PACKED 0
 #endif
 
 /* Tokens per chunk for M tokens on nth threads: ceil(M / TC_GM) chunks, rounded up to a multiple of nth when
@@ -177,57 +397,59 @@ static inline int64_t tc_gemm_chunk(int64_t M, int nth) {
     return (gm + TC_GT - 1) / TC_GT * TC_GT;
 }
 
-/* Jobs [j0, j1) of the (chunk of gm tokens, row tile) grid: Y rows of those chunks' tokens, columns of those row
-   tiles. */
-static void tc_gemm_jobs(void *buf, const int8_t *q, const float *s, const float *bias, float *y, int64_t M,
-                         int64_t N, int64_t K, int64_t gm, int64_t j0, int64_t j1) {
+static inline int64_t tc_gemm_njobs(int64_t M, int64_t N, int64_t gm) {
+    return ((M + gm - 1) / gm) * ((N + TC_GR - 1) / TC_GR);
+}
+
+/* Jobs [j0, j1) of the (chunk of gm tokens, row tile) grid (job j: chunk j / nrt, row tile j % nrt), row tile by
+   row tile: each tile's weights packed once (into pk, this thread's tc_gemm_pack_bytes(K)), then run against its
+   jobs' chunks. */
+static void tc_gemm_jobs(void *buf, int8_t *pk, const int8_t *q, const float *s, const float *bias, float *y,
+                         int64_t M, int64_t N, int64_t K, int64_t gm, int nt, int64_t j0, int64_t j1) {
     int64_t nrt = (N + TC_GR - 1) / TC_GR;
-    int8_t tail[TC_GR][TC_GW] __attribute__((aligned(64)));
-    for (int64_t j = j0; j < j1; j++) {
-        int64_t m0 = (j / nrt) * gm, m1 = m0 + gm < M ? m0 + gm : M, n0 = (j % nrt) * TC_GR;
-        const int8_t *rows[TC_GR], *tails[TC_GR];
-        int64_t kt = K - K % TC_GW;
-        for (int r = 0; r < TC_GR; r++) {
-            int64_t n = n0 + r < N ? n0 + r : N - 1;           /* past the last row: the last row again */
-            rows[r] = q + n * K;
-            tails[r] = tail[r];
-            if (TC_TILE_TAILS && kt < K) {
-                memset(tail[r], 0, TC_GW);
-                memcpy(tail[r], rows[r] + kt, (size_t)(K - kt));
-            }
-        }
-        for (int64_t m = m0; m < m1; m += TC_GT) {
-            tc_act8 act[TC_GT];
-            const tc_act8 *a[TC_GT];
-            for (int t = 0; t < TC_GT; t++) {
-                act[t] = tc_gemm_act(buf, K, m + t < m1 ? m + t : m1 - 1);   /* past the chunk: its last token */
-                a[t] = &act[t];
-            }
+    if (j0 >= j1) return;
+    int64_t c0 = j0 / nrt, c1 = (j1 - 1) / nrt;            /* the chunks this run touches */
+    (void)pk;
+    for (int64_t rt = 0; rt < nrt; rt++) {
+        int64_t cs = c0 * nrt + rt >= j0 ? c0 : c0 + 1, ce = c1 * nrt + rt < j1 ? c1 : c1 - 1;
+        if (cs > ce) continue;
+        int64_t n0 = rt * TC_GR;
+        const int8_t *rows[TC_GR];
+        for (int r = 0; r < TC_GR; r++) rows[r] = q + (n0 + r < N ? n0 + r : N - 1) * K;   /* past N: the last row */
+#if TC_PACKED
+        tc_gemm_pack(rows, K, pk);
+#endif
+        for (int64_t m = cs * gm; m < M && m < (ce + 1) * gm; m += TC_GT) {
+            int64_t m1 = (m / gm + 1) * gm < M ? (m / gm + 1) * gm : M;    /* the end of m's chunk */
+            const int8_t *a[TC_GT];
+            for (int t = 0; t < TC_GT; t++) a[t] = tc_gemm_slot(buf, K, m + t < m1 ? m + t : m1 - 1, nt);
             float out[TC_GR][TC_GT];
-            tc_tile(rows, tails, a, K, out);
+#if TC_PACKED
+            tc_tile(pk, a, K, out);
+#else
+            tc_tile(rows, a, K, out);
+#endif
             for (int t = 0; t < TC_GT && m + t < m1; t++)
                 for (int r = 0; r < TC_GR && n0 + r < N; r++) {
                     int64_t n = n0 + r;
                     float v = s[n] * out[r][t];
                     y[(m + t) * N + n] = bias ? v + bias[n] : v;
                 }
+            if (m + TC_GT >= m1) m = m1 - TC_GT;              /* the next chunk starts at m1 */
         }
     }
 }
 
-static inline int64_t tc_gemm_njobs(int64_t M, int64_t N, int64_t gm) {
-    return ((M + gm - 1) / gm) * ((N + TC_GR - 1) / TC_GR);
-}
-
-/* The whole GEMM on one thread (the harness; native.c's tc_gemm splits the same jobs over threads). */
+/* The whole GEMM on one thread (the harness; native.c's tc_gemm splits the same jobs over threads); buf:
+   tc_gemm_act_bytes(M, K, 1). */
 void tc_gemm1(const float *x, void *buf, const int8_t *q, const float *s, const float *bias, float *y, int64_t M,
               int64_t N, int64_t K) {
-    for (int64_t m = 0; m < M; m++) tc_gemm_quant(x, buf, m, K);
+    for (int64_t m = 0; m < M; m++) tc_gemm_quant(x, buf, m, K, 1);
     int64_t gm = tc_gemm_chunk(M, 1);
-    tc_gemm_jobs(buf, q, s, bias, y, M, N, K, gm, 0, tc_gemm_njobs(M, N, gm));
+    tc_gemm_jobs(buf, tc_gemm_base(buf), q, s, bias, y, M, N, K, gm, 1, 0, tc_gemm_njobs(M, N, gm));
 }
 
-/* The reference GEMM (one thread, per token tc_quant8 and per row tc_dot_ref), for the tests. */
+/* The reference GEMM (one thread, per token tc_quant8 and per row tc_dot_ref), for the tests; buf: tc_act_bytes(K). */
 void tc_gemm_ref(const float *x, void *buf, const int8_t *q, const float *s, const float *bias, float *y, int64_t M,
                  int64_t N, int64_t K) {
     for (int64_t m = 0; m < M; m++) {

@@ -20,8 +20,7 @@ INT8_GEMV_ROWS = 128   # Int8Linear: up to this many rows use the int8 kernel; b
                        # kernel costs per row, the GEMM per weight byte)
 INT8_GEMV_ROWS_BF16 = 12   # the same where prefill runs bf16 GEMMs: they win from ~12 rows on (full-config shapes)
 INT8_GEMM_ROWS = 4     # Int8Linear with the native kernels: more rows than this run the native int8 GEMM
-                       # (native_gemm.h) instead of everything above, except where bf16 GEMMs run (see below)
-INT8_GEMM_OVER_BF16 = False   # the native int8 GEMM also where bf16 GEMMs would run (AVX512-BF16 machines)
+                       # (native_gemm.h) instead of everything above, unless bf16 GEMMs are asked for
 INT8_GEMM_CHUNK = 512  # tokens per native GEMM call (bounds the activation scratch: 3 bytes per column per token)
 _SCRATCH_MAX = 16 << 20
 _tls = threading.local()
@@ -58,6 +57,16 @@ def cpu_has_bf16_dot() -> bool:
         cpu = torch.cpu
         return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
     except Exception:  # noqa: BLE001  older torch: no probes
+        return False
+
+
+@functools.cache
+def cpu_has_amx() -> bool:
+    """Does this CPU have AMX tiles (Intel Sapphire Rapids on)? There oneDNN's bf16 GEMM runs on tile
+    multiplies, a league above any AVX-512 int8 GEMM: int8 models keep bf16 prefill GEMMs. Asked once."""
+    try:
+        return bool(torch.cpu._is_amx_tile_supported())
+    except Exception:  # noqa: BLE001  older torch: no probe
         return False
 
 
@@ -121,9 +130,11 @@ class Int8Linear(torch.nn.Module):
     aten._weight_int8pack_mm (dequantizes on the fly, fp32 accumulation). A quarter of the fp32 bytes per token.
     Activations are not quantized there (dynamic activation quantization is lossy for the ReLU^2 MLP).
     Prefill (more than INT8_GEMM_ROWS rows) with the native kernels: their int8 GEMM (activations rounded to int8 in
-    blocks of 32 with one fp32 scale each, as the native decode step rounds them), except where bf16 GEMMs run
-    (prefill_bf16 and not INT8_GEMM_OVER_BF16). Without the kernels, more than INT8_GEMV_ROWS rows: dequantize into a
-    scratch buffer + fp32 GEMM. native: whether this layer may use the native kernels (EngineOptions.native)."""
+    blocks of 32 with one fp32 scale each, as the native decode step rounds them), unless bf16 GEMMs are asked for
+    (prefill_bf16 True; the default, None, takes the int8 GEMM: since its super-block kernels it beats oneDNN's bf16
+    GEMM on AVX512-BF16 CPUs (Zen 4), though not AMX tiles, where bf16 GEMMs stay). Without the kernels: bf16 GEMMs where prefill_bf16 resolves so
+    (resolve_prefill_bf16), else, more than INT8_GEMV_ROWS rows, dequantize into a scratch buffer + fp32 GEMM.
+    native: whether this layer may use the native kernels (EngineOptions.native)."""
 
     def __init__(self, lin: torch.nn.Linear, prefill_bf16: bool | None = None, native: bool = True):
         super().__init__()
@@ -138,7 +149,7 @@ class Int8Linear(torch.nn.Module):
         self.register_buffer("qweight", q.contiguous())
         self.register_buffer("scale", scale.contiguous())
         self.bias = None if lin.bias is None else torch.nn.Parameter(lin.bias.detach().float(), requires_grad=False)
-        self.prefill_bf16 = resolve_prefill_bf16(prefill_bf16)    # resolved once: bf16 GEMMs for prefill
+        self.prefill_bf16 = prefill_bf16    # None / True / False, as asked (prefill_kernel resolves it)
         self.native = bool(native)
 
     @classmethod
@@ -176,8 +187,10 @@ class Int8Linear(torch.nn.Module):
     def prefill_kernel(self, rows: int, cpu: bool = True) -> str:
         """Which kernel forward() runs for `rows` rows (of a CPU tensor, unless cpu is False): "native-gemm",
         "bf16-gemm", "fp32-gemm" or "int8-gemv"."""
-        bf16 = self.prefill_bf16 and rows > INT8_GEMV_ROWS_BF16
-        if cpu and rows > INT8_GEMM_ROWS and (INT8_GEMM_OVER_BF16 or not bf16) and self.gemm_lib() is not None:
+        bf16 = resolve_prefill_bf16(self.prefill_bf16) and rows > INT8_GEMV_ROWS_BF16
+        # bf16 GEMMs over the native int8 GEMM only where asked for, or (by default) on AMX machines
+        asked = bf16 and (self.prefill_bf16 is True or (self.prefill_bf16 is None and cpu_has_amx()))
+        if cpu and rows > INT8_GEMM_ROWS and not asked and self.gemm_lib() is not None:
             return "native-gemm"
         if bf16:
             return "bf16-gemm"
@@ -190,7 +203,7 @@ class Int8Linear(torch.nn.Module):
         s = self.scale.float()
         b = None if self.bias is None else self.bias.float().contiguous()
         nt = torch.get_num_threads()
-        scratch = _act_scratch(int(lib.tc_gemm_act_bytes(min(x2.size(0), INT8_GEMM_CHUNK), x2.size(1))))
+        scratch = _act_scratch(int(lib.tc_gemm_act_bytes(min(x2.size(0), INT8_GEMM_CHUNK), x2.size(1), nt)))
         y = torch.empty(x2.size(0), self.out_features)
         for i in range(0, x2.size(0), INT8_GEMM_CHUNK):
             native.gemm(lib, x2[i:i + INT8_GEMM_CHUNK], self.qweight, s, b, nt, scratch, out=y[i:i + INT8_GEMM_CHUNK])
