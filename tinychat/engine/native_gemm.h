@@ -16,9 +16,10 @@
    columns past that keep the GEMV's layout (a float step per register). The tokens are stored so once per call
    (tc_gemm_quant: a slot of tc_gemm_slot_bytes(K) each); the weights of a TC_GR-row tile are transposed so
    (tc_gemm_pack: shuffles, VNNI: as q ^ 0x80) into a per-thread buffer once per tile and run against all of the
-   thread's tokens while they stay in L1; a tile's TC_GR x TC_GT float registers are summed across lanes in one
-   reduction tree (tc_hsum8x). AMD Zen 4, one thread, the full config's four shapes at 200 tokens: 66-74 -> 105-127
-   GMAC/s (AVX-512), 37 -> 58 (AVX2), 58 -> 130 (256-bit VNNI); docs/benchmarks.md.
+   thread's tokens while that buffer stays in L1; a tile's TC_GR x TC_GT float registers are summed across lanes in
+   one reduction tree (tc_hsum8x). AMD Zen 4, one thread, the full config's four shapes at 200 tokens, against the
+   GEMV's layout: 61.8 -> 106.8 GMAC/s (AVX-512), 64.7 -> 112.2 (256-bit VNNI), 48.7 -> 53.3 (AVX2, still two
+   multiplies a block); docs/benchmarks.md.
    NEON / scalar: each (row, token) pair through the GEMV's one-row dot on the GEMV's layout.
 
    Work split: jobs are (chunk of <= TC_GM tokens, row tile) pairs, split over threads in contiguous runs (whole
