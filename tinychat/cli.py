@@ -195,19 +195,30 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_
     Console().print(t)
 
 
-sessions_app = typer.Typer(help="Saved chats: list, show, export, rename, remove.", invoke_without_command=True,
-                           context_settings={"help_option_names": ["-h", "--help"]})
+sessions_app = typer.Typer(help="Saved chats: list (also plain `tinychat sessions`), show, export, rename, copy, rm.",
+                           invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(sessions_app, name="sessions")
+
+_JSON_OPT = typer.Option(False, "--json", help="A JSON list.")
+_GREP_OPT = typer.Option(None, "--grep", metavar="TEXT",
+                         help="Only sessions whose title or any message (every branch) contains TEXT "
+                              "(case-insensitive).")
 
 
 @sessions_app.callback(invoke_without_command=True)
-def sessions_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="A JSON list."),
-                  grep: Optional[str] = typer.Option(None, "--grep", metavar="TEXT",
-                                                     help="Only sessions whose title or any message (every branch) "
-                                                          "contains TEXT (case-insensitive).")):
+def sessions_default(ctx: typer.Context, json_out: bool = _JSON_OPT, grep: Optional[str] = _GREP_OPT):
     """List saved sessions, newest first."""
-    if ctx.invoked_subcommand is not None:
-        return
+    if ctx.invoked_subcommand is None:
+        _list_sessions(json_out, grep)
+
+
+@sessions_app.command("list")
+def sessions_list(json_out: bool = _JSON_OPT, grep: Optional[str] = _GREP_OPT):
+    """List saved sessions, newest first (what plain `tinychat sessions` prints)."""
+    _list_sessions(json_out, grep)
+
+
+def _list_sessions(json_out: bool, grep: Optional[str]) -> None:
     import json
     import time
 

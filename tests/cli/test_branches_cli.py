@@ -88,6 +88,10 @@ def test_sessions_grep_finds_text_on_any_branch_and_refuses_an_empty_pattern(mod
     assert json.loads(_run(["sessions", "--grep", "no such words", "--json"]).stdout) == []
     r = _run(["sessions", "--grep", " "])
     assert r.exit_code != 0
+    # `sessions list` is the same listing, options and all
+    assert _run(["sessions", "list", "--json"]).stdout == _run(["sessions", "--json"]).stdout
+    r = _run(["sessions", "list", "--grep", "zebra"])
+    assert r.exit_code == 0 and "all about Zebras" in r.stdout and "hello there" not in r.stdout
 
 
 def test_one_shot_prompt_sends_one_message_and_prints_the_reply(model_dir):
