@@ -153,6 +153,23 @@ def _int8_kernels() -> str:
     return path if native.why_not is None else f"{path} ({native.why_not})"
 
 
+PREFILL_KERNELS = {"native-gemm": "native int8 GEMM", "bf16-gemm": "bf16 GEMMs", "fp32-gemm": "fp32 GEMMs",
+                   "int8-gemv": "int8 GEMV"}
+
+
+def _int8_prefill() -> str:
+    """What an int8 model's long prefill runs on here (Int8Linear.prefill_kernel at 256 rows, the engine options from
+    the environment): the native int8 GEMM, or bf16 GEMMs (AMX machines, TINYCHAT_PREFILL_BF16=1, no kernels on a
+    CPU with bf16 dot products), or fp32 GEMMs."""
+    import torch
+
+    from .engine.quant import Int8Linear
+    from .options import EngineOptions
+    o = EngineOptions.from_env()
+    lin = Int8Linear(torch.nn.Linear(64, 64, bias=False), prefill_bf16=o.prefill_bf16, native=o.native)
+    return PREFILL_KERNELS[lin.prefill_kernel(256)]
+
+
 @app.command()
 def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_HELP, callback=_model_arg),
          config: Optional[str] = typer.Option(None, "--config", help="A named size with random weights: tiny, demo, full."),
@@ -168,7 +185,7 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_
         "max_seq_len": c.max_seq_len, "engram_layers": list(c.engram_layers), "engram_orders": list(c.engram_orders),
         "kv_bytes_per_token": c.kv_bytes_per_token(2), "gqa_kv_bytes_per_token": c.gqa_kv_bytes_per_token(2),
         "ring_bytes": c.ring_bytes(2),
-        "int8_kernels": _int8_kernels(),
+        "int8_kernels": _int8_kernels(), "int8_prefill": _int8_prefill(),
     }
     if json_out:
         import json
@@ -188,6 +205,7 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_
     t.add_row("local window", f"{c.swa_window}")
     t.add_row("Engram", f"layers {list(c.engram_layers)}, orders {list(c.engram_orders)}" if c.has_engram else "none")
     t.add_row("int8 kernels (--quant int8)", facts["int8_kernels"])
+    t.add_row("int8 prefill", facts["int8_prefill"])
     t.add_row("KV bytes / token (bf16)", f"{facts['kv_bytes_per_token']:,}")
     t.add_row("standard GQA cache / token", f"{facts['gqa_kv_bytes_per_token']:,} "
               f"({facts['gqa_kv_bytes_per_token'] / facts['kv_bytes_per_token']:.1f}x)")

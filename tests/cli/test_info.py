@@ -15,6 +15,21 @@ def test_info_reports_kv_bytes_next_to_standard_gqa():
     assert facts["params"] > facts["linear_params"] > 0 and facts["family"] == "TinyAgentLM"
     from tinychat.engine import native
     assert facts["int8_kernels"].split()[0] == native.kernel_path()   # e.g. avx512-vnni; pytorch (why) when off
+    from tinychat.engine.quant import cpu_has_amx, cpu_has_bf16_dot
+    if native.gemm_lib() is not None:           # long int8 prefills: the native GEMM, bf16 GEMMs on AMX machines
+        assert facts["int8_prefill"] == ("bf16 GEMMs" if cpu_has_amx() else "native int8 GEMM")
+    else:
+        assert facts["int8_prefill"] == ("bf16 GEMMs" if cpu_has_bf16_dot() else "fp32 GEMMs")
+
+
+def test_info_says_bf16_prefill_when_asked_and_fp32_without_kernels_or_bf16(monkeypatch):
+    monkeypatch.setenv("TINYCHAT_PREFILL_BF16", "1")
+    facts = json.loads(CliRunner().invoke(app, ["info", "--config", "tiny", "--json"]).output)
+    assert facts["int8_prefill"] == "bf16 GEMMs"
+    monkeypatch.setenv("TINYCHAT_PREFILL_BF16", "0")
+    monkeypatch.setenv("TINYCHAT_NATIVE", "0")
+    facts = json.loads(CliRunner().invoke(app, ["info", "--config", "tiny", "--json"]).output)
+    assert facts["int8_prefill"] == "fp32 GEMMs"
 
 
 def test_info_bad_config_is_one_line_exit_2():
