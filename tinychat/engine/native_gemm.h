@@ -6,21 +6,22 @@
    one fp32 scale each). So a token prefilled here gives what decoding it through the GEMV gives, up to fp32
    summation order.
 
-   x86 paths: super-blocks. The GEMV's layout puts 4 consecutive columns in each int32 lane of a dot-product register,
-   so a register holds 2 (AVX-512) or 1 (AVX2) blocks and every step pays an int -> float conversion and a
-   multiply-add by the block scales beside its integer dot. Here a super-block of TC_L blocks (TC_L: a register's
-   int32 lanes; 512 columns on AVX-512, 256 on AVX2) is stored transposed by 4-byte groups: step j's register holds
-   columns 32 l + 4 j .. 32 l + 4 j + 3 in lane l, so after the 8 steps of a super-block lane l holds block l's exact
-   int32 dot, and one conversion and one multiply-add by the TC_L block scales finish it: 8 integer dots per
-   float step instead of 1. On AVX-512 a rest of >= 256 columns is a half super-block on 256-bit registers; the
-   columns past that keep the GEMV's layout (a float step per register). The tokens are stored so once per call
-   (tc_gemm_quant: a slot of tc_gemm_slot_bytes(K) each); the weights of a TC_GR-row tile are transposed so
+   x86 and NEON paths: super-blocks. The GEMV's layout puts 4 consecutive columns in each int32 lane of a dot-product
+   register, so a register holds 2 (AVX-512), 1 (AVX2) or half a block (NEON) and every step pays an int -> float
+   conversion and a multiply-add by the block scales beside its integer dot. Here a super-block of TC_L blocks (TC_L:
+   a register's int32 lanes; 512 columns on AVX-512, 256 on AVX2, 128 on NEON) is stored transposed by 4-byte groups:
+   step j's register holds columns 32 l + 4 j .. 32 l + 4 j + 3 in lane l, so after the 8 steps of a super-block lane
+   l holds block l's exact int32 dot, and one conversion and one multiply-add by the TC_L block scales finish it: 8
+   integer dots per float step instead of 1. On AVX-512 a rest of >= 256 columns is a half super-block on 256-bit
+   registers; the columns past that keep the GEMV's layout (a float step per register). The tokens are stored so once
+   per call (tc_gemm_quant: a slot of tc_gemm_slot_bytes(K) each); the weights of a TC_GR-row tile are transposed so
    (tc_gemm_pack: shuffles, VNNI: as q ^ 0x80) into a per-thread buffer once per tile and run against all of the
    thread's tokens while that buffer stays in L1; a tile's TC_GR x TC_GT float registers are summed across lanes in
    one reduction tree (tc_hsum8x). AMD Zen 4, one thread, the full config's four shapes at 200 tokens, against the
    GEMV's layout: 61.8 -> 106.8 GMAC/s (AVX-512), 64.7 -> 112.2 (256-bit VNNI), 48.7 -> 53.3 (AVX2, still two
    multiplies a block); docs/benchmarks.md.
-   NEON / scalar: each (row, token) pair through the GEMV's one-row dot on the GEMV's layout.
+   NEON (sdot, or vmull + pairwise adds without the dot-product extension) is checked under qemu only: its speed
+   on ARM hardware is not measured yet. Scalar: each (row, token) pair through the GEMV's one-row dot.
 
    Work split: jobs are (chunk of <= TC_GM tokens, row tile) pairs, split over threads in contiguous runs (whole
    chunks per thread when there are several, row tiles of one chunk otherwise); a thread runs its row tiles in
@@ -34,7 +35,7 @@
 #define TC_GM 64                                   /* tokens per chunk */
 #endif
 
-#if defined(TC_512) || defined(TC_256)
+#if defined(TC_512) || defined(TC_256) || defined(TC_NEON)
 #if defined(TC_512)
 #define TC_L 16                                    /* int32 lanes of a register = blocks per super-block */
 #if defined(__AVX512VL__)
@@ -42,8 +43,11 @@
 #else
 #define TC_HALF 0
 #endif
-#else
+#elif defined(TC_256)
 #define TC_L 8
+#define TC_HALF 0
+#else
+#define TC_L 4                                     /* NEON: 128-bit registers, super-blocks of 128 columns */
 #define TC_HALF 0
 #endif
 #ifndef TC_GR
@@ -109,7 +113,7 @@ static inline int8_t *tc_gemm_slot(void *buf, int64_t K, int64_t m, int nt) {
     return tc_gemm_base(buf) + nt * tc_gemm_pack_bytes(K) + tc_gemm_slot_bytes(K) * m;
 }
 
-#if defined(TC_512) || defined(TC_256)
+#if defined(TC_512) || defined(TC_256) || defined(TC_NEON)
 #if defined(TC_512)
 typedef __m512 tc_vf;
 typedef __m512i tc_vi;
@@ -122,7 +126,7 @@ typedef __m512i tc_vi;
 #define TC_ABS(X) (X)
 #define TC_ACC(C, W, X, AX) _mm512_dpbusd_epi32(C, W, X)          /* W already q ^ 0x80; C starts at the correction */
 #define TC_VNNI 1
-#else
+#elif defined(TC_256)
 typedef __m256 tc_vf;
 typedef __m256i tc_vi;
 #define TC_VZERO() _mm256_setzero_ps()
@@ -140,6 +144,28 @@ typedef __m256i tc_vi;
 #define TC_ACC(C, W, X, AX) \
     _mm256_add_epi32(C, _mm256_madd_epi16(_mm256_maddubs_epi16(AX, _mm256_sign_epi8(W, X)), _mm256_set1_epi16(1)))
 #define TC_VNNI 0
+#endif
+#else
+typedef float32x4_t tc_vf;
+typedef int32x4_t tc_vi;                           /* 16 int8 or 4 int32, by use */
+#define TC_VZERO() vdupq_n_f32(0.f)
+#define TC_IZERO() vdupq_n_s32(0)
+#define TC_LDI(p) vld1q_s32((const int32_t *)(const void *)(p))
+#define TC_LDS(p) vld1q_f32(p)
+#define TC_FMA(I, S, F) vfmaq_f32(F, vcvtq_f32_s32(I), S)
+#define TC_HSUM(F) vaddvq_f32(F)
+#define TC_ABS(X) (X)
+#define TC_VNNI 0                                  /* signed by signed: no correction */
+#if defined(__ARM_FEATURE_DOTPROD)
+#define TC_ACC(C, W, X, AX) vdotq_s32(C, vreinterpretq_s8_s32(W), vreinterpretq_s8_s32(X))
+#else
+/* lane i += the 4 products of bytes 4i .. 4i + 3: pairs in int16 (|.| <= 2 * 127^2), then widened pairwise */
+static inline int32x4_t tc_acc_neon(int32x4_t c, int32x4_t w, int32x4_t x) {
+    int8x16_t wb = vreinterpretq_s8_s32(w), xb = vreinterpretq_s8_s32(x);
+    int16x8_t lo = vmull_s8(vget_low_s8(wb), vget_low_s8(xb)), hi = vmull_high_s8(wb, xb);
+    return vpadalq_s16(c, vpaddq_s16(lo, hi));
+}
+#define TC_ACC(C, W, X, AX) tc_acc_neon(C, W, X)
 #endif
 #endif
 #if TC_VNNI
@@ -183,6 +209,13 @@ static void tc_gemm_quant(const float *x, void *buf, int64_t m, int64_t K, int n
     }
 }
 
+#if defined(TC_NEON)
+/* 4 blocks' 32 bytes at p transposed into o (o + 16 j: dword j of each block). */
+static inline void tc_pack4(const int8_t *p, int8_t *o) {
+    for (int j = 0; j < 8; j++)
+        for (int l = 0; l < 4; l++) memcpy(o + 16 * j + 4 * l, p + 32 * l + 4 * j, 4);
+}
+#else
 /* 8 blocks' 32 bytes (rows of an 8 x 8 dword matrix, at p + 32 i) transposed into o (o + 32 j: dword j of each
    block), each byte ^ TC_FLIP. */
 static inline void tc_pack8(const int8_t *p, int8_t *o) {
@@ -200,7 +233,8 @@ static inline void tc_pack8(const int8_t *p, int8_t *o) {
     }
     const __m256i flip = _mm256_set1_epi8((char)TC_FLIP);
     for (int j = 0; j < 4; j++) {
-        _mm256_store_si256((__m256i *)(o + 32 * j), _mm256_xor_si256(_mm256_permute2x128_si256(s[j], s[j + 4], 0x20), flip));
+        _mm256_store_si256((__m256i *)(o + 32 * j),
+                           _mm256_xor_si256(_mm256_permute2x128_si256(s[j], s[j + 4], 0x20), flip));
         _mm256_store_si256((__m256i *)(o + 32 * (j + 4)),
                            _mm256_xor_si256(_mm256_permute2x128_si256(s[j], s[j + 4], 0x31), flip));
     }
@@ -233,6 +267,7 @@ static inline void tc_pack16(const int8_t *p, int8_t *o) {
     }
 }
 #endif
+#endif
 
 /* A row tile's weights (rows[r], K bytes each) into pk, in the slots' order (VNNI: q ^ 0x80, unsigned). */
 static void tc_gemm_pack(const int8_t *const rows[TC_GR], int64_t K, int8_t *pk) {
@@ -242,17 +277,21 @@ static void tc_gemm_pack(const int8_t *const rows[TC_GR], int64_t K, int8_t *pk)
         for (int r = 0; r < TC_GR; r++) {
 #if defined(TC_512)
             tc_pack16(rows[r] + sb * TC_SBC, tmp);
-#else
+#elif defined(TC_256)
             tc_pack8(rows[r] + sb * TC_SBC, tmp);
+#else
+            tc_pack4(rows[r] + sb * TC_SBC, tmp);
 #endif
             for (int j = 0; j < 8; j++) memcpy(pk + ((sb * 8 + j) * TC_GR + r) * TC_VB, tmp + j * TC_VB, TC_VB);
         }
     int8_t *ph = pk + g.nsb * 8 * TC_GR * TC_VB;
+#if TC_HALF
     if (g.hsb)
         for (int r = 0; r < TC_GR; r++) {
             tc_pack8(rows[r] + g.nsb * TC_SBC, tmp);
             for (int j = 0; j < 8; j++) memcpy(ph + (j * TC_GR + r) * 32, tmp + 32 * j, 32);
         }
+#endif
     int8_t *pr = ph + g.hsb * 8 * TC_GR * 32;
     for (int64_t i = 0; i < g.rp / TC_VB; i++)
         for (int r = 0; r < TC_GR; r++) {
@@ -264,6 +303,7 @@ static void tc_gemm_pack(const int8_t *const rows[TC_GR], int64_t K, int8_t *pk)
 
 /* The lane sums of 8 registers (o[i]: v[i]'s), all in the same order, in one reduction tree: per output ~3
    instructions instead of a whole horizontal sum's ~8. */
+#if !defined(TC_NEON)
 static inline void tc_hsum8x(const tc_vf v[8], float o[8]) {
 #if defined(TC_512)
     __m512 x[4], z[2];
@@ -286,6 +326,7 @@ static inline void tc_hsum8x(const tc_vf v[8], float o[8]) {
     _mm256_storeu_ps(o, _mm256_add_ps(lo, hi));
 #endif
 }
+#endif
 
 /* One super-block's exact int32 block dots of a row tile (w: its packed steps) against TC_GT tokens (their
    super-block at a[t] + o), into acc. Not inlined: alone, the compiler keeps the tile's weights and accumulators in
@@ -363,7 +404,7 @@ static inline void tc_tile(const int8_t *pk, const int8_t *const a[TC_GT], int64
             for (int r = 0; r < TC_GR; r++) f[r][t] = TC_FMA(TC_ACC(c, wv[r], xv, ax), sv, f[r][t]);
         }
     }
-#if TC_GR * TC_GT % 8 == 0
+#if TC_GR * TC_GT % 8 == 0 && !defined(TC_NEON)
     for (int i = 0; i < TC_GR * TC_GT; i += 8) tc_hsum8x((const tc_vf *)f + i, (float *)out + i);
 #else
     for (int r = 0; r < TC_GR; r++)
@@ -376,8 +417,8 @@ static void tc_gemm_quant(const float *x, void *buf, int64_t m, int64_t K, int n
     tc_quant8(x + m * K, tc_gemm_slot(buf, K, m, nt), K);
 }
 
-/* NEON / scalar: each (row, token) pair through the GEMV's one-row dot (sdot where the target has it); the rows are
-   read in place (rows[r] is a row's K bytes). */
+/* scalar: each (row, token) pair through the GEMV's one-row dot; the rows are read in place (rows[r] is a row's K
+   bytes). */
 static inline void tc_tile(const int8_t *const rows[TC_GR], const int8_t *const a[TC_GT], int64_t K,
                            float out[TC_GR][TC_GT]) {
     for (int t = 0; t < TC_GT; t++) {
