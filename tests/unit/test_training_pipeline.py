@@ -250,6 +250,21 @@ def test_a_run_told_to_finish_within_a_time_shortens_its_schedule_to_what_fits_a
                         tmp_path / "r2", log=logs.append))
     tr2.fit(progress=False, finish_within=1000, clock=lambda: now[0])
     assert tr2.step == tr2.total_steps == 30 and tr2.replan is None
+    # a stall (a paused job) costs the time it took, not a slower forecast for every step after it
+    tr3 = timed(Trainer(cfg, tok(), train, val, tmp_path / "r3", log=logs.append))
+    tr3.FIT_PROBE = 10
+    step3 = tr3.train_step
+
+    def stalls_once():
+        if tr3.step == 11:
+            now[0] += 40.0                      # step 12 takes 41 s
+        return step3()
+    tr3.train_step = stalls_once
+    t0 = now[0]
+    tr3.fit(progress=False, finish_within=100.5, clock=lambda: now[0])
+    # at 10: 90.5 s left -> 10 + 85 = 95; at 20 (60 s used): 40.5 s left at 1 s a step (the median) -> 20 + 38 = 58
+    # (the mean, 3 s a step, would have cut it to 32); it ends inside the budget
+    assert tr3.total_steps == tr3.step == 58 and now[0] - t0 <= 100.5
     from tinychat.training.train import _duration
     assert [_duration(t) for t in ("1h40m", "95m", "30s", "5400", "1.5h")] == [6000, 5700, 30, 5400, 5400]
     for bad in ("", "soon", "0", "5x"):

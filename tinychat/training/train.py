@@ -18,6 +18,7 @@ at the next step boundary, then exits.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import math
@@ -25,6 +26,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -363,25 +365,28 @@ class Trainer:
                        "end": end, "planned": self.total_steps, **({"prev": self.replan} if self.replan else {})}
         self.total_steps = end
 
-    FIT_PROBE, FIT_MARGIN, FIT_SLACK = 20, 0.95, 0.02
+    FIT_PROBE, FIT_MARGIN, FIT_SLACK, FIT_WINDOW = 20, 0.95, 0.02, 30
 
-    def fit_deadline(self, start_step: int, used: float, budget: float) -> int | None:
+    def fit_deadline(self, start_step: int, used: float, budget: float, per_step: float | None = None) -> int | None:
         """Shorten the schedule so the run ends inside `budget` seconds, `used` of them gone since start_step (the
         step this process began at): every 10 steps once past warmup and FIT_PROBE steps into this process, the
-        steps that still fit (this process's mean step time, FIT_MARGIN of the time left, for evaluations and the
-        last checkpoint) are compared with the plan; when they fall short by more than FIT_SLACK of it, end_at()
-        re-plans to end there. It only ever shortens. Returns the new end step, None when unchanged."""
+        steps that still fit (FIT_MARGIN of the time left, for evaluations and the last checkpoint, at `per_step`
+        seconds a step: fit() passes the median of the last FIT_WINDOW steps, so a stall (a paused job, a machine
+        busy for a while) costs the time it took and no more; else this process's mean) are compared with the
+        plan; when they fall short by more than FIT_SLACK of it, end_at() re-plans to end there. It only ever
+        shortens. Returns the new end step, None when unchanged."""
         done = self.step - start_step
         if (self.step < self.cfg.warmup or done < self.FIT_PROBE or done % 10 or self.step >= self.total_steps
                 or used <= 0):
             return None
-        fit = self.step + max(1, int((budget - used) * self.FIT_MARGIN / (used / done)))
+        per_step = used / done if per_step is None or per_step <= 0 else per_step
+        fit = self.step + max(1, int((budget - used) * self.FIT_MARGIN / per_step))
         if fit >= self.total_steps * (1 - self.FIT_SLACK):
             return None
         self.end_at(fit)
         self.replan["by"] = "finish-within"
         self.log(f"schedule re-planned to finish in time: cosine from lr {self.replan['lr']:.2e} at step "
-                 f"{self.step} to the floor at step {fit} ({used / done:.2f} s a step, {budget - used:.0f} s left)")
+                 f"{self.step} to the floor at step {fit} ({per_step:.2f} s a step, {budget - used:.0f} s left)")
         return fit
 
     def request_stop(self, *_):
@@ -402,6 +407,7 @@ class Trainer:
         rec: dict = {}
         ema = None
         tty = progress and sys.stdout.isatty()
+        recent, t_last = collections.deque(maxlen=self.FIT_WINDOW), t_start    # wall time between steps
         with open(metrics, "a") as mf:
             while self.step < self.total_steps and not self._stop:
                 if stop_after is not None and self.step - start_step >= stop_after:
@@ -409,8 +415,11 @@ class Trainer:
                 if time_limit is not None and clock() - t_start >= time_limit:
                     break
                 rec = self.train_step()
+                t_now = clock()
+                recent.append(t_now - t_last)
+                t_last = t_now
                 if finish_within is not None:
-                    self.fit_deadline(start_step, clock() - t_start, finish_within)
+                    self.fit_deadline(start_step, t_now - t_start, finish_within, statistics.median(recent))
                 rate = rec["tokens"] / max(rec["seconds"], 1e-9)
                 ema = rate if ema is None else 0.9 * ema + 0.1 * rate
                 rec["tok_s"] = round(rate, 1)
