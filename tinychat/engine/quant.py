@@ -21,7 +21,7 @@ INT8_GEMV_ROWS = 128   # Int8Linear: up to this many rows use the int8 kernel; b
 INT8_GEMV_ROWS_BF16 = 12   # the same where prefill runs bf16 GEMMs: they win from ~12 rows on (full-config shapes)
 INT8_GEMM_ROWS = 4     # Int8Linear with the native kernels: more rows than this run the native int8 GEMM
                        # (native_gemm.h) instead of everything above, unless bf16 GEMMs are asked for
-INT8_GEMM_CHUNK = 512  # tokens per native GEMM call (bounds the activation scratch: 3 bytes per column per token)
+INT8_GEMM_CHUNK = 512  # tokens per native GEMM call (bounds the scratch: tc_gemm_act_bytes)
 _SCRATCH_MAX = 16 << 20
 _tls = threading.local()
 
@@ -132,9 +132,9 @@ class Int8Linear(torch.nn.Module):
     Prefill (more than INT8_GEMM_ROWS rows) with the native kernels: their int8 GEMM (activations rounded to int8 in
     blocks of 32 with one fp32 scale each, as the native decode step rounds them), unless bf16 GEMMs are asked for
     (prefill_bf16 True; the default, None, takes the int8 GEMM: since its super-block kernels it beats oneDNN's bf16
-    GEMM on AVX512-BF16 CPUs (Zen 4), though not AMX tiles, where bf16 GEMMs stay). Without the kernels: bf16 GEMMs where prefill_bf16 resolves so
-    (resolve_prefill_bf16), else, more than INT8_GEMV_ROWS rows, dequantize into a scratch buffer + fp32 GEMM.
-    native: whether this layer may use the native kernels (EngineOptions.native)."""
+    GEMM on AVX512-BF16 CPUs (Zen 4), though not AMX tiles, where bf16 GEMMs stay). Without the kernels: bf16 GEMMs
+    where prefill_bf16 resolves so (resolve_prefill_bf16), else, more than INT8_GEMV_ROWS rows, dequantize into a
+    scratch buffer + fp32 GEMM. native: whether this layer may use the native kernels (EngineOptions.native)."""
 
     def __init__(self, lin: torch.nn.Linear, prefill_bf16: bool | None = None, native: bool = True):
         super().__init__()
