@@ -265,7 +265,7 @@ def test_a_run_told_to_finish_within_a_time_shortens_its_schedule_to_what_fits_a
     # at 10: 90.5 s left -> 10 + 85 = 95; at 20 (60 s used): 40.5 s left at 1 s a step (the median) -> 20 + 38 = 58
     # (the mean, 3 s a step, would have cut it to 32); it ends inside the budget
     assert tr3.total_steps == tr3.step == 58 and now[0] - t0 <= 100.5
-    from tinychat.training.train import _duration
+    from tinychat.training.train_cli import _duration
     assert [_duration(t) for t in ("1h40m", "95m", "30s", "5400", "1.5h")] == [6000, 5700, 30, 5400, 5400]
     for bad in ("", "soon", "0", "5x"):
         with pytest.raises(Exception, match="duration"):

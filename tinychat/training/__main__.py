@@ -15,7 +15,7 @@ import sys
 STEPS = {
     "generate": ("tinychat.training.generate", "teacher conversations -> data/shards/*.jsonl.gz"),
     "tokenizer": ("tinychat.training.tokenizer", "train the byte-level BPE tokenizer on the shards"),
-    "train": ("tinychat.training.train", "train the student model"),
+    "train": ("tinychat.training.train_cli", "train the student model"),
     "export": ("tinychat.training.export", "write the model, tokenizer and card to assets/"),
     "eval": ("tinychat.training.evaluate", "quality bar and losses on held-out conversations"),
 }
