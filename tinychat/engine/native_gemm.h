@@ -451,6 +451,8 @@ static void tc_gemm_jobs(void *buf, int8_t *pk, const int8_t *q, const float *s,
     int64_t nrt = (N + TC_GR - 1) / TC_GR;
     if (j0 >= j1) return;
     int64_t c0 = j0 / nrt, c1 = (j1 - 1) / nrt;            /* the chunks this run touches */
+    const int8_t *slot0 = tc_gemm_slot(buf, K, 0, nt);     /* token m's slot: slot0 + m * stride */
+    int64_t stride = tc_gemm_slot_bytes(K);
     (void)pk;
     for (int64_t rt = 0; rt < nrt; rt++) {
         int64_t cs = c0 * nrt + rt >= j0 ? c0 : c0 + 1, ce = c1 * nrt + rt < j1 ? c1 : c1 - 1;
@@ -464,7 +466,7 @@ static void tc_gemm_jobs(void *buf, int8_t *pk, const int8_t *q, const float *s,
         for (int64_t m = cs * gm; m < M && m < (ce + 1) * gm; m += TC_GT) {
             int64_t m1 = (m / gm + 1) * gm < M ? (m / gm + 1) * gm : M;    /* the end of m's chunk */
             const int8_t *a[TC_GT];
-            for (int t = 0; t < TC_GT; t++) a[t] = tc_gemm_slot(buf, K, m + t < m1 ? m + t : m1 - 1, nt);
+            for (int t = 0; t < TC_GT; t++) a[t] = slot0 + stride * (m + t < m1 ? m + t : m1 - 1);
             float out[TC_GR][TC_GT];
 #if TC_PACKED
             tc_tile(pk, a, K, out);
