@@ -13,7 +13,14 @@ committed.
         -DGGML_F16C=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=OFF -DLLAMA_CURL=OFF -DGGML_OPENMP=ON" \
         python tests/perf/llama_cpp_peer.py setup
 and the same TINYCHAT_PERF_DIR for measure / side_by_side.py (with TINYCHAT_NATIVE_ARCH="-march=x86-64-v3 -mavxvnni"
-for tinychat's kernels at the same level). Run `setup` in the background:
+for tinychat's kernels at the same level). On an AVX-512 host without AVX-VNNI (Zen 4) the same level is built with
+256-bit AVX512-VNNI standing in for AVX-VNNI, both engines alike (tests/perf/evex256.h says why the -include):
+    F="-mavx512vnni -mavx512vl -mprefer-vector-width=256 -include $PWD/tests/perf/evex256.h"
+    TINYCHAT_PERF_DIR=runs/perf-avx2-evex LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
+        -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DLLAMA_CURL=OFF -DGGML_OPENMP=ON \
+        '-DCMAKE_C_FLAGS=$F' '-DCMAKE_CXX_FLAGS=$F'" python tests/perf/llama_cpp_peer.py setup
+with TINYCHAT_NATIVE_ARCH="-march=x86-64-v3 $F" for tinychat (llama.cpp's system info then reads AVX2 and AVX512_VNNI,
+no AVX512). Run `setup` in the background:
     nohup python tests/perf/llama_cpp_peer.py setup > runs/perf/setup.log 2>&1 &
 """
 from __future__ import annotations
