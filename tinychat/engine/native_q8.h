@@ -179,7 +179,7 @@ static inline void tc_prefetch4(const int8_t *p) { (void)p; }
 #if defined(TC_512)
 /* int32 lanes of one 64-column chunk, |xq| . (q with xq's sign): vpdpbusd takes unsigned by signed bytes, and
    |xq| <= 127, |q| <= 127, so the dot is exact. ng: the lanes where xq < 0 (a row's q negated there). Against
-   (q + 128) . xq - 128 * sum(xq) (the GEMM's form) it reads no correction terms: the GEMV streamed 1.04-1.05x
+   (q + 128) . xq - 128 * sum(xq) (the GEMM's form) it reads no correction terms: the GEMV streamed 1.04-1.08x
    faster on Zen 4 (docs/benchmarks.md), the same int32 dots. */
 #define TC_DOTZ(W, AX, NG) _mm512_dpbusd_epi32(_mm512_setzero_si512(), AX, _mm512_mask_sub_epi8(W, NG, _mm512_setzero_si512(), W))
 
