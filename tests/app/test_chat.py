@@ -235,7 +235,7 @@ async def test_copy_new_chat_and_help(factory):
         assert type(app.screen).__name__ != "HelpScreen"
 
 
-async def test_paste_of_100kb_stays_responsive_and_sends_everything(factory):
+async def test_paste_of_100kb_stays_responsive_sends_everything_and_comes_back_whole_on_failure(factory):
     import time
     app = make_app(factory(temperature=0.0, max_new=4), blink=False)
     big = "\n".join(f"line {i} " + "the quick brown fox jumps over the lazy dog " * 2 for i in range(1100))
@@ -261,6 +261,12 @@ async def test_paste_of_100kb_stays_responsive_and_sends_everything(factory):
         assert app.chat.session.n_turns == 1
         assert [u.text for u in app.view.query(UserMessage)] == ["hi"]       # the failed turn left nothing behind
         assert len(replies(app)) == 1 and replies(app)[0].traces               # the earlier reply kept its traces
+        # the failed message is back in the input as it was typed: its placeholder, standing for all of it
+        assert app.prompt.text.startswith("[paste #1: ") and app.prompt.expanded() == big + "x"
+        app.prompt.clear_input()
+        await pilot.press("up")                                                  # and in the history, whole
+        assert app.prompt.text.startswith("[paste #1: ") and app.prompt.expanded() == big + "x"
+        app.prompt.clear_input()
         await say(pilot, "short one")
         assert app.chat.session.n_turns == 2
 

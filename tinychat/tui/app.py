@@ -207,7 +207,7 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
             widgets.append(NoticeMessage(note, classes="notice"))
         if widgets:
             await view.mount_all(widgets)
-        self.prompt.sent = [h for h in history if len(h) <= 4000][-200:]
+        self.prompt.set_history(history)
         view.scroll_end(animate=False)
         self.inspector.show_text("Send a message: each token's candidates appear here as it is sampled."
                                  if self.replay_sess is None else "Replaying: each token's candidates appear here.")
@@ -283,16 +283,16 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
                 await self.state.current.remove()
                 self.state.current = None
             await self._trim_to_session()
-            if kind is Busy.SEND and not self.prompt.text and len(self.state.job_text) <= 4000:
-                self.prompt.set_input(self.state.job_text)
+            if kind is Busy.SEND and not self.prompt.text:
+                self.prompt.restore(self.state.job_text)
         elif kind is Busy.AB and self.chat is not None:
             await self.ab_failed()
         elif kind in (Busy.EDIT, Busy.FORK) and self.chat is not None:
             # the chat put the old branch back: show it (and the edited text back in the input)
             self.state.current = None
             await self._show_history()
-            if kind is Busy.EDIT and not self.prompt.text and len(self.state.job_text) <= 4000:
-                self.prompt.set_input(self.state.job_text)
+            if kind is Busy.EDIT and not self.prompt.text:
+                self.prompt.restore(self.state.job_text)
         await self._apply_pending()
 
     # -- actions --------------------------------------------------------------------------------------------------

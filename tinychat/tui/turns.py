@@ -308,8 +308,8 @@ class TurnsMixin:
         self._update_status(msg.status, tok_s=None, ttft_ms=None, activity="")
         if msg.kind is Busy.UNDO:
             await self._trim_to_session()
-            if not self.prompt.text and len(msg.value) <= 4000:
-                self.prompt.set_input(msg.value)
+            if not self.prompt.text:
+                self.prompt.restore(msg.value)
             self.inspector.show_text("The last turn was taken back.")
             self.notify("took back the last turn (its text is back in the input)")
             if getattr(self.chat, "save_warning", None):

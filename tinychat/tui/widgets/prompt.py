@@ -20,6 +20,11 @@ NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter", "ctrl+enter")
 _PLACEHOLDER = re.compile(r"\[paste #(\d+): [\d,]+ chars, [\d,]+ lines\]")
 
 
+def _inline(text: str) -> bool:
+    """Whether `text` goes into the editor as it is (else as a paste placeholder)."""
+    return len(text) <= PASTE_INLINE_CHARS and text.count("\n") + 1 <= PASTE_INLINE_LINES
+
+
 class PromptArea(TextArea):
     """The editor itself."""
 
@@ -55,12 +60,32 @@ class PromptArea(TextArea):
         self.post_message(self.Submitted(self, text))     # the app clears the input once it takes the text
 
     def clear_input(self) -> None:
-        self.load_text("")
-        self.pastes.clear()
+        self.load_text("")          # the pastes stay: history entries and restores may name them
 
     def set_input(self, text: str) -> None:
         self.load_text(text)
         self.move_cursor(self.document.end)
+
+    def restore(self, text: str) -> None:
+        """Put a message the chat gave back (a failed send, an undone turn) into the input: as it was typed when it
+        is the last one sent (its paste placeholders kept), else as text, a long one collapsed like a paste."""
+        if self.sent and self.expanded(self.sent[-1]) == text:
+            self.set_input(self.sent[-1])
+        elif _inline(text):
+            self.set_input(text)
+        else:
+            self.set_input(self._stash(text))
+
+    def set_history(self, texts: list[str]) -> None:
+        """↑/↓ recall these (a chat's messages, oldest first; the last 200), long ones as paste placeholders."""
+        self.sent = [t if _inline(t) else self._stash(t) for t in texts[-200:]]
+        self._hist_pos = None
+
+    def _stash(self, text: str) -> str:
+        """`text` kept as paste #n (the number it has if kept already); its placeholder."""
+        n = next((k for k, v in self.pastes.items() if v == text), max(self.pastes, default=0) + 1)
+        self.pastes[n] = text
+        return f"[paste #{n}: {len(text):,} chars, {text.count(chr(10)) + 1:,} lines]"
 
     # -- keys -----------------------------------------------------------------------------------------------
     async def _on_key(self, event: events.Key) -> None:
@@ -113,16 +138,12 @@ class PromptArea(TextArea):
     # -- big pastes -----------------------------------------------------------------------------------------
     async def _on_paste(self, event: events.Paste) -> None:
         text = event.text
-        lines = text.count("\n") + 1
-        if len(text) <= PASTE_INLINE_CHARS and lines <= PASTE_INLINE_LINES:
+        if _inline(text):
             await super()._on_paste(event)
             return
         event.stop()
         event.prevent_default()
-        n = max(self.pastes, default=0) + 1
-        self.pastes[n] = text
-        placeholder = f"[paste #{n}: {len(text):,} chars, {lines:,} lines]"
-        result = self._replace_via_keyboard(placeholder, *self.selection)
+        result = self._replace_via_keyboard(self._stash(text), *self.selection)
         if result:
             self.move_cursor(result.end_location)
         self.focus()
