@@ -253,7 +253,7 @@ def _list_sessions(json_out: bool, grep: Optional[str]) -> None:
     else:
         for i in infos:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(i.updated))
-            typer.echo(f"{i.id}  {when}  {i.n_turns:3d} turns  {i.title}")
+            typer.echo(f"{i.id}  {when}  {i.n_turns:3d} {'turn ' if i.n_turns == 1 else 'turns'}  {i.title}")
         if not infos:
             typer.echo("no saved sessions", err=True)
     for e in errors:
@@ -364,7 +364,7 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved s
             typer.echo(f"{label + ': ' if many else ''}turn {t.turn}: {len(t.recorded)} tokens, {status}")
 
     results = replay_tree(chat_, sess, on_turn=on_turn)
-    from .textsafe import safe_line
+    from .textsafe import plural, safe_line
     if not many:                            # one path: the report as before
         report = results[0].report
         for d in report.divergences:
@@ -377,8 +377,8 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved s
     if all(b.report.ok for b in results):
         turns = sum(len(b.report.turns) for b in results)
         tokens = sum(b.report.n_tokens for b in results)
-        where = f"{len(results)} branches, " if many else ""
-        typer.echo(f"replay: {where}{turns} turns, {tokens} tokens, token-exact")
+        where = f"{plural(len(results), 'branch', 'branches')}, " if many else ""
+        typer.echo(f"replay: {where}{plural(turns, 'turn')}, {plural(tokens, 'token')}, token-exact")
         raise typer.Exit(0)
     raise typer.Exit(1)
 

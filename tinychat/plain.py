@@ -11,7 +11,7 @@ import threading
 from . import commands as C
 from .chat import Chat, ChatError, TurnResult
 from .session import SessionError
-from .textsafe import safe_line, safe_text
+from .textsafe import plural, safe_line, safe_text
 
 class PlainREPL:
     def __init__(self, chat: Chat, json_out: bool = False, stdin=None, stdout=None, stderr=None, restore=None):
@@ -212,7 +212,7 @@ class PlainREPL:
                 old, self.chat = self.chat, self.restore(args[0])
                 if old is not self.chat:
                     old.close()             # its session's lock: another process may open it now
-                self.note(f"continuing session {self.chat.session.id} ({self.chat.session.n_turns} turns)")
+                self.note(f"continuing session {self.chat.session.id} ({plural(self.chat.session.n_turns, 'turn')})")
                 self._restore_notice()
             elif cmd == "/set":
                 kv = C.parse_set(args)

@@ -14,7 +14,7 @@ from pathlib import Path
 from . import session as S
 from .replay import BranchReplay, replay_tree
 from .settings import ChatError
-from .textsafe import safe_line
+from .textsafe import plural, safe_line
 
 
 def branch_lines(results: list[BranchReplay]) -> list[str]:
@@ -62,7 +62,8 @@ def check_folder(folder: Path, open_chat: Callable[[S.Session], object], echo: C
         if json_out:
             echo(json.dumps(s))
         elif s["ok"]:
-            echo(f"{sess.id}: token-exact ({s['branches']} branches, {s['turns']} turns, {s['tokens']} tokens)")
+            echo(f"{sess.id}: token-exact ({plural(s['branches'], 'branch', 'branches')}, {plural(s['turns'], 'turn')}, "
+                 f"{plural(s['tokens'], 'token')})")
         else:
             d = s["differs"]
             echo(safe_line(f"{sess.id}: DIFFERS branch {d['branch']}, turn {d['turn']}, token {d['position']}: "

@@ -4,7 +4,8 @@ A title, a message or a file name can hold control characters: ESC starts the CS
 screen, set the window title or write the clipboard (OSC 52), and the C1 range (U+0080..U+009F) holds one-character
 forms of the same introducers. Everything tinychat prints from a file or a user goes through `safe_line` (one line:
 titles, errors, list rows) or `safe_text` (keeps newlines and tabs: message text). Control characters become visible
-escapes (`\\x1b`), so nothing is lost from view and nothing reaches the terminal raw. Torch-free, no imports."""
+escapes (`\\x1b`), so nothing is lost from view and nothing reaches the terminal raw. Also `plural`, for counts in
+what is printed. Torch-free, no imports."""
 from __future__ import annotations
 
 import re
@@ -18,6 +19,11 @@ _TEXT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 def _escape(m: re.Match) -> str:
     c = ord(m.group())
     return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def plural(n: int, noun: str, nouns: str = "") -> str:
+    """n with its noun: "1 turn", "2 turns", "1,500 tokens" (nouns: the plural when it is not noun + "s")."""
+    return f"{n:,} {noun if n == 1 else nouns or noun + 's'}"
 
 
 def safe_line(text: object) -> str:

@@ -55,6 +55,7 @@ def test_sessions_show_export_rename_rm(model_dir, tmp_path):
     _run(["--model", model_dir, "--plain", "--max-new", "6"], input="tell me about the moon\n")
     (info,) = _sessions()
     sid = info["id"]
+    assert "  1 turn   tell me about the moon" in _run(["sessions"]).stdout      # a count with its noun
     assert "tell me about the moon" in _run(["sessions", "show", sid]).stdout
     out = tmp_path / "s.json"
     assert _run(["sessions", "export", sid, "--format", "json", "--out", out]).exit_code == 0
@@ -71,7 +72,7 @@ def test_replay_check_exit_codes(model_dir, capsys):
     _run(["--model", model_dir, "--plain", "--max-new", "10", "--seed", "3"], input="hello there\nwhy the cat?\n")
     (info,) = _sessions()
     r = _run(["replay", info["id"], "--check", "--model", model_dir])
-    assert r.exit_code == 0 and "token-exact" in r.stdout
+    assert r.exit_code == 0 and "replay: 2 turns, " in r.stdout and "token-exact" in r.stdout
     data = json.loads(open(info["path"]).read())
     reply = data["messages"][-1]["token_ids"]
     head = len(tokenizer().generation_prompt_ids())

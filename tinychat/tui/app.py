@@ -30,6 +30,7 @@ from textual.containers import Horizontal, Vertical
 from textual.worker import Worker, WorkerState
 from textual.widgets import Footer
 
+from ..textsafe import plural
 from .ab_flow import ABMixin
 from .commands import CommandsMixin
 from .forking import ForkMixin
@@ -151,7 +152,7 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         note = ""
         if chat.session.n_turns:
             note = f"continuing session {chat.session.id}: {chat.session.title or 'untitled'} " \
-                   f"({chat.session.n_turns} turns)"
+                   f"({plural(chat.session.n_turns, 'turn')})"
         if getattr(chat, "notice", None):
             note += f" · {chat.notice}"
         self.post_message(RuntimeReady(chat, strings, note, chat.status()))

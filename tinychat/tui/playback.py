@@ -7,6 +7,7 @@ import time
 
 from textual import work
 
+from ..textsafe import plural
 from .messages import ReplayFinished, ReplayTurnFinished, ReplayTurnStarted, TokensReady
 from .runtime import TokenBatcher
 from .state import LiveFigures
@@ -113,9 +114,9 @@ class PlaybackMixin:
         if msg.stopped:
             text = f"replay stopped at turn {msg.turns}"
         elif msg.divergences:
-            text = f"replay: {msg.turns} turns, {len(msg.divergences)} diverge:\n" + "\n".join(msg.divergences)
+            text = f"replay: {plural(msg.turns, 'turn')}, {len(msg.divergences)} diverge:\n" + "\n".join(msg.divergences)
         else:
-            text = f"replay: {msg.turns} turns, token-exact"
+            text = f"replay: {plural(msg.turns, 'turn')}, token-exact"
         await self.view.mount(NoticeMessage(text, error=bool(msg.divergences), classes="notice"))
         self._update_status(msg.status, activity="replay stopped" if msg.stopped else "replay done")
         self.view.scroll_end(animate=False)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from textual import work
 
 from ..settings import ChatError
+from ..textsafe import plural
 from .messages import ChatOpened, JobDone, TokensReady, TurnFinished
 from .runtime import TokenBatcher
 from .state import Busy, LiveFigures
@@ -169,7 +170,7 @@ class TurnsMixin:
         new = self.backend.open(session_ref)
         if self.chat is not None and new is not self.chat:
             self.chat.close()               # its session's lock: another process may open it now
-        note = f"session {new.session.id}: {new.session.title or 'untitled'} ({new.session.n_turns} turns)" \
+        note = f"session {new.session.id}: {new.session.title or 'untitled'} ({plural(new.session.n_turns, 'turn')})" \
             if session_ref else ""
         self.post_message(ChatOpened(new, note, new.status()))
 
