@@ -33,8 +33,12 @@ def _rope_pos(rope, x, pos):
 
 
 def _mlp(mlp, x):
-    """MLP.forward (down(relu(up(x))^2)) with the activation done in place: same values, two fewer big buffers."""
+    """MLP.forward with mlp_act's products done in place: the same values, fewer big buffers (relu2: none; swiglu:
+    silu(g) only, then times v in it)."""
     u = mlp.up(x)
+    if mlp.kind == "swiglu":
+        g, v = u.chunk(2, dim=-1)
+        return mlp.down(F.silu(g).mul_(v))
     if mlp.kind != "relu2":
         return mlp.down(mlp_act(mlp.kind, u))
     torch.relu_(u)
