@@ -193,6 +193,83 @@ static void attend_head16(const float *q, const float *K, const float *V, const 
     __m512 rv = _mm512_set1_ps(rz);
     for (int64_t v = 0; v < nv; v++) _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(acc[v], rv));
 }
+
+/* attend_head16 for the nh heads of one K/V group at once (head h's query at q + h * qs, output at o + h * os,
+   scores at s + h * (L + 1 + W)): each key and value row is loaded once for the nh heads, and every head's
+   arithmetic is attend_head16's (the same products, sums and order: the same bits). Inlined with constant nh and
+   nv, so the heads' queries and accumulators stay in registers (nh * nv <= 16). */
+static inline __attribute__((always_inline)) void attend_grp16(const int nh, const int nv, const float *q, int64_t qs,
+                                                               const float *K, const float *V, const float *Kl,
+                                                               const float *Vl, const int64_t *lpos, int64_t L,
+                                                               int64_t W, float *s, float *o, int64_t os) {
+    const int64_t D = 16 * nv, n = L + 1 + W;
+    __m512 qv[16], acc[16];
+    float m[4], rz[4];
+    for (int h = 0; h < nh; h++) {
+        for (int v = 0; v < nv; v++) qv[h * nv + v] = _mm512_loadu_ps(q + h * qs + 16 * v);
+        m[h] = -INFINITY;
+    }
+    for (int64_t j = 0; j <= L; j++)
+        for (int h = 0; h < nh; h++) {
+            float x = dot16(qv + h * nv, nv, K + j * D);
+            s[h * n + j] = x;
+            m[h] = x > m[h] ? x : m[h];
+        }
+    for (int64_t j = 0; j < W; j++) {
+        int64_t p = lpos[j];
+        int ok = p >= 0 && L - p < W;
+        for (int h = 0; h < nh; h++) {
+            float x = ok ? dot16(qv + h * nv, nv, Kl + j * D) : -INFINITY;
+            s[h * n + L + 1 + j] = x;
+            m[h] = x > m[h] ? x : m[h];
+        }
+    }
+    for (int h = 0; h < nh; h++) {
+        float *sh = s + h * n;
+        __m512 mv = _mm512_set1_ps(m[h]), zv = _mm512_setzero_ps();
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) {
+            __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sh + j), mv));
+            _mm512_storeu_ps(sh + j, e);
+            zv = _mm512_add_ps(zv, e);
+        }
+        if (j < n) {
+            __mmask16 t = (__mmask16)((1u << (n - j)) - 1u);
+            __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, sh + j), mv));
+            e = _mm512_maskz_mov_ps(t, e);
+            _mm512_mask_storeu_ps(sh + j, t, e);
+            zv = _mm512_add_ps(zv, e);
+        }
+        rz[h] = 1.0f / _mm512_reduce_add_ps(zv);
+    }
+    for (int v = 0; v < nh * nv; v++) acc[v] = _mm512_setzero_ps();
+    for (int64_t i = 0; i <= L; i++)
+        for (int h = 0; h < nh; h++) axpy16(acc + h * nv, nv, s[h * n + i], V + i * D);
+    for (int64_t i = 0; i < W; i++)
+        for (int h = 0; h < nh; h++)
+            if (s[h * n + L + 1 + i] != 0.f) axpy16(acc + h * nv, nv, s[h * n + L + 1 + i], Vl + i * D);
+    for (int h = 0; h < nh; h++) {
+        __m512 rv = _mm512_set1_ps(rz[h]);
+        for (int v = 0; v < nv; v++) _mm512_storeu_ps(o + h * os + 16 * v, _mm512_mul_ps(acc[h * nv + v], rv));
+    }
+}
+
+/* The group sizes with a specialized pass (D = 64: nv = 4); 1 elsewhere. */
+static int64_t grp16_size(int64_t rep, int64_t D) {
+    if (D != 64) return 1;
+    return rep % 4 == 0 ? 4 : rep % 3 == 0 ? 3 : rep % 2 == 0 ? 2 : 1;
+}
+
+static void attend_heads16(int64_t nh, const float *q, int64_t qs, const float *K, const float *V, const float *Kl,
+                           const float *Vl, const int64_t *lpos, int64_t L, int64_t W, int64_t D, float *s, float *o,
+                           int64_t os) {
+    if (nh == 4) attend_grp16(4, 4, q, qs, K, V, Kl, Vl, lpos, L, W, s, o, os);
+    else if (nh == 3) attend_grp16(3, 4, q, qs, K, V, Kl, Vl, lpos, L, W, s, o, os);
+    else if (nh == 2) attend_grp16(2, 4, q, qs, K, V, Kl, Vl, lpos, L, W, s, o, os);
+    else
+        for (int64_t h = 0; h < nh; h++)
+            attend_head16(q + h * qs, K, V, Kl, Vl, lpos, L, W, D, s + h * (L + 1 + W), o + h * os);
+}
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
@@ -357,16 +434,21 @@ static void attend_all(const float *heads, int64_t H, int64_t Hk, int64_t D, con
    0..its position of gk/gv ((Hk, gstride, D), the chunk's own keys already written) and its local band: seq_k/seq_v
    ((Hk, W + C, D): the ring's last W entries in position order, then the chunk's keys) entries i + 1 .. i + W, whose
    positions spos (W + C; -1: not a key) says. q: (H, C, D), rotated and already scaled by 1/sqrt(D); y: (H, C, D).
-   Every (head, query) pair runs attend_head(16) over only the keys it sees. sc: nt * (L0 + C + W) floats. */
+   Every (head, query) pair runs over only the keys it sees; on AVX-512 with D = 64 the heads of a K/V group share
+   one pass over its keys and values (attend_grp16: the same bits). sc: nt * (H / Hk) * (L0 + C + W) floats. */
 void tc_prefill_attn(const float *q, int64_t H, int64_t Hk, int64_t D, int64_t C, int64_t L0, const float *gk,
                      const float *gv, int64_t gstride, const float *seq_k, const float *seq_v, const int64_t *spos,
                      int64_t W, float *y, float *sc, int nt) {
-    int64_t rep = H / Hk, n = L0 + C + W;
+    int64_t rep = H / Hk, n = L0 + C + W, G = 1;
+#if defined(__AVX512F__)
+    G = grp16_size(rep, D);                 /* heads of a group that share one pass over its keys and values */
+#endif
+    int64_t ng = rep / G;
 #pragma omp parallel for schedule(dynamic, 4) num_threads(nt)
-    for (int64_t t = 0; t < H * C; t++) {
-        int64_t hq = t / C, i = t % C, g = hq / rep;
+    for (int64_t t = 0; t < Hk * ng * C; t++) {
+        int64_t hq = (t / C) * G, i = t % C, g = hq / rep;
 #ifdef _OPENMP
-        float *s = sc + (int64_t)omp_get_thread_num() * n;
+        float *s = sc + (int64_t)omp_get_thread_num() * G * n;
 #else
         float *s = sc;
 #endif
@@ -376,7 +458,7 @@ void tc_prefill_attn(const float *q, int64_t H, int64_t Hk, int64_t D, int64_t C
         float *o = y + (hq * C + i) * D;
 #if defined(__AVX512F__)
         if ((D & 15) == 0 && D <= 256) {
-            attend_head16(qi, K, V, Kl, Vl, lp, L0 + i, W, D, s, o);
+            attend_heads16(G, qi, C * D, K, V, Kl, Vl, lp, L0 + i, W, D, s, o, C * D);
             continue;
         }
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -560,4 +642,4 @@ void tc_step(const tc_plan *p, int64_t tok, int64_t L, float inv, float cap, int
 
 #include "native_llama.h"
 
-int tc_abi_version(void) { return 12; }
+int tc_abi_version(void) { return 13; }

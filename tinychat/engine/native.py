@@ -80,7 +80,7 @@ def _build(cc: str) -> Path:
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-ABI = 12                # tc_abi_version() of the source this module binds
+ABI = 13                # tc_abi_version() of the source this module binds
 TC_MAXN = 8             # native.c's highest Engram order for tc_step's hashing
 
 
@@ -272,7 +272,7 @@ def prefill_attn(lib, q: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, seq: 
     q = q.contiguous()
     nt = torch.get_num_threads()
     y = torch.empty(H, C, D)
-    sc = torch.empty(nt * (L0 + C + W))
+    sc = torch.empty(nt * (H // Hk) * (L0 + C + W))    # per thread the scores of a group's heads
     if seq is None:
         sk, sv, sp, W = kg, vg, torch.empty(1, dtype=torch.int64), 0
     else:
