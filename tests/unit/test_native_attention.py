@@ -58,7 +58,7 @@ def test_native_attention_matches_float64_reference(D, full, L):
     if L > W:
         lpos[(L + 3) % W] = L - W - 5                      # a stale slot: must be masked
     want = _reference(heads, H, Hk, D, full, cos, sin, lk, lv, W, gk, gv, lpos, L)
-    y, sc = torch.empty(H * D), torch.empty(2 * (M + 1 + W))
+    y, sc = torch.empty(H * D), torch.empty(2 * (H // Hk) * (M + 1 + W))     # per thread: a group's scores
     for nt in (1, 2):
         h, k1, v1, k2, v2 = heads.clone(), lk.clone(), lv.clone(), gk.clone(), gv.clone()
         lib.tc_attn(h.data_ptr(), H, Hk, D, full, cos.data_ptr(), sin.data_ptr(), k1.data_ptr(), v1.data_ptr(), W,

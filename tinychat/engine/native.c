@@ -397,19 +397,24 @@ static void attend_head(const float *q, const float *K, const float *V, const fl
 
 /* The H q heads at heads (H*D) against their K/V group (q head h reads group h / (H / Hk)): keys 0..L of gk/gv
    ((Hk, gstride, D)) and the W ring slots of lk/lv ((Hk, W + 1, D); W = 0: none), the heads over the threads.
-   y: (H*D). sc: nt * (L + 1 + W) floats of scores. */
+   y: (H*D). sc: nt * (H / Hk) * (L + 1 + W) floats of scores (a group's heads at once). */
 static void attend_all(const float *heads, int64_t H, int64_t Hk, int64_t D, const float *gk, const float *gv,
                        int64_t gstride, const float *lk, const float *lv, int64_t W, const int64_t *lpos, int64_t L,
                        float *y, float *sc, int nt) {
-    int64_t rep = H / Hk, n = L + 1 + W;
+    int64_t rep = H / Hk, n = L + 1 + W, G = 1;
 /* heads over the threads from short contexts on: one head at L = 100 is ~2-3 us of work per layer, and the step's
    workers are still spinning from the GEMV before (interleaved in one process at 2 threads: 5-8 % faster steps at
    100 tokens of context, 1-4 % at 400, unchanged past 682 where the old 1 << 18 threshold already split them) */
-#pragma omp parallel for schedule(static) num_threads((L + 1) * H * D > (1 << 14) ? nt : 1)
-    for (int64_t hq = 0; hq < H; hq++) {
-        int64_t g = hq / rep;
+    int par = (L + 1) * H * D > (1 << 14) ? nt : 1;
+#if defined(__AVX512F__)
+    if ((D & 15) == 0 && D <= 256 && Hk % par == 0)   /* a group's heads in one pass, when the groups split evenly */
+        G = grp16_size(rep, D);
+#endif
+#pragma omp parallel for schedule(static) num_threads(par)
+    for (int64_t t = 0; t < H / G; t++) {
+        int64_t hq = t * G, g = hq / rep;
 #ifdef _OPENMP
-        float *s = sc + (int64_t)omp_get_thread_num() * n;
+        float *s = sc + (int64_t)omp_get_thread_num() * G * n;
 #else
         float *s = sc;
 #endif
@@ -417,7 +422,7 @@ static void attend_all(const float *heads, int64_t H, int64_t Hk, int64_t D, con
         const float *Kl = lk + g * (W + 1) * D, *Vl = lv + g * (W + 1) * D;
 #if defined(__AVX512F__)
         if ((D & 15) == 0 && D <= 256) {
-            attend_head16(q, K, V, Kl, Vl, lpos, L, W, D, s, y + hq * D);
+            attend_heads16(G, q, D, K, V, Kl, Vl, lpos, L, W, D, s, y + hq * D, D);
             continue;
         }
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -477,7 +482,7 @@ void tc_prefill_attn(const float *q, int64_t H, int64_t Hk, int64_t D, int64_t C
    (half-split RoPE, cos/sin rows of position L); the new local K/V go to ring slot L % W (lk/lv: this layer's
    (Hk, W + 1, D) ring), the global ones (full layers) to position L of gk/gv ((Hk, M + 1, D)); then one softmax
    per q head over [global keys 0..L | the ring slots holding one of the last W positions (lpos)], y = p @ [V].
-   y: (H*D). sc: float scratch of at least L + 1 + W per thread (nt * (L + 1 + W)). */
+   y: (H*D). sc: float scratch of (H / Hk) * (L + 1 + W) per thread. */
 void tc_attn(float *heads, int64_t H, int64_t Hk, int64_t D, int full, const float *cos_, const float *sin_,
              float *lk, float *lv, int64_t W, float *gk, float *gv, int64_t gstride, const int64_t *lpos,
              int64_t L, float *y, float *sc, int nt) {

@@ -73,7 +73,7 @@ class _NativeLlama(_PointerView):
         self.y = torch.empty(HD)
         self.qkv = torch.empty(max(r[2] for r in rows))
         self.logits = torch.empty(1, c.vocab_size)
-        self.sc = torch.empty(0)                            # scores: threads * (max_len + 1)
+        self.sc = torch.empty(0)                            # scores: threads * H / Hk * (max_len + 1)
         self.eps = c.norm_eps if c.norm_eps is not None else torch.finfo(torch.float32).eps
         self.tuner = ThreadTuner()
         self.rescore_k = RESCORE_K                          # head candidates recomputed in fp32 (0: none)
@@ -116,7 +116,8 @@ def _decode_native_llama(model, cache: KVCache, tok: int, L: int, fs, nat: _Nati
     """The token tok at position L of row 0 through tc_llama_step; returns the logits (1, V), or None when the cache
     is one the kernel cannot read (the caller runs the PyTorch step then)."""
     ceiling = torch.get_num_threads()
-    need = max(ceiling, 1) * (cache.max_len + 1)
+    c = model.cfg
+    need = max(ceiling, 1) * (c.n_heads // c.n_kv_heads) * (cache.max_len + 1)    # a group's heads at once
     if nat.sc.numel() < need:
         nat.sc = torch.empty(need)
     plan = nat.plan(model, cache)

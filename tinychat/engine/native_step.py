@@ -72,7 +72,7 @@ class _NativeStep(_PointerView):
         self.y = torch.empty(HD)
         self.qkvbuf = torch.empty(max(n for _, _, n in self.qkv))
         self.logits = torch.empty(1, c.vocab_size)
-        self.sc = torch.empty(0)               # attention scores scratch (grown to threads * (max_len + 1 + W))
+        self.sc = torch.empty(0)               # attention scores scratch (threads * H / Hk * (max_len + 1 + W))
         self.tuner = ThreadTuner()             # threads per step, by measurement (threads.py)
         self.p = {k: getattr(self, k).data_ptr() for k in ("x", "h", "xq", "u", "y", "qkvbuf", "logits")}
         rows, group = [], -1
@@ -235,7 +235,7 @@ def _decode_native(model, cache: KVCache, tok: int, L: int, fs, nat: _NativeStep
     inv = fs.inv_sqrt_d
     native_attn = nat.attn_ok(cache, model)
     if native_attn:                                          # attention scores scratch: per thread, all positions
-        need = max(nt, ceiling) * (cache.max_len + 1 + W)
+        need = max(nt, ceiling) * (H // Hk) * (cache.max_len + 1 + W)      # a group's heads at once
         if nat.sc.numel() < need:
             nat.sc = torch.empty(need)
         plan = nat.plan(model, cache) if step_in_c else None
