@@ -37,9 +37,11 @@ def _reference(q, kg, vg, seq, L0, W):
 @pytest.mark.parametrize("nt", [1, 2])
 @pytest.mark.parametrize("D", [64, 24], ids=["D64-simd", "D24-plain"])
 @pytest.mark.parametrize("W", [0, 8], ids=["global-only", "with-band"])
-def test_prefill_attention_equals_the_dense_float64_reference(W, D, nt):
-    g = torch.Generator().manual_seed(W + D)
-    H, Hk, C, L0, M = 6, 2, 13, 21, 64
+@pytest.mark.parametrize("H,Hk", [(6, 2), (8, 2), (8, 4), (5, 5)], ids=["rep3", "rep4", "rep2", "rep1"])
+def test_prefill_attention_equals_the_dense_float64_reference(W, D, nt, H, Hk):
+    # rep = H / Hk q heads per K/V group: AVX-512 runs groups of 2, 3 or 4 heads in one pass (D = 64)
+    g = torch.Generator().manual_seed(W + D + H * Hk)
+    C, L0, M = 13, 21, 64
     q = torch.randn(H, C, D, generator=g) * 0.5
     kg, vg = torch.randn(Hk, M + 1, D, generator=g), torch.randn(Hk, M + 1, D, generator=g)
     seq = None
