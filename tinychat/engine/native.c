@@ -145,6 +145,25 @@ static inline float dot16(const __m512 *qv, int64_t nv, const float *k) {
     return _mm512_reduce_add_ps(a);
 }
 
+/* s[j] = exp(s[j] - m) for the n scores (16 at a time, the rest masked); returns 1 / their sum. */
+static inline float softmax16(float *s, int64_t n, float m) {
+    __m512 mv = _mm512_set1_ps(m), zv = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
+        _mm512_storeu_ps(s + j, e);
+        zv = _mm512_add_ps(zv, e);
+    }
+    if (j < n) {
+        __mmask16 t = (__mmask16)((1u << (n - j)) - 1u);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), mv));
+        e = _mm512_maskz_mov_ps(t, e);
+        _mm512_mask_storeu_ps(s + j, t, e);
+        zv = _mm512_add_ps(zv, e);
+    }
+    return 1.0f / _mm512_reduce_add_ps(zv);
+}
+
 /* acc += p * v for v of 16 * nv floats. */
 static inline void axpy16(__m512 *acc, int64_t nv, float p, const float *v) {
     __m512 pv = _mm512_set1_ps(p);
@@ -171,21 +190,7 @@ static void attend_head16(const float *q, const float *K, const float *V, const 
         s[L + 1 + j] = x;
         m = x > m ? x : m;
     }
-    __m512 mv = _mm512_set1_ps(m), zv = _mm512_setzero_ps();
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16) {
-        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
-        _mm512_storeu_ps(s + j, e);
-        zv = _mm512_add_ps(zv, e);
-    }
-    if (j < n) {
-        __mmask16 t = (__mmask16)((1u << (n - j)) - 1u);
-        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), mv));
-        e = _mm512_maskz_mov_ps(t, e);
-        _mm512_mask_storeu_ps(s + j, t, e);
-        zv = _mm512_add_ps(zv, e);
-    }
-    float rz = 1.0f / _mm512_reduce_add_ps(zv);
+    float rz = softmax16(s, n, m);
     for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_setzero_ps();
     for (int64_t i = 0; i <= L; i++) axpy16(acc, nv, s[i], V + i * D);
     for (int64_t i = 0; i < W; i++)
@@ -224,24 +229,7 @@ static inline __attribute__((always_inline)) void attend_grp16(const int nh, con
             m[h] = x > m[h] ? x : m[h];
         }
     }
-    for (int h = 0; h < nh; h++) {
-        float *sh = s + h * n;
-        __m512 mv = _mm512_set1_ps(m[h]), zv = _mm512_setzero_ps();
-        int64_t j = 0;
-        for (; j + 16 <= n; j += 16) {
-            __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sh + j), mv));
-            _mm512_storeu_ps(sh + j, e);
-            zv = _mm512_add_ps(zv, e);
-        }
-        if (j < n) {
-            __mmask16 t = (__mmask16)((1u << (n - j)) - 1u);
-            __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, sh + j), mv));
-            e = _mm512_maskz_mov_ps(t, e);
-            _mm512_mask_storeu_ps(sh + j, t, e);
-            zv = _mm512_add_ps(zv, e);
-        }
-        rz[h] = 1.0f / _mm512_reduce_add_ps(zv);
-    }
+    for (int h = 0; h < nh; h++) rz[h] = softmax16(s + h * n, n, m[h]);
     for (int v = 0; v < nh * nv; v++) acc[v] = _mm512_setzero_ps();
     for (int64_t i = 0; i <= L; i++)
         for (int h = 0; h < nh; h++) axpy16(acc + h * nv, nv, s[h * n + i], V + i * D);
