@@ -1,5 +1,7 @@
 """Alternatives in the app (issue #14): regenerate keeps the old reply as a sibling, the reply shows "‹ 2/2 ›", a key,
 a click or /alt moves between them; bad switches are one line and change nothing."""
+import asyncio
+
 from app_support import idle, notes, ready, say, start, wait_for
 from tinychat.tui.app import make_app
 from tinychat.tui.widgets.chat_view import AltSwitch
@@ -39,6 +41,28 @@ async def test_regenerate_then_switch_back_and_forth_with_the_key_and_a_click(fa
                        what="switched by a click")
         assert app.view.replies()[0].alts == (2, 2)
 
+
+
+async def test_the_app_is_idle_only_once_the_view_shows_the_switch(factory):
+    """`busy is None` is the idle signal that keys and tests wait on: after a switch it must not come before the
+    rebuilt view (a slow rebuild here, as on a loaded machine; the old order let a test exit mid-rebuild)."""
+    app = make_app(factory(temperature=1.0, max_new=12), blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await say(pilot, "tell me a story")
+        first = app.chat.session.messages[-1]
+        await _regen(pilot)
+        rebuild = app._show_history
+
+        async def slow_rebuild(note: str = "") -> None:
+            await asyncio.sleep(0.3)
+            await rebuild(note)
+        app._show_history = slow_rebuild
+        app.action_prev_alt()           # as the key does, without pilot.press's wait for the app's queues
+        await wait_for(pilot, lambda: app.chat.session.messages[-1] is first, what="the switch in the chat")
+        await wait_for(pilot, lambda: app.busy is None, what="idle")
+        [reply] = app.view.replies()
+        assert reply.text == first.content and reply.alts == (1, 2)
 
 async def test_bad_switches_are_one_line_errors_and_change_nothing(factory):
     app = make_app(factory(temperature=1.0, max_new=40, delay=0.02), blink=False)

@@ -52,7 +52,10 @@ class ABMixin:
         self.post_message(AbReady(r, chat.status()))
 
     async def on_ab_ready(self, msg: AbReady) -> None:
-        self._set_busy(None)
+        with self._idle_after():
+            await self._show_ab(msg)
+
+    async def _show_ab(self, msg: AbReady) -> None:
         self._ab_result = msg.result
         for side in (msg.result.a, msg.result.b):       # both replies keep their traces for the rebuilt view
             stats = Counters.from_traces(side.traces)

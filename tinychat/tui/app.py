@@ -17,6 +17,7 @@ Entry points for the CLI: `run_app(...)` and `run_replay(...)`.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import threading
@@ -162,8 +163,8 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         if self.replay_sess is not None:
             self.chat.autosave = False                  # a replay never writes sessions
         self.view.loading = False
-        self._set_busy(None)
-        await self._show_history(msg.note)
+        with self._idle_after():
+            await self._show_history(msg.note)
         self._update_status(msg.status, activity="")
         self._freeze_startup_objects()
         if self.replay_sess is not None:
@@ -225,6 +226,16 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         # thread through the GIL)
         self.prompt.cursor_blink = self.blink and not (kind is not None and kind.decoding)
 
+    @contextlib.contextmanager
+    def _idle_after(self):
+        """Busy until the view shows how the operation ended: `busy is None` is the app's idle signal (keys and
+        tests wait on it), so it clears after the handler's awaits (a rebuilt view, a trimmed one), and clears
+        even when one of them fails."""
+        try:
+            yield
+        finally:
+            self._set_busy(None)
+
     def _can_run(self, what: str = "that") -> bool:
         if self.chat is None:
             self.notify(self.load_error or "the model is still loading", severity="warning")
@@ -270,30 +281,30 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         kind = self.busy
         self.notify(f"{kind.value if kind else name} failed: {text}", severity="error", timeout=8)
         if name == "replay":
-            self._set_busy(None)
-            self.status_bar.update_status(activity="replay failed")
-            if self.state.current is not None:
-                await self.state.current.finish(f"✗ {text}")
-                self.state.current = None
+            with self._idle_after():
+                self.status_bar.update_status(activity="replay failed")
+                if self.state.current is not None:
+                    await self.state.current.finish(f"✗ {text}")
+                    self.state.current = None
             return
-        self._set_busy(None)
         self.status_bar.update_status(activity="")
-        if kind in (Busy.SEND, Busy.REGEN) and self.chat is not None:
-            # the chat is idle again: drop what its session does not hold, give a failed message back to the input
-            if self.state.current is not None:
-                await self.state.current.remove()
+        with self._idle_after():
+            if kind in (Busy.SEND, Busy.REGEN) and self.chat is not None:
+                # the chat is idle: drop what its session does not hold, give a failed message back to the input
+                if self.state.current is not None:
+                    await self.state.current.remove()
+                    self.state.current = None
+                await self._trim_to_session()
+                if kind is Busy.SEND and not self.prompt.text:
+                    self.prompt.restore(self.state.job_text)
+            elif kind is Busy.AB and self.chat is not None:
+                await self.ab_failed()
+            elif kind in (Busy.EDIT, Busy.FORK) and self.chat is not None:
+                # the chat put the old branch back: show it (and the edited text back in the input)
                 self.state.current = None
-            await self._trim_to_session()
-            if kind is Busy.SEND and not self.prompt.text:
-                self.prompt.restore(self.state.job_text)
-        elif kind is Busy.AB and self.chat is not None:
-            await self.ab_failed()
-        elif kind in (Busy.EDIT, Busy.FORK) and self.chat is not None:
-            # the chat put the old branch back: show it (and the edited text back in the input)
-            self.state.current = None
-            await self._show_history()
-            if kind is Busy.EDIT and not self.prompt.text:
-                self.prompt.restore(self.state.job_text)
+                await self._show_history()
+                if kind is Busy.EDIT and not self.prompt.text:
+                    self.prompt.restore(self.state.job_text)
         await self._apply_pending()
 
     # -- actions --------------------------------------------------------------------------------------------------
@@ -454,8 +465,8 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
 
     async def on_chat_opened(self, msg: ChatOpened) -> None:
         self.state.chat = msg.chat
-        self._set_busy(None)
-        await self._show_history(msg.note)
+        with self._idle_after():
+            await self._show_history(msg.note)
         self._update_status(msg.status, tok_s=None, ttft_ms=None, activity="")
         self.prompt.focus()
 

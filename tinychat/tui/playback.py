@@ -107,10 +107,10 @@ class PlaybackMixin:
 
     async def on_replay_finished(self, msg: ReplayFinished) -> None:
         self.replay_summary = msg
-        self._set_busy(None)
-        if self.state.current is not None:
-            await self.state.current.finish("stopped")
-            self.state.current = None
+        with self._idle_after():
+            if self.state.current is not None:
+                await self.state.current.finish("stopped")
+                self.state.current = None
         if msg.stopped:
             text = f"replay stopped at turn {msg.turns}"
         elif msg.divergences:

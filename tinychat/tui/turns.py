@@ -305,8 +305,14 @@ class TurnsMixin:
         self._job_undo(self.chat)
 
     async def on_job_done(self, msg: JobDone) -> None:
-        self._set_busy(None)
         self._update_status(msg.status, tok_s=None, ttft_ms=None, activity="")
+        with self._idle_after():
+            await self._show_job(msg)
+        self.prompt.focus()
+        await self._apply_pending()
+
+    async def _show_job(self, msg: JobDone) -> None:
+        """What a finished job (not a turn) changes in the view, and says."""
         if msg.kind is Busy.UNDO:
             await self._trim_to_session()
             if not self.prompt.text:
@@ -329,8 +335,6 @@ class TurnsMixin:
                 self.notify(self.chat.save_warning, severity="warning", timeout=10)
         elif msg.kind is Busy.SAVE:
             self.notify(f"saved {msg.value}" if msg.value else "nothing to save yet")
-        self.prompt.focus()
-        await self._apply_pending()
 
 
 def turn_meta(r: TurnResult) -> str:
