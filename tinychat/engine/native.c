@@ -383,43 +383,60 @@ static void attend_head(const float *q, const float *K, const float *V, const fl
     }
 }
 
+/* One q head h (D a multiple of 8 or not: each level's kernel) against its K/V group; s: L + 1 + W floats. */
+static void attend_one(const float *q, const float *K, const float *V, const float *Kl, const float *Vl,
+                       const int64_t *lpos, int64_t L, int64_t W, int64_t D, float *s, float *o) {
+#if defined(__AVX512F__)
+    if ((D & 15) == 0 && D <= 256) {
+        attend_head16(q, K, V, Kl, Vl, lpos, L, W, D, s, o);
+        return;
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    if ((D & 7) == 0 && D <= 256) {
+        attend_head8(q, K, V, Kl, Vl, lpos, L, W, D, s, o);
+        return;
+    }
+#endif
+    attend_head(q, K, V, Kl, Vl, lpos, L, W, D, s, o);
+}
+
 /* The H q heads at heads (H*D) against their K/V group (q head h reads group h / (H / Hk)): keys 0..L of gk/gv
-   ((Hk, gstride, D)) and the W ring slots of lk/lv ((Hk, W + 1, D); W = 0: none), the heads over the threads.
-   y: (H*D). sc: nt * (H / Hk) * (L + 1 + W) floats of scores (a group's heads at once). */
+   ((Hk, gstride, D)) and the W ring slots of lk/lv ((Hk, W + 1, D); W = 0: none). y: (H*D). sc: nt * (H / Hk) *
+   (L + 1 + W) floats of scores. Each thread takes a contiguous range of heads (as a static schedule would); on
+   AVX-512 with D = 64 the heads of its range that share a K/V group run in one pass (attend_grp16, up to 4 at a
+   time: the same bits as one by one), so a group split between two threads (SmolLM2's 9 heads in 3 groups over
+   2 threads) is read once by each instead of once per head. */
 static void attend_all(const float *heads, int64_t H, int64_t Hk, int64_t D, const float *gk, const float *gv,
                        int64_t gstride, const float *lk, const float *lv, int64_t W, const int64_t *lpos, int64_t L,
                        float *y, float *sc, int nt) {
-    int64_t rep = H / Hk, n = L + 1 + W, G = 1;
+    int64_t rep = H / Hk, n = L + 1 + W;
 /* heads over the threads from short contexts on: one head at L = 100 is ~2-3 us of work per layer, and the step's
    workers are still spinning from the GEMV before (interleaved in one process at 2 threads: 5-8 % faster steps at
    100 tokens of context, 1-4 % at 400, unchanged past 682 where the old 1 << 18 threshold already split them) */
     int par = (L + 1) * H * D > (1 << 14) ? nt : 1;
-#if defined(__AVX512F__)
-    if ((D & 15) == 0 && D <= 256 && Hk % par == 0)   /* a group's heads in one pass, when the groups split evenly */
-        G = grp16_size(rep, D);
-#endif
-#pragma omp parallel for schedule(static) num_threads(par)
-    for (int64_t t = 0; t < H / G; t++) {
-        int64_t hq = t * G, g = hq / rep;
+#pragma omp parallel num_threads(par)
+    {
+        int64_t me = 0, all = 1;
 #ifdef _OPENMP
-        float *s = sc + (int64_t)omp_get_thread_num() * G * n;
-#else
-        float *s = sc;
+        me = omp_get_thread_num(), all = omp_get_num_threads();
 #endif
-        const float *q = heads + hq * D, *K = gk + g * gstride * D, *V = gv + g * gstride * D;
-        const float *Kl = lk + g * (W + 1) * D, *Vl = lv + g * (W + 1) * D;
+        float *s = sc + me * rep * n;
+        int64_t h = H * me / all, h1 = H * (me + 1) / all;
+        while (h < h1) {
+            int64_t g = h / rep;
+            const float *K = gk + g * gstride * D, *V = gv + g * gstride * D;
+            const float *Kl = lk + g * (W + 1) * D, *Vl = lv + g * (W + 1) * D;
 #if defined(__AVX512F__)
-        if ((D & 15) == 0 && D <= 256) {
-            attend_heads16(G, q, D, K, V, Kl, Vl, lpos, L, W, D, s, y + hq * D, D);
-            continue;
-        }
-#elif defined(__AVX2__) && defined(__FMA__)
-        if ((D & 7) == 0 && D <= 256) {
-            attend_head8(q, K, V, Kl, Vl, lpos, L, W, D, s, y + hq * D);
-            continue;
-        }
+            if (D == 64) {                  /* the range's heads of group g: 5 -> 3 + 2, 6 -> 4 + 2, ... */
+                int64_t run = ((g + 1) * rep < h1 ? (g + 1) * rep : h1) - h, c = run <= 4 ? run : run == 5 ? 3 : 4;
+                attend_heads16(c, heads + h * D, D, K, V, Kl, Vl, lpos, L, W, D, s, y + h * D, D);
+                h += c;
+                continue;
+            }
 #endif
-        attend_head(q, K, V, Kl, Vl, lpos, L, W, D, s, y + hq * D);
+            attend_one(heads + h * D, K, V, Kl, Vl, lpos, L, W, D, s, y + h * D);
+            h++;
+        }
     }
 }
 
@@ -454,13 +471,8 @@ void tc_prefill_attn(const float *q, int64_t H, int64_t Hk, int64_t D, int64_t C
             attend_heads16(G, qi, C * D, K, V, Kl, Vl, lp, L0 + i, W, D, s, o, C * D);
             continue;
         }
-#elif defined(__AVX2__) && defined(__FMA__)
-        if ((D & 7) == 0 && D <= 256) {
-            attend_head8(qi, K, V, Kl, Vl, lp, L0 + i, W, D, s, o);
-            continue;
-        }
 #endif
-        attend_head(qi, K, V, Kl, Vl, lp, L0 + i, W, D, s, o);
+        attend_one(qi, K, V, Kl, Vl, lp, L0 + i, W, D, s, o);
     }
 }
 
