@@ -24,9 +24,9 @@ def _peak_rss_mb() -> float:
     return r / (1 << 20) if sys.platform == "darwin" else r / 1024    # bytes on macOS, KiB on Linux
 
 
-def _load(model_path, config, seed: int = 0):
+def _load(model_path, config, seed: int = 0, quant: str = "none"):
     from .loading import load_model_for
-    return load_model_for(Path(model_path) if model_path is not None else None, config, seed=seed)
+    return load_model_for(Path(model_path) if model_path is not None else None, config, seed=seed, quant=quant)
 
 
 def _int8_kernels(nat):
@@ -96,7 +96,8 @@ def _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup
         if progress is not None:
             progress(done, total, what)
 
-    model, desc = _load(model_path, config, seed)
+    # a CPU quant mode loads the Linear weights as stored, as the app does (no fp32 copy before quantizing)
+    model, desc = _load(model_path, config, seed, quant if device == "cpu" else "none")
     cfg = model.cfg
     prefill_lens = tuple(int(n) for n in prefill_lens)
     if any(n < 1 or n > cfg.max_seq_len for n in prefill_lens):

@@ -24,6 +24,7 @@ from .branch_cache import BranchCache
 from .chat_branches import BranchesMixin, Fork
 from .engine import Decoder, EngineOptions, KVCache, append, quantize_cpu
 from .engine.quant import effective_mode, quant_mode
+from .mapped import MappedWeights
 from .model import TinyAgentLM
 from .sampler import Cancelled, TokenTrace, TurnHook, TurnStats, ngram_table, penalty_ids
 from .settings import ChatError, ChatSettings
@@ -62,13 +63,15 @@ def model_identity(model: TinyAgentLM) -> str:
     import hashlib
     import json
     h = hashlib.sha256(json.dumps(model.cfg.to_dict(), sort_keys=True).encode())
-    for k, v in sorted(model.state_dict().items()):
+    mapped = MappedWeights()              # weights still in the mapped file: its pages go back once hashed
+    for k, t in sorted(model.state_dict().items()):
         h.update(k.encode())
-        v = v.detach().cpu().contiguous().reshape(-1)
+        v = t.detach().cpu().contiguous().reshape(-1)
         widen = v.is_floating_point() and v.dtype != torch.float32   # Linear weights kept as stored (bf16) hash
         for part in v.split(1 << 18):                                 # as the fp32 values they load as; in parts,
             part = part.float() if widen else part                    # no whole-tensor copy (the same digest)
             h.update(part.view(torch.uint8).numpy())
+        mapped.drop(t)
     return h.hexdigest()
 
 

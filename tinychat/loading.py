@@ -41,8 +41,9 @@ def model_path(model: str | Path | None) -> Path | None:
     return resolve(model)
 
 
-def load_model_for(model: Path | None, config: str | None, seed: int = 0):
-    """(model, description): a checkpoint folder, a named size with random weights, or the shipped model."""
+def load_model_for(model: Path | None, config: str | None, seed: int = 0, quant: str = "none"):
+    """(model, description): a checkpoint folder, a named size with random weights, or the shipped model. quant:
+    the mode it is about to be quantized to (int8 / bf16: a folder's Linear weights stay as stored until then)."""
     import torch
 
     from .model import TinyAgentLM, config_for
@@ -58,7 +59,7 @@ def load_model_for(model: Path | None, config: str | None, seed: int = 0):
     if path is None:
         raise LoadError("no model given and no default model is shipped in this install; "
                         "use --model PATH (a folder with config.json and model.safetensors)")
-    return TinyAgentLM.from_pretrained(path), str(path)
+    return TinyAgentLM.from_pretrained(path, stored_linears=quant in ("int8", "bf16")), str(path)
 
 
 def resolve_device(device: str, resolve: bool = True) -> str:

@@ -31,6 +31,7 @@ from torch import nn
 
 from .choices import SIZES
 from .fsutil import atomic_write
+from .mapped import MappedWeights
 
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
 
@@ -527,13 +528,18 @@ class TinyAgentLM(nn.Module):
                 raise CheckpointError(f"{wpath}: {k} has shape {tuple(sd[k].shape)}, config.json implies "
                                       f"{tuple(v.shape)}")
         linears = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+        mapped = MappedWeights()
         for k, v in sd.items():             # one tensor at a time: no second whole copy of the weights
             want = expected[k].dtype
             if v.is_floating_point() and want.is_floating_point:
                 want = v.dtype if stored_linears and k in linears else dtype
             # stored Linear weights stay views of the mapped file (freed with it once quantized); anything else
-            # kept in the file's dtype is copied out, so no small buffer holds the whole mapping alive
-            sd[k] = v if want == v.dtype and stored_linears and k in linears else v.to(want, copy=True)
+            # kept in the file's dtype is copied out, so no small buffer holds the whole mapping alive, and the
+            # file's pages it was copied from are handed back
+            if want == v.dtype and stored_linears and k in linears:
+                continue
+            sd[k] = v.to(want, copy=True)
+            mapped.drop(v)
         model.load_state_dict(sd, strict=True, assign=True)   # parameters become the tensors above
         if dtype != torch.float32:          # buffers made by __init__ (RoPE tables) follow
             for name, buf in model.named_buffers():
@@ -544,9 +550,12 @@ class TinyAgentLM(nn.Module):
 
     def linears_to(self, dtype: torch.dtype = torch.float32) -> "TinyAgentLM":
         """Every plain Linear's weight and bias in dtype (after from_pretrained(stored_linears=True))."""
+        mapped = MappedWeights()
         for m in self.modules():
             if type(m) in (nn.Linear, Linear) and m.weight.dtype != dtype:
+                stored = m.weight.data
                 m.to(dtype)
+                mapped.drop(stored)             # the file's pages it was read from
         return self
 
 

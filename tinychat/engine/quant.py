@@ -13,6 +13,7 @@ import warnings
 
 import torch
 
+from ..mapped import MappedWeights
 from ..options import EngineOptions
 
 QUANT_GEMV_ROWS = 8    # BF16Linear: up to this many rows use the bf16 kernel (on AVX2 bf16 GEMM is ~3x slower than fp32)
@@ -305,9 +306,11 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
     kw = {"native": opts.native} if cls is Int8Linear else {}
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)
                and (head or name != "head")]
+    mapped = MappedWeights()            # weights used where the file lies: its pages go back once quantized
     for name, mod in targets:
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
         setattr(parent, name.rsplit(".", 1)[-1], cls(mod, pbf, **kw))
+        mapped.drop(mod.weight)
     del targets, mod
     release_freed_memory()
     return model

@@ -1,0 +1,65 @@
+"""Pages of memory-mapped weight files handed back once they have been read.
+
+safetensors maps a model file into memory (private, copy-on-write). Weights used where they lie (the Linear
+weights of a model about to be quantized) are read twice, once to hash the model and once to quantize it, and every
+page read stays resident: an imported fp32 SmolLM2-135M (650 MB) had its whole file in the process's memory on top
+of the int8 weights made from it. Nothing ever writes those pages, so they are the file's own: dropping them from
+the process (madvise MADV_DONTNEED) loses nothing, and a later read faults them back in from the page cache.
+
+Only whole pages inside a file mapping whose path ends in .safetensors are dropped, and only for tensors alive when
+the mappings were listed (a tensor holds its mapping, so its range cannot have been reused meanwhile). Elsewhere
+than Linux, or where /proc or libc is missing, this does nothing.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+
+MADV_DONTNEED = 4
+PAGE = mmap.PAGESIZE
+
+
+class MappedWeights:
+    """The address ranges of the weight files mapped into this process when it was made."""
+
+    def __init__(self, suffix: str = ".safetensors"):
+        self.ranges: list[tuple[int, int]] = []
+        self._madvise = None
+        if not sys.platform.startswith("linux"):
+            return
+        try:
+            with open("/proc/self/maps") as f:
+                lines = f.read().splitlines()
+            libc = ctypes.CDLL(None, use_errno=True)
+            madvise = libc.madvise
+        except (OSError, AttributeError):
+            return
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        madvise.restype = ctypes.c_int
+        for line in lines:                  # "start-end perms offset dev inode path"
+            parts = line.split(None, 5)
+            if len(parts) == 6 and parts[5].endswith(suffix):
+                start, end = (int(x, 16) for x in parts[0].split("-"))
+                self.ranges.append((start, end))
+        self._madvise = madvise if self.ranges else None
+
+    def holds(self, t) -> bool:
+        """Whether tensor t's bytes lie in one of the mapped weight files."""
+        if self._madvise is None or t.device.type != "cpu" or t.numel() == 0:
+            return False
+        st = t.untyped_storage()
+        a, b = st.data_ptr(), st.data_ptr() + st.nbytes()
+        return any(start <= a and b <= end for start, end in self.ranges)
+
+    def drop(self, t) -> int:
+        """Drop the whole pages of t's bytes from the process (t stays valid: its next read faults them back from
+        the file). Returns the bytes dropped: 0 when t is not in a mapped weight file."""
+        if not (t.is_contiguous() and self.holds(t)):
+            return 0
+        a = t.data_ptr()
+        b = a + t.numel() * t.element_size()
+        lo, hi = -(-a // PAGE) * PAGE, b // PAGE * PAGE      # whole pages only: a neighbour keeps its edge pages
+        if hi <= lo or self._madvise(lo, hi - lo, MADV_DONTNEED) != 0:
+            return 0
+        return hi - lo
