@@ -1,5 +1,6 @@
 """append / append_chunked / _decode_one against the plain full forward (the exact reference)."""
 import importlib
+import sys
 
 import pytest
 import torch
@@ -106,3 +107,30 @@ def test_cache_full_raises_and_leaves_cache_unchanged(fn):
         fn(model, cache, torch.ones(2, 11, dtype=torch.long), [11, 1])
     for x, y in zip(before, _cache_state(cache)):
         assert torch.equal(x, y)
+
+
+def _rss_anon_kb() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_a_long_cache_holds_memory_for_the_positions_used_and_decodes_exactly():
+    # the global K/V of a cache sized for 32k positions is an anonymous mapping (engine/cache.py lazy_zeros): zeros,
+    # written like any tensor, and only the pages written become resident
+    model = make_model(max_seq_len=32768)
+    before = _rss_anon_kb()
+    wide = KVCache(model, 8, 32768, "cpu", dtype=torch.float32)
+    size = 2 * wide.gk.numel() * 4
+    assert size > 64 << 20 and (_rss_anon_kb() - before) * 1024 < size // 8
+    assert not wide.gk.any() and not wide.gv.any()
+    del wide
+    cache = KVCache(model, 1, 32768, "cpu", dtype=torch.float32)
+    g = torch.Generator().manual_seed(3)
+    idx = torch.randint(0, model.cfg.vocab_size, (1, 40), generator=g)
+    out = append(model, cache, idx, [40])
+    ref = model(idx)[0, -1]
+    assert (out[0] - ref).abs().max().item() < TOL
+    small = KVCache(model, 1, 64, "cpu", dtype=torch.float32)
+    append(model, small, idx, [40])
+    assert torch.equal(cache.gk[:, :, :, :40], small.gk[:, :, :, :40])
