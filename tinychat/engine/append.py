@@ -242,19 +242,31 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
         spos = torch.where(key_ok, torch.cat([wpos, pos], dim=1), -1)[0].contiguous()   # (W + C): -1 not a key
     x = model.embed(idx)
     rope = model.rope
+    cs = {}
+
+    def rot(t):                      # _rope_pos(rope, t, pos), the cos/sin rows gathered once per dtype, not per call
+        if t.dtype not in cs:
+            cs[t.dtype] = rope.cos[pos][:, None].to(t.dtype), rope.sin[pos][:, None].to(t.dtype)
+        return _rope_cs(t, *cs[t.dtype])
+    # the native path's rows are one contiguous run of positions: plain slice copies instead of indexed writes
+    at = slice(L0, L0 + C) if nat is not None else None
     group = -1
     for li, blk in enumerate(model.blocks):
         if blk.engram is not None:
             x = x + blk.engram(x, addrs[li])
         a = blk.attn
         h = rms_norm(x, eps)
-        q = _rope_pos(rope, qkn(a.w_q(h).view(B, C, H, D).transpose(1, 2)), pos).to(dt)
+        q = rot(qkn(a.w_q(h).view(B, C, H, D).transpose(1, 2))).to(dt)
         if a.mode == "full":
             group += 1
             k, v = a.w_kv_global(h).view(B, C, 2, Hk, D).permute(2, 0, 3, 1, 4)
-            k = _rope_pos(rope, qkn(k), pos)
-            cache.gk[group][bidx, :, gpos] = k.transpose(1, 2).to(dt)
-            cache.gv[group][bidx, :, gpos] = v.transpose(1, 2).to(dt)
+            k = rot(qkn(k))
+            if at is not None:
+                cache.gk[group][0, :, at] = k[0]
+                cache.gv[group][0, :, at] = v[0]
+            else:
+                cache.gk[group][bidx, :, gpos] = k.transpose(1, 2).to(dt)
+                cache.gv[group][bidx, :, gpos] = v.transpose(1, 2).to(dt)
             if rows is None:
                 Kg_all, Vg_all = cache.gk[group], cache.gv[group]
             else:
@@ -262,7 +274,7 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
                 Kg_all, Vg_all = cache.gk[group][rdev, :, :lgmax], cache.gv[group][rdev, :, :lgmax]
         if a.w_kv_local is not None:
             kl, vl = a.w_kv_local(h).view(B, C, 2, Hk, D).permute(2, 0, 3, 1, 4)
-            kl = _rope_pos(rope, qkn(kl), pos).to(cache.lk.dtype)
+            kl = rot(qkn(kl)).to(cache.lk.dtype)
             vl = vl.to(cache.lv.dtype)
             seq_k = torch.cat([sel(cache.lk[li]).gather(2, ring_gather), kl], dim=2)   # (B, Hk, W + C, D)
             seq_v = torch.cat([sel(cache.lv[li]).gather(2, ring_gather), vl], dim=2)
