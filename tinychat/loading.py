@@ -90,6 +90,7 @@ def load_runtime(model: Path | None, quant: str = "none") -> Runtime:
     """The model and tokenizer for chatting: a checkpoint folder with its tokenizer.json (None: the shipped one).
     quant: the mode the chats will run (int8 / bf16: the Linear weights stay as stored until quantized)."""
     from .chat import model_identity
+    from .identity_cache import cached_identity
     from .model import TOKENIZER_FILE, TinyAgentLM
     from .tokenizer import Tokenizer
     path = model if model is not None else default_model_path()
@@ -105,7 +106,7 @@ def load_runtime(model: Path | None, quant: str = "none") -> Runtime:
     shipped = default_model_path()
     is_default = model is None or (shipped is not None and Path(path).resolve() == shipped.resolve())
     name = "default" if is_default else Path(path).resolve().name
-    return Runtime(m, tok, name, model_identity(m))
+    return Runtime(m, tok, name, cached_identity(Path(path), lambda: model_identity(m)))
 
 
 def model_for_session(model: Path | None, ref: str) -> Path | None:
