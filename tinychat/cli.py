@@ -456,6 +456,22 @@ def models_(json_out: bool = typer.Option(False, "--json", help="A JSON list."))
         typer.echo(f"{r['name']}  {params}  {r['bytes'] / 2**20:.0f} MiB  {r['format']}  from {r['source']}")
 
 
+def _missing_argument(e: Exception) -> str | None:
+    """A missing argument by the name --help shows (click said "Missing parameter: ref"), or None for any other
+    error. Typer vendors click, so its exceptions are matched by name, not class."""
+    param, ctx = getattr(e, "param", None), getattr(e, "ctx", None)
+    if type(e).__name__ != "MissingParameter" or param is None:
+        return None
+    names = []
+    while ctx is not None and getattr(ctx, "parent", None) is not None:    # the root is "tinychat" however run
+        names.insert(0, ctx.info_name)
+        ctx = ctx.parent
+    where = " ".join(["tinychat", *names])
+    name = getattr(param, "metavar", None) or str(getattr(param, "name", "") or "an argument").upper()
+    hint = "; `tinychat sessions` lists the saved chats" if name.startswith("ID") else ""
+    return f"{where} needs {name} (see {where} --help{hint})"
+
+
 def main() -> None:
     """Entry point: run the Typer app; expected failures become one line on stderr and exit 2 (TINYCHAT_DEBUG=1
     or --debug shows the traceback)."""
@@ -479,6 +495,6 @@ def main() -> None:
         if _debug():
             raise
         from .textsafe import safe_line
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        msg = _missing_argument(e) or (str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
         print(f"tinychat: error: {safe_line(msg)}", file=sys.stderr)
         sys.exit(2)

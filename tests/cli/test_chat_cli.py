@@ -150,6 +150,16 @@ def test_bad_flags_are_one_line_errors(model_dir, capsys):
         assert code == 2 and msg in err and err.count("\n") == 1, (args, err)
 
 
+
+def test_a_missing_argument_is_named_as_help_shows_it(capsys):
+    for args, msg in [(["sessions", "show"], "tinychat sessions show needs ID|PATH"),
+                      (["sessions", "rename", "abc"], "tinychat sessions rename needs TITLE (see"),
+                      (["replay"], "tinychat replay needs ID|PATH|DIR"),
+                      (["import"], "tinychat import needs SRC (see tinychat import --help)")]:
+        code, err = _cli_main(args, capsys)
+        assert code == 2 and msg in err and err.count("\n") == 1 and "ref" not in err, (args, err)
+        assert ("lists the saved chats" in err) == ("needs ID" in err), err
+
 def test_session_given_as_a_bare_json_file_name_continues_that_file(model_dir, tmp_path, monkeypatch):
     # "mychat.json" has no "/": it is still a path (session.load's rule), not an id to look up in the sessions folder
     _run(["--model", model_dir, "--plain", "--max-new", "6", "--seed", "1"], input="hello there\n")
