@@ -115,3 +115,35 @@ def test_the_avx2_build_runs_its_8_lane_attention_against_the_same_references(tm
                         "tests/unit/test_native_attention.py"], env=env, capture_output=True, text=True, cwd=root)
     assert r.returncode == 0, r.stdout[-2000:]
     assert " passed" in r.stdout and "failed" not in r.stdout
+
+
+@pytest.mark.parametrize("nt", [1, 2])
+@pytest.mark.parametrize("D", [64, 24])
+def test_rope_heads_gives_the_bits_of_the_torch_rotation_and_scaling(nt, D):
+    # a projection's (C, 2, nh, D) output viewed head-major, as the prefill hands it over; out: the cache's rows
+    lib = native.load()
+    C, nh, L0, M = 37, 3, 5, 64
+    g = torch.Generator().manual_seed(D + nt)
+    proj = torch.randn(C, 2, nh, D, generator=g) * 4
+    x = proj.permute(1, 2, 0, 3)[0]                                    # (nh, C, D), strided
+    ang = torch.rand(C, D // 2, generator=g) * 50
+    cos, sin = ang.cos().contiguous(), ang.sin().contiguous()
+    before = torch.get_num_threads()
+    torch.set_num_threads(nt)
+    try:
+        _check_rope_heads(lib, proj, x, cos, sin, nh, C, D, L0, M)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _check_rope_heads(lib, proj, x, cos, sin, nh, C, D, L0, M):
+    want = Am._rope_cs(x[None], cos[None, None], sin[None, None])[0]
+    assert torch.equal(native.rope_heads(lib, x, (cos, sin)), want)
+    assert torch.equal(native.rope_heads(lib, x, (cos, sin), D ** -0.5), want * D ** -0.5)
+    cache = torch.zeros(nh, M, D)
+    native.rope_heads(lib, x, (cos, sin), out=cache[:, L0:L0 + C])
+    assert torch.equal(cache[:, L0:L0 + C], want) and not cache[:, :L0].any() and not cache[:, L0 + C:].any()
+    native.rope_heads(lib, proj.permute(1, 2, 0, 3)[1], None, out=cache[:, L0:L0 + C])           # a copy
+    assert torch.equal(cache[:, L0:L0 + C], proj[:, 1].transpose(0, 1))
+    with pytest.raises(ValueError):
+        native.rope_heads(lib, x.transpose(1, 2), (cos, sin))

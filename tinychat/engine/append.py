@@ -238,7 +238,7 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
         blocks = [(s, e, lg, m[..., :lg]) for s, e, lg, m in blocks]
     eps, qkn = c.norm_eps, _qkn(c)
     if nat is not None:
-        from .native import prefill_attn
+        from .native import prefill_attn, rope_heads
         spos = torch.where(key_ok, torch.cat([wpos, pos], dim=1), -1)[0].contiguous()   # (W + C): -1 not a key
     x = model.embed(idx)
     rope = model.rope
@@ -248,23 +248,26 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
         if t.dtype not in cs:
             cs[t.dtype] = rope.cos[pos][:, None].to(t.dtype), rope.sin[pos][:, None].to(t.dtype)
         return _rope_cs(t, *cs[t.dtype])
-    # the native path's rows are one contiguous run of positions: plain slice copies instead of indexed writes
-    at = slice(L0, L0 + C) if nat is not None else None
+    if nat is not None:     # one row, one contiguous run of positions: q, K and V rotated and written by a kernel
+        at = slice(L0, L0 + C)
+        csn = rope.cos[pos][0].contiguous(), rope.sin[pos][0].contiguous()                # (C, D/2) each
     group = -1
     for li, blk in enumerate(model.blocks):
         if blk.engram is not None:
             x = x + blk.engram(x, addrs[li])
         a = blk.attn
         h = rms_norm(x, eps)
-        q = rot(qkn(a.w_q(h).view(B, C, H, D).transpose(1, 2))).to(dt)
+        q = qkn(a.w_q(h).view(B, C, H, D).transpose(1, 2))
+        # native: rotated and scaled by 1/sqrt(D) in one pass (rope_heads: _rope_cs's bits, then the scaling's)
+        q = rope_heads(nat, q[0], csn, D ** -0.5)[None] if nat is not None else rot(q).to(dt)
         if a.mode == "full":
             group += 1
             k, v = a.w_kv_global(h).view(B, C, 2, Hk, D).permute(2, 0, 3, 1, 4)
-            k = rot(qkn(k))
-            if at is not None:
-                cache.gk[group][0, :, at] = k[0]
-                cache.gv[group][0, :, at] = v[0]
+            if nat is not None:
+                rope_heads(nat, qkn(k)[0], csn, out=cache.gk[group][0, :, at])
+                rope_heads(nat, v[0], None, out=cache.gv[group][0, :, at])
             else:
+                k = rot(qkn(k))
                 cache.gk[group][bidx, :, gpos] = k.transpose(1, 2).to(dt)
                 cache.gv[group][bidx, :, gpos] = v.transpose(1, 2).to(dt)
             if rows is None:
@@ -274,13 +277,21 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
                 Kg_all, Vg_all = cache.gk[group][rdev, :, :lgmax], cache.gv[group][rdev, :, :lgmax]
         if a.w_kv_local is not None:
             kl, vl = a.w_kv_local(h).view(B, C, 2, Hk, D).permute(2, 0, 3, 1, 4)
-            kl = rot(qkn(kl)).to(cache.lk.dtype)
-            vl = vl.to(cache.lv.dtype)
-            seq_k = torch.cat([sel(cache.lk[li]).gather(2, ring_gather), kl], dim=2)   # (B, Hk, W + C, D)
-            seq_v = torch.cat([sel(cache.lv[li]).gather(2, ring_gather), vl], dim=2)
+            if nat is not None:            # the ring's last W entries, then the chunk's, rotated in place
+                seq_k, seq_v = torch.empty(B, Hk, W + C, D), torch.empty(B, Hk, W + C, D)
+                seq_k[:, :, :W] = sel(cache.lk[li]).gather(2, ring_gather)
+                seq_v[:, :, :W] = sel(cache.lv[li]).gather(2, ring_gather)
+                rope_heads(nat, qkn(kl)[0], csn, out=seq_k[0, :, W:])
+                rope_heads(nat, vl[0], None, out=seq_v[0, :, W:])
+                kl, vl = seq_k[:, :, W:], seq_v[:, :, W:]
+            else:
+                kl = rot(qkn(kl)).to(cache.lk.dtype)
+                vl = vl.to(cache.lv.dtype)
+                seq_k = torch.cat([sel(cache.lk[li]).gather(2, ring_gather), kl], dim=2)   # (B, Hk, W + C, D)
+                seq_v = torch.cat([sel(cache.lv[li]).gather(2, ring_gather), vl], dim=2)
         if nat is not None:                # int8 with the native kernels: each query against only its keys
             seq = (seq_k[0], seq_v[0], spos) if a.w_kv_local is not None else None
-            y = prefill_attn(nat, q[0] * D ** -0.5, Kg_all[0], Vg_all[0], seq, L0, W if seq else 0)[None]
+            y = prefill_attn(nat, q[0], Kg_all[0], Vg_all[0], seq, L0, W if seq else 0)[None]
         else:
             ys = []
             for s, e, lg, m in blocks:

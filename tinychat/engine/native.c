@@ -440,6 +440,34 @@ static void attend_all(const float *heads, int64_t H, int64_t Hk, int64_t D, con
     }
 }
 
+/* Prefill's rotary embedding, bit for bit append.py's _rope_cs: x1 * c - x2 * s and x1 * s + x2 * c, each product
+   rounded, then their difference and sum (the build has -ffp-contract=off), then times scale where it is not 1 (q's
+   1 / sqrt(D): one more rounding, as `q * D ** -0.5`). Head h's token i is read at src + i * ss + h * sh (a
+   projection's output, any layout) and written head-major to dst + h * ds + i * D (a q buffer, or the cache's
+   rows). cos_ / sin_: (C, D / 2), the tokens' own rows; NULL: a plain copy (the values). */
+void tc_rope_heads(const float *src, int64_t ss, int64_t sh, int64_t C, int64_t nh, int64_t D, const float *cos_,
+                   const float *sin_, float scale, float *dst, int64_t ds, int nt) {
+    int64_t h2 = D / 2;
+#pragma omp parallel for schedule(static) num_threads(threads_for(C * nh * D * 4, nt))
+    for (int64_t t = 0; t < nh * C; t++) {
+        int64_t h = t / C, i = t % C;
+        const float *x = src + i * ss + h * sh;
+        float *o = dst + h * ds + i * D;
+        if (!cos_) {
+            memcpy(o, x, (size_t)D * sizeof(float));
+            continue;
+        }
+        const float *c = cos_ + i * h2, *s = sin_ + i * h2;
+        for (int64_t j = 0; j < h2; j++) {
+            float a = x[j] * c[j], b = x[h2 + j] * s[j], e = x[j] * s[j], f = x[h2 + j] * c[j];
+            o[j] = a - b;
+            o[h2 + j] = e + f;
+        }
+        if (scale != 1.0f)
+            for (int64_t j = 0; j < D; j++) o[j] *= scale;
+    }
+}
+
 /* Prefill attention of one layer, batch 1: C queries at positions L0 .. L0 + C - 1, each against the global keys
    0..its position of gk/gv ((Hk, gstride, D), the chunk's own keys already written) and its local band: seq_k/seq_v
    ((Hk, W + C, D): the ring's last W entries in position order, then the chunk's keys) entries i + 1 .. i + W, whose
@@ -647,4 +675,4 @@ void tc_step(const tc_plan *p, int64_t tok, int64_t L, float inv, float cap, int
 
 #include "native_llama.h"
 
-int tc_abi_version(void) { return 13; }
+int tc_abi_version(void) { return 14; }

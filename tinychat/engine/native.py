@@ -80,7 +80,7 @@ def _build(cc: str) -> Path:
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-ABI = 13                # tc_abi_version() of the source this module binds
+ABI = 14                # tc_abi_version() of the source this module binds
 TC_MAXN = 8             # native.c's highest Engram order for tc_step's hashing
 
 
@@ -124,6 +124,8 @@ def _bind(lib):
     lib.tc_llama_step.argtypes = [_F, _I64, _I64, ctypes.c_float, ctypes.c_float, _INT]
     lib.tc_prefill_attn.argtypes = [_F, _I64, _I64, _I64, _I64, _I64, _F, _F, _I64, _F, _F, _F, _I64, _F, _F, _INT]
     lib.tc_prefill_attn.restype = None
+    lib.tc_rope_heads.argtypes = [_F, _I64, _I64, _I64, _I64, _I64, _F, _F, ctypes.c_float, _F, _I64, _INT]
+    lib.tc_rope_heads.restype = None
     for f in (lib.tc_gemv, lib.tc_norm_gemv, lib.tc_tail, lib.tc_attn, lib.tc_layers, lib.tc_engram, lib.tc_softcap,
               lib.tc_step, lib.tc_llama_step):
         f.restype = None
@@ -280,6 +282,24 @@ def prefill_attn(lib, q: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, seq: 
     lib.tc_prefill_attn(q.data_ptr(), H, Hk, D, C, L0, kg.data_ptr(), vg.data_ptr(), kg.size(1), sk.data_ptr(),
                         sv.data_ptr(), sp.data_ptr(), W, y.data_ptr(), sc.data_ptr(), nt)
     return y
+
+
+def rope_heads(lib, x: torch.Tensor, cs: tuple | None, scale: float = 1.0, out: torch.Tensor | None = None):
+    """tc_rope_heads: x (nh, C, D) fp32, any strides with unit stride in D (a projection's output viewed head-major);
+    cs: (cos, sin) rows of the tokens' positions, each (C, D / 2) contiguous, or None for a copy. Returns out (nh, C,
+    D; a new contiguous tensor by default): x rotated as append.py's _rope_cs rotates it, then times scale (!= 1), the
+    same bits. out may be any (nh, C, D) view with unit stride in D and contiguous rows (the cache's K rows)."""
+    nh, C, D = x.shape
+    if x.stride(2) != 1 or x.dtype != torch.float32:
+        raise ValueError("rope_heads: fp32 rows with unit stride")
+    if out is None:
+        out = torch.empty(nh, C, D)
+    if out.stride(2) != 1 or out.stride(1) != D or out.dtype != torch.float32:
+        raise ValueError("rope_heads: out needs contiguous fp32 rows of D")
+    c, s = (cs[0].data_ptr(), cs[1].data_ptr()) if cs is not None else (None, None)
+    lib.tc_rope_heads(x.data_ptr(), x.stride(1), x.stride(0), C, nh, D, c, s, scale, out.data_ptr(), out.stride(0),
+                      torch.get_num_threads())
+    return out
 
 
 def load():
