@@ -287,8 +287,8 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
             kl, vl = _heads(qkn, kv[:, :, 0]), kv[:, :, 1].transpose(1, 2)
             if nat is not None:            # the ring's last W entries, then the chunk's, rotated in place
                 seq_k, seq_v = torch.empty(B, Hk, W + C, D), torch.empty(B, Hk, W + C, D)
-                seq_k[:, :, :W] = sel(cache.lk[li]).gather(2, ring_gather)
-                seq_v[:, :, :W] = sel(cache.lv[li]).gather(2, ring_gather)
+                seq_k[:, :, :W] = cache.lk[li].index_select(2, ring_idx[0])     # one row: its ring slots
+                seq_v[:, :, :W] = cache.lv[li].index_select(2, ring_idx[0])
                 rope_heads(nat, kl[0], csn, out=seq_k[0, :, W:])
                 rope_heads(nat, vl[0], None, out=seq_v[0, :, W:])
                 kl, vl = seq_k[:, :, W:], seq_v[:, :, W:]
