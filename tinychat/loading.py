@@ -7,6 +7,7 @@ user; the CLI turns it into its one-line error and exit 2."""
 from __future__ import annotations
 
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -36,9 +37,15 @@ def default_model_path() -> Path | None:
 
 def model_path(model: str | Path | None) -> Path | None:
     """--model as given: an existing path wins; else the name of a model imported with `tinychat import`
-    (importer/store.py); else the path unchanged, so the loaders' own "no such model folder" error speaks."""
+    (importer/store.py). A bare name that is neither is a LoadError that says where models come from; a path that
+    does not exist comes back unchanged, so the loaders' own "no such model folder" error speaks."""
     from .importer.store import resolve
-    return resolve(model)
+    path = resolve(model)
+    name = str(model)
+    if path is not None and not path.exists() and "/" not in name and os.sep not in name:
+        raise LoadError(f"no model folder or imported model named {name!r} (`tinychat models` lists the imported "
+                        f"ones; `tinychat import SRC` brings one)")
+    return path
 
 
 def load_model_for(model: Path | None, config: str | None, seed: int = 0, quant: str = "none"):

@@ -145,6 +145,8 @@ def test_bad_flags_are_one_line_errors(model_dir, capsys):
     for args, msg in [(["--quant", "int4", "--model", model_dir], "--quant must be one of"),
                       (["--temperature", "-1", "--model", model_dir, "--plain"], "temperature must be between"),
                       (["--model", model_dir / "missing", "--plain"], "no such model folder"),
+                      (["--model", "no-such-name", "--plain"], "no model folder or imported model named "
+                                                                "'no-such-name' (`tinychat models` lists"),
                       (["--session", "nope", "--model", model_dir, "--plain"], "no such session")]:
         code, err = _cli_main(args, capsys)
         assert code == 2 and msg in err and err.count("\n") == 1, (args, err)
