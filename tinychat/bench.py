@@ -226,15 +226,17 @@ def _cpu_name() -> str:
 def render_table(result: dict):
     """A rich Table of a run_bench() result."""
     from rich.table import Table
+
+    from .textsafe import plural
     r = result
     title = f"tinychat bench — {r['model']}, {r['quant']} on {r['device']} ({r['mode']})"
     t = Table(title=title, show_header=False)
     t.add_column(style="bold")
     t.add_column(justify="right")
     t.add_row("Linear parameters", f"{r['linear_params'] / 1e6:.2f} M")
-    t.add_row(f"prefill ({r['prompt_len']} tokens)", f"{r['prefill_tok_s']:,.0f} tok/s")
+    t.add_row(f"prefill ({plural(r['prompt_len'], 'token')})", f"{r['prefill_tok_s']:,.0f} tok/s")
     t.add_row("time to first token", f"{r['ttft_ms']:,.1f} ms")
-    t.add_row(f"decode (batch 1, {r['gen_len']} tokens)", f"{r['decode_tok_s']:,.1f} tok/s "
+    t.add_row(f"decode (batch 1, {plural(r['gen_len'], 'token')})", f"{r['decode_tok_s']:,.1f} tok/s "
               f"({r['decode_ms_per_token']:.2f} ms/token)")
     gqa = r["gqa_kv_bytes_per_token"]
     t.add_row(f"KV bytes / token ({r['kv_dtype']})", f"{r['kv_bytes_per_token']:,} "
@@ -247,5 +249,5 @@ def render_table(result: dict):
         t.add_row("int8 kernels", r["int8_kernels"])
     if r.get("int8_prefill"):
         t.add_row("int8 prefill", r["int8_prefill"])
-    t.add_row("medians over", f"{r['repeats']} repeats")
+    t.add_row("medians over", plural(r["repeats"], "repeat"))
     return t

@@ -28,3 +28,10 @@ def test_bench_offers_only_its_own_options_and_refuses_a_chat_flag():
     assert r.exit_code == 0 and "--prompt-len" in r.output and "One-shot" not in r.output
     r = CliRunner().invoke(app, ["bench", "--config", "tiny", "-p", "hello"])
     assert r.exit_code == 2
+
+
+def test_the_bench_table_counts_in_words():
+    r = CliRunner().invoke(app, ["bench", "--config", "tiny", "--repeats", "1", "--gen-len", "1", "--prompt-len", "1"])
+    assert r.exit_code == 0, r.output
+    assert "1 repeat" in r.output and "1 repeats" not in r.output and "1 tokens" not in r.output
+    assert "prefill (1 token)" in r.output and "decode (batch 1, 1 token)" in r.output
