@@ -11,7 +11,7 @@ import typer
 
 from .choices import QUANT_MODES, SIZES
 from .loading import (check_choice, load_model_for, load_runtime, model_for_session, model_path, open_chat,
-                      open_replay_chat, resolve_device)
+                      open_replay_chat, resolve_device, session_model)
 
 HELP = """Chat with a small local TinyAgentLM model in the terminal.
 
@@ -344,8 +344,14 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved s
         if not check:
             raise UsageError("a folder of sessions is replayed with --check")
         from .replay_check import check_folder
-        rt = load_runtime(model)
-        raise typer.Exit(check_folder(Path(ref), lambda sess: open_replay_chat(rt, sess, dev), typer.echo, json_out))
+        runtimes: dict = {}           # each session on the model it names (--model: all on that one), loaded once
+
+        def replay_chat(sess):
+            m = model if model is not None else session_model(sess)
+            if m not in runtimes:
+                runtimes[m] = load_runtime(m)
+            return open_replay_chat(runtimes[m], sess, dev)
+        raise typer.Exit(check_folder(Path(ref), replay_chat, typer.echo, json_out))
     if json_out:
         raise UsageError("--json goes with a folder and --check")
     sess = S.load(ref)

@@ -122,12 +122,19 @@ def model_for_session(model: Path | None, ref: str) -> Path | None:
     shipped model). A ref that does not load leaves it to the caller's own load to report."""
     if model is not None:
         return model
-    from . import paths
     from . import session as S
     try:
-        name = S.load(ref).model.get("name") or ""
+        sess = S.load(ref)
     except Exception:  # noqa: BLE001  the caller's S.load reports it in its one line
         return None
+    return session_model(sess)
+
+
+def session_model(sess) -> Path | None:
+    """The imported model a loaded session names, when there is one under the models folder; else None (the
+    shipped model, or a model that is not here: the replay then says the session was recorded with another)."""
+    from . import paths
+    name = sess.model.get("name") or ""
     if not name or name == "default" or "/" in name or name.startswith("."):
         return None
     p = paths.models_dir() / name

@@ -85,6 +85,26 @@ def test_replay_check_exit_codes(model_dir, capsys):
     assert code == 2 and "no such model folder" in err
 
 
+
+def test_a_folder_check_replays_each_session_on_the_model_it_names(model_dir):
+    # two imported models (folders under the models folder, by name) with different weights, a session on each: the
+    # folder check without --model replays each on its own model, not both on the shipped one
+    import shutil
+
+    from support import make_chat_model
+    from tinychat import paths
+    a, b = paths.models_dir() / "alpha", paths.models_dir() / "beta"
+    shutil.copytree(model_dir, a)
+    make_chat_model(seed=7).save_pretrained(b)
+    shutil.copy(model_dir / "tokenizer.json", b / "tokenizer.json")
+    for name in ("alpha", "beta"):
+        assert _run(["--model", name, "-p", "hello there", "--max-new", "6", "--seed", "2"]).exit_code == 0
+    r = _run(["replay", paths.sessions_dir(), "--check"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.count("token-exact") == 2
+    r = _run(["replay", paths.sessions_dir(), "--check", "--model", "alpha"])   # --model: every session on it
+    assert r.exit_code == 2 and "another model (beta)" in r.stdout and r.stdout.count("token-exact") == 1
+
 def _cli_main(args, capsys):
     old = sys.argv
     sys.argv = ["tinychat", *map(str, args)]
