@@ -75,6 +75,18 @@ def model_identity(model: TinyAgentLM) -> str:
     return h.hexdigest()
 
 
+def other_model(sess: S.Session, name: str, identity: str) -> str | None:
+    """Why `sess` does not belong to the model (name, identity) at hand, or None when it does (or records none)."""
+    rec = sess.model.get("hash", "")
+    if not rec or rec == identity:
+        return None
+    was = sess.model.get("name") or ""
+    if was and was == name:                  # the same name, other weights: a model updated since, or re-imported
+        return (f"session {sess.id} was recorded with another version of the model {was!r} (weights {rec[:12]}, "
+                f"this one {identity[:12]})")
+    return f"session {sess.id} was recorded with another model ({was or rec[:12]})"
+
+
 class Chat(BranchesMixin):
     """One conversation with one model. Not thread-safe except `cancel()`: run turns on one thread."""
 
@@ -218,10 +230,9 @@ class Chat(BranchesMixin):
         return chat
 
     def check_identity(self) -> None:
-        rec = self.session.model.get("hash", "")
-        if rec and rec != self.model_hash:
-            raise ChatError(f"session {self.session.id} was recorded with another model "
-                            f"({self.session.model.get('name') or rec[:12]}); load that model to continue it")
+        why = other_model(self.session, self.model_name, self.model_hash)
+        if why:
+            raise ChatError(f"{why}; load that model to continue it")
         if self.session.tokenizer_hash and self.session.tokenizer_hash != self.tok.sha256:
             raise ChatError(f"session {self.session.id} was recorded with another tokenizer")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from . import session as S
 from . import session_tree as T
-from .chat import Chat, ChatError, ChatSettings
+from .chat import Chat, ChatError, ChatSettings, other_model
 from .chat_branches import turn_settings
 
 
@@ -89,9 +89,9 @@ class ReplayReport:
 def replay(chat: Chat, sess: S.Session, on_turn=None, on_token=None) -> ReplayReport:
     """Replay `sess` with `chat`'s model (a fresh Chat, autosave off). on_turn(TurnReplay) after each turn;
     on_token(turn, index, token, text, trace, ms) while a turn regenerates."""
-    if sess.model.get("hash") and sess.model["hash"] != chat.model_hash:
-        raise ChatError(f"session {sess.id} was recorded with another model "
-                        f"({sess.model.get('name') or sess.model['hash'][:12]})")
+    why = other_model(sess, chat.model_name, chat.model_hash)
+    if why:
+        raise ChatError(why)
     S.check_vocab(sess, chat.model.cfg.vocab_size)
     msgs = sess.messages
     first = 1 if msgs and msgs[0].role == "system" else 0

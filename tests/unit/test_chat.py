@@ -235,8 +235,12 @@ def test_restore_with_another_model_is_a_clear_error():
     chat = make_chat(max_new=10, seed=1)
     chat.send("hello there")
     other = make_chat_model(seed=1)
-    with pytest.raises(ChatError, match="another model"):
+    with pytest.raises(ChatError, match=r"another model \(tiny-test\)"):
         Chat.restore(chat.session.id, other, tokenizer(), max_len=512)
+    # the same name on other weights (a model updated or imported again since): said so, with both identities
+    with pytest.raises(ChatError, match=r"another version of the model 'tiny-test' \(weights [0-9a-f]{12}, this one "
+                                        r"[0-9a-f]{12}\); load that model"):
+        Chat.restore(chat.session.id, other, tokenizer(), max_len=512, model_name="tiny-test")
 
 
 def test_settings_parse_and_validate():
