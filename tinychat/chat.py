@@ -24,7 +24,7 @@ from .branch_cache import BranchCache
 from .chat_branches import BranchesMixin, Fork
 from .engine import Decoder, EngineOptions, KVCache, append, quantize_cpu
 from .engine.quant import effective_mode, quant_mode
-from .mapped import MappedWeights
+from .identity import model_identity, other_model
 from .model import TinyAgentLM
 from .sampler import Cancelled, TokenTrace, TurnHook, TurnStats, ngram_table, penalty_ids
 from .settings import ChatError, ChatSettings
@@ -56,35 +56,6 @@ class TurnResult:
                 "ttft_ms": round(self.ttft_ms, 2), "decode_tok_s": round(self.decode_tok_s, 2),
                 "prefill_tokens": self.prefill_tokens, "dropped_turns": self.dropped_turns, "mode": self.mode,
                 "banned_steps": self.stats.banned_steps, "ban_lifts": self.stats.lifts}
-
-
-def model_identity(model: TinyAgentLM) -> str:
-    """sha256 over config + every weight tensor (call before quantizing): what a session ties itself to."""
-    import hashlib
-    import json
-    h = hashlib.sha256(json.dumps(model.cfg.to_dict(), sort_keys=True).encode())
-    mapped = MappedWeights()              # weights still in the mapped file: its pages go back once hashed
-    for k, t in sorted(model.state_dict().items()):
-        h.update(k.encode())
-        v = t.detach().cpu().contiguous().reshape(-1)
-        widen = v.is_floating_point() and v.dtype != torch.float32   # Linear weights kept as stored (bf16) hash
-        for part in v.split(1 << 18):                                 # as the fp32 values they load as; in parts,
-            part = part.float() if widen else part                    # no whole-tensor copy (the same digest)
-            h.update(part.view(torch.uint8).numpy())
-        mapped.drop(t)
-    return h.hexdigest()
-
-
-def other_model(sess: S.Session, name: str, identity: str) -> str | None:
-    """Why `sess` does not belong to the model (name, identity) at hand, or None when it does (or records none)."""
-    rec = sess.model.get("hash", "")
-    if not rec or rec == identity:
-        return None
-    was = sess.model.get("name") or ""
-    if was and was == name:                  # the same name, other weights: a model updated since, or re-imported
-        return (f"session {sess.id} was recorded with another version of the model {was!r} (weights {rec[:12]}, "
-                f"this one {identity[:12]})")
-    return f"session {sess.id} was recorded with another model ({was or rec[:12]})"
 
 
 class Chat(BranchesMixin):

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from . import session as S
 from . import session_tree as T
-from .chat import Chat, ChatError, ChatSettings, other_model
+from .chat import Chat, ChatError, ChatSettings
+from .identity import other_model
 from .chat_branches import turn_settings
 
 

@@ -18,13 +18,19 @@ async def _regen(pilot):
     await idle(pilot)
 
 
+
+async def _story_then_regenerated(pilot):
+    """A reply, then Ctrl+R: returns the first reply's message (the second is the active one)."""
+    await ready(pilot)
+    await say(pilot, "tell me a story")
+    first = pilot.app.chat.session.messages[-1]
+    await _regen(pilot)
+    return first
+
 async def test_regenerate_then_switch_back_and_forth_with_the_key_and_a_click(factory):
     app = make_app(factory(temperature=1.0, max_new=12), blink=False)
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await say(pilot, "tell me a story")
-        first = app.chat.session.messages[-1]
-        await _regen(pilot)
+        first = await _story_then_regenerated(pilot)
         second = app.chat.session.messages[-1]
         assert second is not first and app.chat.alternatives() == (2, 2)
         [reply] = app.view.replies()
@@ -48,10 +54,7 @@ async def test_the_app_is_idle_only_once_the_view_shows_the_switch(factory):
     rebuilt view (a slow rebuild here, as on a loaded machine; the old order let a test exit mid-rebuild)."""
     app = make_app(factory(temperature=1.0, max_new=12), blink=False)
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await say(pilot, "tell me a story")
-        first = app.chat.session.messages[-1]
-        await _regen(pilot)
+        first = await _story_then_regenerated(pilot)
         rebuild = app._show_history
 
         async def slow_rebuild(note: str = "") -> None:

@@ -1,11 +1,10 @@
-"""A model folder's identity is hashed once per version of its files (tinychat/identity_cache.py): the same value
+"""A model folder's identity is hashed once per version of its files (tinychat/identity.py): the same value
 as hashing, again after the files change, and never an error from the cache itself."""
 import os
 
 import torch
 
-from tinychat.chat import model_identity
-from tinychat.identity_cache import cached_identity
+from tinychat.identity import cached_identity, model_identity
 from tinychat.model import TinyAgentLM, config_for
 
 
