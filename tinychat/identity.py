@@ -32,12 +32,12 @@ def model_identity(model) -> str:
     mapped = MappedWeights()              # weights still in the mapped file: its pages go back once hashed
     for k, t in sorted(model.state_dict().items()):
         h.update(k.encode())
-        v = t.detach().cpu().contiguous().reshape(-1)
+        v = t.detach().cpu().contiguous()
         widen = v.is_floating_point() and v.dtype != torch.float32   # Linear weights kept as stored (bf16) hash
-        for part in v.split(1 << 18):                                 # as the fp32 values they load as; in parts,
-            part = part.float() if widen else part                    # no whole-tensor copy (the same digest)
-            h.update(part.view(torch.uint8).numpy())
-        mapped.drop(t)
+        for block in mapped.blocks(v):                                # as the fp32 values they load as; in parts,
+            for part in block.reshape(-1).split(1 << 18):             # no whole-tensor copy (the same digest),
+                part = part.float() if widen else part                # a mapped block's pages dropped once read
+                h.update(part.view(torch.uint8).numpy())
     return h.hexdigest()
 
 

@@ -18,6 +18,7 @@ import sys
 
 MADV_DONTNEED = 4
 PAGE = mmap.PAGESIZE
+BLOCK = 4 << 20     # bytes read between drops (blocks): a tensor's pages never all resident at once
 
 
 class MappedWeights:
@@ -63,3 +64,29 @@ class MappedWeights:
         if hi <= lo or self._madvise(lo, hi - lo, MADV_DONTNEED) != 0:
             return 0
         return hi - lo
+
+    def blocks(self, t):
+        """t's leading-dim slices of about BLOCK bytes, in order, each one's pages dropped once the caller has read
+        it and asked for the next (and t's last pages after the last): reading a big mapped tensor (an imported
+        model's 113 MB head) then keeps only a block of it resident, not the whole. t whole (one block) when it is
+        not in a mapped weight file."""
+        if t.dim() == 0 or not (t.is_contiguous() and self.holds(t)):
+            yield t
+            return
+        rows = max(1, BLOCK // max(1, t[0].numel() * t.element_size()))
+        for r in range(0, t.size(0), rows):
+            part = t[r:r + rows]
+            yield part
+            self.drop(part)
+        self.drop(t)                        # the pages two blocks shared
+
+    def copy_out(self, t, dtype):
+        """A copy of t in dtype, made block by block (blocks()): its peak is the copy and one block of t."""
+        out = t.new_empty(t.shape, dtype=dtype)
+        if t.dim() == 0:
+            return out.copy_(t)
+        r = 0
+        for part in self.blocks(t):
+            out[r:r + part.size(0)].copy_(part)
+            r += part.size(0)
+        return out

@@ -538,8 +538,7 @@ class TinyAgentLM(nn.Module):
             # file's pages it was copied from are handed back
             if want == v.dtype and stored_linears and k in linears:
                 continue
-            sd[k] = v.to(want, copy=True)
-            mapped.drop(v)
+            sd[k] = mapped.copy_out(v, want)    # block by block, each block's pages handed back
         model.load_state_dict(sd, strict=True, assign=True)   # parameters become the tensors above
         if dtype != torch.float32:          # buffers made by __init__ (RoPE tables) follow
             for name, buf in model.named_buffers():

@@ -60,3 +60,33 @@ def test_a_stored_model_hashes_and_quantizes_as_one_loaded_in_full(tmp_path):
     with torch.no_grad():
         assert torch.equal(stored(ids), full(ids))
     assert model_identity(stored) == model_identity(full)
+
+
+@linux
+def test_a_big_mapped_tensor_read_by_blocks_never_has_all_its_pages_resident(tmp_path):
+    from tinychat.mapped import BLOCK
+    want = torch.randn(16384, 1024, generator=torch.Generator().manual_seed(1))      # 64 MiB
+    save_file({"w": want}, str(tmp_path / "m.safetensors"))
+    w = load_file(str(tmp_path / "m.safetensors"))["w"]
+    mapped = MappedWeights()
+    start, peak, total, rows = _rss_file_kb(), 0, 0.0, 0
+    for part in mapped.blocks(w):
+        total += float(part.double().sum())                # every page of the block read
+        rows += part.size(0)
+        peak = max(peak, _rss_file_kb() - start)
+    assert rows == w.size(0) and total == pytest.approx(float(want.double().sum()))
+    assert peak * 1024 < 3 * BLOCK                         # a block or two, not 64 MiB
+    assert _rss_file_kb() - start < 1024                   # and none left behind
+
+
+@linux
+def test_a_copy_out_of_a_mapped_tensor_equals_the_cast_and_hands_the_pages_back(tmp_path):
+    want = torch.randn(8192, 1024, generator=torch.Generator().manual_seed(2))       # 32 MiB
+    save_file({"w": want}, str(tmp_path / "m.safetensors"))
+    w = load_file(str(tmp_path / "m.safetensors"))["w"]
+    start = _rss_file_kb()
+    got = MappedWeights().copy_out(w, torch.bfloat16)
+    assert torch.equal(got, want.to(torch.bfloat16))
+    assert _rss_file_kb() - start < 1024
+    anon = torch.randn(5, 7)                               # outside a file: a plain copy
+    assert torch.equal(MappedWeights().copy_out(anon, torch.float64), anon.double())

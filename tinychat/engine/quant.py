@@ -137,15 +137,19 @@ class Int8Linear(torch.nn.Module):
     where prefill_bf16 resolves so (resolve_prefill_bf16), else, more than INT8_GEMV_ROWS rows, dequantize into a
     scratch buffer + fp32 GEMM. native: whether this layer may use the native kernels (EngineOptions.native)."""
 
-    def __init__(self, lin: torch.nn.Linear, prefill_bf16: bool | None = None, native: bool = True):
+    def __init__(self, lin: torch.nn.Linear, prefill_bf16: bool | None = None, native: bool = True,
+                 mapped: MappedWeights | None = None):
         super().__init__()
         src = lin.weight.detach()
         q = torch.empty(src.shape, dtype=torch.int8)
         scale = torch.empty(src.size(0), dtype=torch.bfloat16)
-        for r in range(0, src.size(0), QUANT_ROWS):        # row blocks: fp32 temporaries stay small
-            w = src[r:r + QUANT_ROWS].float()
-            scale[r:r + QUANT_ROWS] = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
-            q[r:r + QUANT_ROWS] = torch.round(w / scale[r:r + QUANT_ROWS].float()[:, None]).clamp_(-127, 127)
+        r = 0
+        for block in mapped.blocks(src) if mapped is not None else (src,):   # a mapped file's pages go back per
+            for w in block.split(QUANT_ROWS):          # block; row blocks: fp32 temporaries stay small
+                w, e = w.float(), r + w.size(0)
+                scale[r:e] = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
+                q[r:e] = torch.round(w / scale[r:e].float()[:, None]).clamp_(-127, 127)
+                r = e
         self.in_features, self.out_features = lin.in_features, lin.out_features
         self.register_buffer("qweight", q.contiguous())
         self.register_buffer("scale", scale.contiguous())
@@ -303,10 +307,10 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
     cls = QUANT_CLASSES[want]
     opts = options or EngineOptions.from_env()
     pbf = opts.prefill_bf16
-    kw = {"native": opts.native} if cls is Int8Linear else {}
+    mapped = MappedWeights()            # weights used where the file lies: its pages go back once quantized
+    kw = {"native": opts.native, "mapped": mapped} if cls is Int8Linear else {}
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)
                and (head or name != "head")]
-    mapped = MappedWeights()            # weights used where the file lies: its pages go back once quantized
     for name, mod in targets:
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
         setattr(parent, name.rsplit(".", 1)[-1], cls(mod, pbf, **kw))
