@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from ..model import mlp_act, rms_norm, softcap
 from .cache import KVCache
+from .fused import split_qkv
 
 CHUNK = 64  # append_chunked: max new tokens per row processed at once (bounds the score tensor during prefill)
 
@@ -246,6 +247,7 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
     if nat is not None:
         from .native import prefill_attn, rope_heads
         spos = torch.where(key_ok, torch.cat([wpos, pos], dim=1), -1)[0].contiguous()   # (W + C): -1 not a key
+    fused = _fused_prefill(model, B * C, dev)
     x = model.embed(idx)
     rope = model.rope
     cs = {}
@@ -263,13 +265,17 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
             x = x + blk.engram(x, addrs[li])
         a = blk.attn
         h = rms_norm(x, eps)
-        q = _heads(qkn, a.w_q(h).view(B, C, H, D))
+        if fused is not None:          # one GEMM for q, K and V: the same bits as three (its rows never mix)
+            qp, kvp = split_qkv(fused[li](h), a, H, Hk, D)
+        else:
+            qp, kvp = a.w_q(h).view(B, C, H, D), None
+        q = _heads(qkn, qp)
         # native: rotated and scaled by 1/sqrt(D) in one pass (rope_heads: _rope_cs's bits, then the scaling's)
         q = rope_heads(nat, q[0], csn, D ** -0.5)[None] if nat is not None else rot(q).to(dt)
         if a.mode == "full":
             group += 1
-            kv = a.w_kv_global(h).view(B, C, 2, Hk, D)
-            k, v = _heads(qkn, kv[:, :, 0]), kv[:, :, 1].transpose(1, 2)          # (B, Hk, C, D) each
+            k, v = kvp["w_kv_global"] if kvp is not None else a.w_kv_global(h).view(B, C, 2, Hk, D).unbind(2)
+            k, v = _heads(qkn, k), v.transpose(1, 2)                                # (B, Hk, C, D) each
             if nat is not None:
                 rope_heads(nat, k[0], csn, out=cache.gk[group][0, :, at])
                 rope_heads(nat, v[0], None, out=cache.gv[group][0, :, at])
@@ -283,8 +289,8 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
                 lgmax = blocks[-1][2]
                 Kg_all, Vg_all = cache.gk[group][rdev, :, :lgmax], cache.gv[group][rdev, :, :lgmax]
         if a.w_kv_local is not None:
-            kv = a.w_kv_local(h).view(B, C, 2, Hk, D)
-            kl, vl = _heads(qkn, kv[:, :, 0]), kv[:, :, 1].transpose(1, 2)
+            kl, vl = kvp["w_kv_local"] if kvp is not None else a.w_kv_local(h).view(B, C, 2, Hk, D).unbind(2)
+            kl, vl = _heads(qkn, kl), vl.transpose(1, 2)
             if nat is not None:            # the ring's last W entries, then the chunk's, rotated in place
                 seq_k, seq_v = torch.empty(B, Hk, W + C, D), torch.empty(B, Hk, W + C, D)
                 seq_k[:, :, :W] = cache.lk[li].index_select(2, ring_idx[0])     # one row: its ring slots
@@ -321,6 +327,16 @@ def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_ro
             cache.lv[li][bidx, :, slot] = vl.transpose(1, 2)
     _commit(cache, lay, rows, rdev)
     return _softcap(model, x[torch.arange(B, device=dev), (n - 1).clamp_min(0)])
+
+
+def _fused_prefill(model, rows: int, dev):
+    """The model's fused q/k/v projections (quantize_cpu's model.fused_qkv) where prefill runs them on the native
+    int8 GEMM: each output is fixed by its row of weights and its token alone, so one fused GEMM gives the three
+    Linears' bits with one activation rounding and one call. None elsewhere (other GEMMs may block by shape)."""
+    fused = getattr(model, "fused_qkv", None)
+    if not fused or not hasattr(fused[0], "prefill_kernel"):
+        return None
+    return fused if fused[0].prefill_kernel(rows, dev.type == "cpu") == "native-gemm" else None
 
 
 def _native_attn(model, cache: KVCache, dev, rows, n_cpu, C: int):

@@ -9,20 +9,20 @@ Batch-1 decode on a CPU is dispatch-bound as much as memory-bound: every op cost
 weights take to stream. So the step uses far fewer ops than _decode_one: fused QKV (one weight stream and one
 kernel call per layer instead of 2-3), norms as x / |x|, RoPE as one DxD matmul for all q/k heads, the token's K/V
 written into the cache first so attention reads the cache directly, each Linear fed from one bf16 buffer and added
-into the fp32 residual in place. The fused weights are built from the model's own quantized rows (exact), so a
-deep copy of a model gets a step of its own from its own Decoder."""
+into the fp32 residual in place. The fused weights are the model's own (quantize_cpu fuses its quantized rows,
+exact), so a deep copy of a model gets a step of its own from its own Decoder."""
 from __future__ import annotations
 
 import torch
 
 from .append import _engram_addrs
 from .cache import KVCache
-from .fused import n_qk_heads, qkv_rows, rope_basis, rope_matrix
+from .fused import fuse_qkv, n_qk_heads, rope_basis, rope_matrix
 from .lean_step import _decode_lean
 from .native_llama_step import _decode_native_llama, _NativeLlama
 from .native_step import _decode_native, _NativeStep
 from ..options import EngineOptions
-from .quant import QUANT_CLASSES, quant_mode
+from .quant import quant_mode
 from .threads import ThreadTuner
 
 
@@ -38,8 +38,8 @@ class _FullMM(torch.nn.Module):
 
 
 class CpuStep:
-    """What the lean step needs besides the model: the fused QKV weights (duplicating w_q / w_kv_*, which prefill
-    keeps using; the q/k heads contiguous, so one norm and one RoPE matmul cover them), per-head norm divisors, the
+    """What the lean step needs besides the model: the fused QKV weights (the model's own, fused.py's fuse_qkv; the
+    q/k heads contiguous, so one norm and one RoPE matmul cover them), per-head norm divisors, the
     RoPE helper matrices, a bf16 activation buffer and, for an int8 model with native kernels, their view of the
     model (`nat`). Build with CpuStep.build(model, options): None for a model quantize_cpu did not touch."""
 
@@ -47,8 +47,7 @@ class CpuStep:
         c = model.cfg
         H, Hk, D = c.n_heads, c.n_kv_heads, c.head_dim
         self.mode = quant_mode(model)
-        cls = QUANT_CLASSES[self.mode]
-        self.qkv = [cls.from_rows(qkv_rows(blk.attn, Hk, D)) for blk in model.blocks]
+        self.qkv = getattr(model, "fused_qkv", None) or fuse_qkv(model)
         self.nqk, self.ndiv = [], []
         for blk in model.blocks:
             nqk = n_qk_heads(blk.attn, H, Hk)

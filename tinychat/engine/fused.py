@@ -4,7 +4,12 @@ the fused QKV projection's row layout and RoPE as one DxD matrix.
 Fused QKV: one weight [q | k_local | k_global | v_local | v_global] per layer (k_global / v_global on "full"
 layers only; no k_local / v_local in a config without a local ring, swa_window 0: the llama family), so a step runs
 one GEMM instead of 2-3 and the q/k heads are contiguous (one norm and one RoPE over them). q/k/v biases (Qwen2)
-fuse the same way. Every quant format here is per output row, so fusing quantized rows is exact."""
+fuse the same way. Every quant format here is per output row, so fusing quantized rows is exact.
+
+A quantized model owns its fused projections (fuse_qkv, run by quantize_cpu: `model.fused_qkv`, one per block): the
+lean decode step and the native prefill both run them, and the q/k/v Linears keep their rows as views of the fused
+weight wherever those rows lie contiguous in it (w_q always; w_kv_* when it is the layer's only K/V Linear), so the
+weights are held once."""
 from __future__ import annotations
 
 import torch
@@ -37,6 +42,51 @@ def fused_qkv_bias(attn, kv_heads: int, head_dim: int) -> torch.Tensor | None:
     if attn.w_q.bias is None:
         return None
     return torch.cat([lin.bias.detach()[a:b] for lin, a, b in qkv_rows(attn, kv_heads, head_dim)])
+
+
+def _share_rows(fused, pieces) -> None:
+    """Point each piece Linear's per-row tensors (weights, scales, bias) at the fused Linear's rows, where all of the
+    piece's rows lie in the fused weight as one in-order run: the same values, held once."""
+    parts, off = {}, 0
+    for lin, a, b in pieces:
+        parts.setdefault(lin, []).append((a, b, off))
+        off += b - a
+    for lin, runs in parts.items():
+        start = runs[0][2] - runs[0][0]                    # fused row of the piece's row 0
+        if any(o - a != start for a, _, o in runs) or sum(b - a for a, b, _ in runs) != lin.out_features:
+            continue                                       # its rows split around another piece's: keep the copy
+        rows = slice(start, start + lin.out_features)
+        for name, t in [*lin.named_buffers(recurse=False), *lin.named_parameters(recurse=False)]:
+            mine = getattr(fused, name)[rows]
+            setattr(lin, name, torch.nn.Parameter(mine, requires_grad=False) if isinstance(t, torch.nn.Parameter)
+                    else mine)
+
+
+def fuse_qkv(model) -> list:
+    """model.fused_qkv: per block, one Linear of the rows of its q/k/v Linears (from_rows of their own class), the
+    pieces' rows then shared with it (views). A plain list, not a submodule: state_dict and modules() stay the
+    model's own (the rows are the q/k/v Linears' already)."""
+    c = model.cfg
+    fused = []
+    for blk in model.blocks:
+        pieces = qkv_rows(blk.attn, c.n_kv_heads, c.head_dim)
+        f = type(blk.attn.w_q).from_rows(pieces)
+        _share_rows(f, pieces)
+        fused.append(f)
+    model.fused_qkv = fused
+    return fused
+
+
+def split_qkv(y: torch.Tensor, attn, n_heads: int, kv_heads: int, head_dim: int):
+    """The fused projection's output y (..., rows) as views: q (..., H, D) and, per K/V Linear of the layer by name
+    ("w_kv_local", "w_kv_global"), its (k, v), each (..., Hk, D): what q / k / v of the separate Linears would be."""
+    nq, n = n_heads * head_dim, kv_heads * head_dim
+    names = [name for name in ("w_kv_local", "w_kv_global") if getattr(attn, name) is not None]
+    heads = (kv_heads, head_dim)
+    kv = {name: (y[..., nq + i * n:nq + (i + 1) * n].unflatten(-1, heads),
+                 y[..., nq + (len(names) + i) * n:nq + (len(names) + i + 1) * n].unflatten(-1, heads))
+          for i, name in enumerate(names)}
+    return y[..., :nq].unflatten(-1, (n_heads, head_dim)), kv
 
 
 def rope_basis(head_dim: int, device=None, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:

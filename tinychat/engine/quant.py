@@ -15,6 +15,7 @@ import torch
 
 from ..mapped import MappedWeights
 from ..options import EngineOptions
+from .fused import fuse_qkv
 
 QUANT_GEMV_ROWS = 8    # BF16Linear: up to this many rows use the bf16 kernel (on AVX2 bf16 GEMM is ~3x slower than fp32)
 INT8_GEMV_ROWS = 128   # Int8Linear: up to this many rows use the int8 kernel; beyond, dequantize + fp32 GEMM (the
@@ -292,6 +293,7 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
     "bf16": Linear weights stored in bf16 (BF16Linear). Embeddings, Engram tables, norms, RoPE and the KV cache stay
     as they are. head=False keeps the output head in full precision. Use an fp32 KV cache with these.
     options: EngineOptions (its prefill_bf16 is fixed into every layer; default: EngineOptions.from_env()).
+    The model then owns its fused q/k/v projections (model.fused_qkv, engine/fused.py's fuse_qkv).
     A Decoder on the model then steps through the lean CPU step (engine/cpu_step.py)."""
     want = effective_mode(mode)
     if want == "none":
@@ -316,6 +318,8 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
         setattr(parent, name.rsplit(".", 1)[-1], cls(mod, pbf, **kw))
         mapped.drop(mod.weight)
     del targets, mod
+    if hasattr(model, "blocks"):
+        fuse_qkv(model)                 # the fused q/k/v rows, the pieces' rows views of them (engine/fused.py)
     release_freed_memory()
     return model
 
