@@ -34,6 +34,8 @@ from .fsutil import atomic_write
 from .mapped import MappedWeights
 
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
+KEEP_MAPPED_BYTES = 1 << 20    # from_pretrained(stored_linears=True): tensors this big, already in the dtype wanted,
+                               # stay views of the mapped file (an fp32 import's 113 MB embedding) instead of copies
 
 
 class CheckpointError(ValueError):
@@ -498,7 +500,8 @@ class TinyAgentLM(nn.Module):
     def from_pretrained(cls, path, dtype: torch.dtype = torch.float32, stored_linears: bool = False) -> "TinyAgentLM":
         """The model in folder `path`, its tensors in `dtype`. stored_linears: keep the Linear weights in the file's
         own dtype (bf16 for the shipped model), for a model about to be quantized: no fp32 copy of them is ever
-        made; a Chat with --quant none converts them (linears_to). The file is memory-mapped, not read whole."""
+        made; a Chat with --quant none converts them (linears_to); tensors of KEEP_MAPPED_BYTES or more already in
+        `dtype` stay where the file lies too. The file is memory-mapped, not read whole."""
         cfg = load_config(path)
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -533,10 +536,14 @@ class TinyAgentLM(nn.Module):
             want = expected[k].dtype
             if v.is_floating_point() and want.is_floating_point:
                 want = v.dtype if stored_linears and k in linears else dtype
-            # stored Linear weights stay views of the mapped file (freed with it once quantized); anything else
-            # kept in the file's dtype is copied out, so no small buffer holds the whole mapping alive, and the
-            # file's pages it was copied from are handed back
-            if want == v.dtype and stored_linears and k in linears:
+            # stored Linear weights stay views of the mapped file (freed with it once quantized), and so do big
+            # weight tables already in the dtype wanted (an fp32 import's embedding: only the rows read are
+            # resident); a model loaded so is only quantized and run, its weights never written (a written page
+            # of the private mapping would be lost to MappedWeights.drop; buffers such as cid_map are rebuilt in
+            # place, so they are copied). Anything else is copied out, so no small buffer holds the whole mapping
+            # alive, and the file's pages it was copied from are handed back
+            keep = k in linears or (v.is_floating_point() and v.nbytes >= KEEP_MAPPED_BYTES)
+            if want == v.dtype and stored_linears and keep:
                 continue
             sd[k] = mapped.copy_out(v, want)    # block by block, each block's pages handed back
         model.load_state_dict(sd, strict=True, assign=True)   # parameters become the tensors above

@@ -90,3 +90,20 @@ def test_a_copy_out_of_a_mapped_tensor_equals_the_cast_and_hands_the_pages_back(
     assert _rss_file_kb() - start < 1024
     anon = torch.randn(5, 7)                               # outside a file: a plain copy
     assert torch.equal(MappedWeights().copy_out(anon, torch.float64), anon.double())
+
+
+@linux
+def test_a_model_loaded_to_be_quantized_keeps_its_big_fp32_tables_where_the_file_lies(tmp_path, monkeypatch):
+    import tinychat.model as M
+    monkeypatch.setattr(M, "KEEP_MAPPED_BYTES", 4096)       # the tiny model's tables count as big
+    torch.manual_seed(0)
+    TinyAgentLM(config_for("tiny")).save_pretrained(tmp_path / "m", dtype=torch.float32)
+    full = TinyAgentLM.from_pretrained(tmp_path / "m")
+    stored = TinyAgentLM.from_pretrained(tmp_path / "m", stored_linears=True)
+    mapped = MappedWeights()
+    assert mapped.holds(stored.embed.weight) and not mapped.holds(full.embed.weight)
+    assert not mapped.holds(stored.cid_map)                 # rebuilt in place by set_token_strings: a copy
+    assert model_identity(stored) == model_identity(full)
+    ids = torch.arange(40).unsqueeze(0)
+    with torch.no_grad():
+        assert torch.equal(quantize_cpu(stored, "int8")(ids), quantize_cpu(full, "int8")(ids))
