@@ -42,6 +42,19 @@ def _scratch(shape, dtype):
     return t
 
 
+def _quant_buffer(rows: int, cols: int) -> torch.Tensor:
+    """Int8Linear's fp32 buffer for a block of weight rows being quantized: one per thread, grown as needed, dropped
+    by quantize_cpu once done (free_quant_buffer)."""
+    t = getattr(_tls, "qbuf", None)
+    if t is None or t.numel() < rows * cols:
+        t = _tls.qbuf = torch.empty(rows * cols)
+    return t[:rows * cols].view(rows, cols)
+
+
+def free_quant_buffer() -> None:
+    _tls.qbuf = None
+
+
 def _act_scratch(nbytes: int) -> torch.Tensor:
     """The native GEMM's activation scratch: one uint8 buffer per thread, grown to the largest call's size (at most
     3 bytes per column per token of an INT8_GEMM_CHUNK)."""
@@ -146,10 +159,11 @@ class Int8Linear(torch.nn.Module):
         scale = torch.empty(src.size(0), dtype=torch.bfloat16)
         r = 0
         for block in mapped.blocks(src) if mapped is not None else (src,):   # a mapped file's pages go back per
-            for w in block.split(QUANT_ROWS):          # block; row blocks: fp32 temporaries stay small
-                w, e = w.float(), r + w.size(0)
-                scale[r:e] = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
-                q[r:e] = torch.round(w / scale[r:e].float()[:, None]).clamp_(-127, 127)
+            for w in block.split(QUANT_ROWS):          # block; row blocks through one reused fp32 buffer: no
+                e = r + w.size(0)                      # temporaries for the heap to keep (malloc_trim runs last)
+                buf = _quant_buffer(*w.shape).copy_(w)
+                scale[r:e] = (torch.linalg.vector_norm(buf, float("inf"), dim=1) / 127.0).clamp_min(1e-12)
+                q[r:e] = buf.div_(scale[r:e].float()[:, None]).round_().clamp_(-127, 127)
                 r = e
         self.in_features, self.out_features = lin.in_features, lin.out_features
         self.register_buffer("qweight", q.contiguous())
@@ -320,6 +334,7 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
     del targets, mod
     if hasattr(model, "blocks"):
         fuse_qkv(model)                 # the fused q/k/v rows, the pieces' rows views of them (engine/fused.py)
+    free_quant_buffer()
     release_freed_memory()
     return model
 
