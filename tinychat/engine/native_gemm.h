@@ -315,9 +315,9 @@ static inline void tc_hsum8x(const tc_vf v[8], float o[8]) {
                              _mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0xDD));
     __m512 w = _mm512_add_ps(_mm512_unpacklo_ps(z[0], z[1]), _mm512_unpackhi_ps(z[0], z[1]));
     w = _mm512_add_ps(w, _mm512_permute_ps(w, _MM_SHUFFLE(1, 0, 3, 2)));
-    float t[16];
-    _mm512_storeu_ps(t, w);                          /* lane k: (v[k] from z[0], v[4 + k] from z[1]) */
-    for (int k = 0; k < 4; k++) o[k] = t[4 * k], o[4 + k] = t[4 * k + 1];
+    /* lane 4k holds v[k]'s sum (from z[0]), lane 4k + 1 v[4 + k]'s (from z[1]): gathered in order, one store */
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm256_storeu_ps(o, _mm512_castps512_ps256(_mm512_permutexvar_ps(order, w)));
 #else
     __m256 a = _mm256_hadd_ps(v[0], v[1]), b = _mm256_hadd_ps(v[2], v[3]), c = _mm256_hadd_ps(v[4], v[5]),
            d = _mm256_hadd_ps(v[6], v[7]);
@@ -473,6 +473,13 @@ static void tc_gemm_jobs(void *buf, int8_t *pk, const int8_t *q, const float *s,
             tc_tile(pk, a, K, out);
 #else
             tc_tile(rows, a, K, out);
+#endif
+#if defined(TC_512) && TC_GR == 8 && TC_GT == 1
+            if (n0 + 8 <= N) {                                 /* a whole tile: scale (+ bias) and store at once */
+                __m256 v = _mm256_mul_ps(_mm256_loadu_ps(s + n0), _mm256_loadu_ps(&out[0][0]));
+                if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n0));
+                _mm256_storeu_ps(y + m * N + n0, v);
+            } else
 #endif
             for (int t = 0; t < TC_GT && m + t < m1; t++)
                 for (int r = 0; r < TC_GR && n0 + r < N; r++) {
