@@ -260,7 +260,12 @@ def gemm_lib():
     """The loaded kernels where their int8 GEMM beats the fp32 GEMM it replaces: every path with SIMD dot products;
     the "scalar" path (no AVX2 / NEON) is ~5x slower than an fp32 BLAS GEMM. None there or without the kernels."""
     lib = load()
-    return lib if lib is not None and lib.tc_kernel_path() != b"scalar" else None
+    if lib is None:
+        return None
+    ok = lib.__dict__.get("gemm_ok")          # asked once per library: prefill asks it per Linear call
+    if ok is None:
+        ok = lib.gemm_ok = lib.tc_kernel_path() != b"scalar"
+    return lib if ok else None
 
 
 def prefill_attn(lib, q: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, seq: tuple | None, L0: int,

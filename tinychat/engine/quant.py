@@ -220,8 +220,11 @@ class Int8Linear(torch.nn.Module):
         """x (..., in) through the native int8 GEMM (native_gemm.h), in chunks of INT8_GEMM_CHUNK tokens."""
         from . import native
         x2 = x.reshape(-1, x.size(-1)).float().contiguous()
-        s = self.scale.float()
-        b = None if self.bias is None else self.bias.float().contiguous()
+        sb = self.__dict__.get("_gemm_sb")       # the fp32 scales and bias the kernel takes, made once
+        if sb is None or sb[0] is not self.scale:
+            sb = self._gemm_sb = (self.scale, self.scale.float(),
+                                  None if self.bias is None else self.bias.float().contiguous())
+        _, s, b = sb
         nt = torch.get_num_threads()
         scratch = _act_scratch(int(lib.tc_gemm_act_bytes(min(x2.size(0), INT8_GEMM_CHUNK), x2.size(1), nt)))
         y = torch.empty(x2.size(0), self.out_features)
