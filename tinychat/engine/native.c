@@ -145,6 +145,31 @@ static inline float dot16(const __m512 *qv, int64_t nv, const float *k) {
     return _mm512_reduce_add_ps(a);
 }
 
+/* The scores of 16 keys (rows of D = 16 * nv floats, D apart) against q (nv registers): lane j is dot16(qv, nv,
+   K + j * D) to the bit: the same products and fmadd chain per key, then one reduction tree for all 16 that adds
+   the same pairs as _mm512_reduce_add_ps (GCC's: lanes l + l+8, then l + l+4, l + l+2, l + l+1; IEEE addition
+   commutes), ~3 instructions a key instead of ~8. */
+static inline __m512 dots16x16(const __m512 *qv, int nv, const float *K, int64_t D) {
+    __m512 a[16], t[8], u[4], w[2];
+    for (int k = 0; k < 16; k++) {
+        const float *kr = K + k * D;
+        a[k] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+        for (int v = 1; v < nv; v++) a[k] = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(kr + 16 * v), a[k]);
+    }
+    for (int i = 0; i < 8; i++)          /* 256-bit halves: key 2i's l + l+8 in lanes 0-7, key 2i+1's in 8-15 */
+        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)          /* 128-bit halves: keys 4i .. 4i+3, l + l+4, one per 128-bit block */
+        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)          /* l + l+2: block b holds key 8i+b's two, then key 8i+4+b's */
+        w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 z = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),     /* l + l+1: lane 4b + c */
+                             _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));    /* is key b + 4c */
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
+}
+
 /* s[j] = exp(s[j] - m) for the n scores (16 at a time, the rest masked); returns 1 / their sum. */
 static inline float softmax16(float *s, int64_t n, float m) {
     __m512 mv = _mm512_set1_ps(m), zv = _mm512_setzero_ps();
@@ -214,13 +239,35 @@ static inline __attribute__((always_inline)) void attend_grp16(const int nh, con
         for (int v = 0; v < nv; v++) qv[h * nv + v] = _mm512_loadu_ps(q + h * qs + 16 * v);
         m[h] = -INFINITY;
     }
-    for (int64_t j = 0; j <= L; j++)
+    int64_t j = 0;
+    for (; j + 16 <= L + 1; j += 16)                  /* 16 keys at a time: dot16's bits, one reduction tree */
+        for (int h = 0; h < nh; h++) {
+            __m512 x = dots16x16(qv + h * nv, nv, K + j * D, D);
+            _mm512_storeu_ps(s + h * n + j, x);
+            float mx = _mm512_reduce_max_ps(x);
+            m[h] = mx > m[h] ? mx : m[h];
+        }
+    for (; j <= L; j++)
         for (int h = 0; h < nh; h++) {
             float x = dot16(qv + h * nv, nv, K + j * D);
             s[h * n + j] = x;
             m[h] = x > m[h] ? x : m[h];
         }
-    for (int64_t j = 0; j < W; j++) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    const __m512i zero = _mm512_setzero_si512(), lw = _mm512_set1_epi64(L - W);
+    for (j = 0; j + 16 <= W; j += 16) {               /* the band's slots, 16 at a time; no key: -inf */
+        __m512i p0 = _mm512_loadu_si512((const void *)(lpos + j)), p1 = _mm512_loadu_si512((const void *)(lpos + j + 8));
+        __mmask8 k0 = _mm512_cmpge_epi64_mask(p0, zero) & _mm512_cmpgt_epi64_mask(p0, lw);     /* L - p < W */
+        __mmask8 k1 = _mm512_cmpge_epi64_mask(p1, zero) & _mm512_cmpgt_epi64_mask(p1, lw);
+        __mmask16 ok = (__mmask16)(k0 | (k1 << 8));
+        for (int h = 0; h < nh; h++) {
+            __m512 x = ok ? _mm512_mask_blend_ps(ok, ninf, dots16x16(qv + h * nv, nv, Kl + j * D, D)) : ninf;
+            _mm512_storeu_ps(s + h * n + L + 1 + j, x);
+            float mx = _mm512_reduce_max_ps(x);
+            m[h] = mx > m[h] ? mx : m[h];
+        }
+    }
+    for (; j < W; j++) {
         int64_t p = lpos[j];
         int ok = p >= 0 && L - p < W;
         for (int h = 0; h < nh; h++) {
