@@ -48,14 +48,15 @@ def test_tensors_outside_a_weight_file_are_never_dropped(tmp_path):
     assert mapped.drop(torch.empty(0)) == 0
 
 
-def test_a_stored_model_hashes_and_quantizes_as_one_loaded_in_full(tmp_path):
+@pytest.mark.parametrize("mode", ["int8", "bf16"])
+def test_a_stored_model_hashes_and_quantizes_as_one_loaded_in_full(tmp_path, mode):
     torch.manual_seed(0)
     TinyAgentLM(config_for("tiny")).save_pretrained(tmp_path / "m", dtype=torch.float32)
     full = TinyAgentLM.from_pretrained(tmp_path / "m")
     stored = TinyAgentLM.from_pretrained(tmp_path / "m", stored_linears=True)
     assert model_identity(stored) == model_identity(full)
-    quantize_cpu(full, "int8")
-    quantize_cpu(stored, "int8")
+    quantize_cpu(full, mode)
+    quantize_cpu(stored, mode)
     ids = torch.arange(40).unsqueeze(0)
     with torch.no_grad():
         assert torch.equal(stored(ids), full(ids))

@@ -104,10 +104,13 @@ class BF16Linear(torch.nn.Module):
     """A Linear whose weight is stored in bf16: half the bytes to stream per token. The matmul runs on bf16 inputs
     (fp32 accumulation inside oneDNN), the output is returned in the input dtype."""
 
-    def __init__(self, lin: torch.nn.Linear, prefill_bf16: bool | None = None):
+    def __init__(self, lin: torch.nn.Linear, prefill_bf16: bool | None = None, mapped: MappedWeights | None = None):
         super().__init__()
         self.in_features, self.out_features = lin.in_features, lin.out_features
-        self.weight = torch.nn.Parameter(lin.weight.detach().to(torch.bfloat16), requires_grad=False)
+        w = lin.weight.detach()
+        if w.dtype != torch.bfloat16:      # a copy (block by block where the file is mapped); bf16 stays as it lies
+            w = mapped.copy_out(w, torch.bfloat16) if mapped is not None else w.to(torch.bfloat16)
+        self.weight = torch.nn.Parameter(w, requires_grad=False)
         self.bias = None if lin.bias is None else torch.nn.Parameter(lin.bias.detach().to(torch.bfloat16),
                                                                       requires_grad=False)
         self.prefill_bf16 = resolve_prefill_bf16(prefill_bf16)    # resolved once: bf16 GEMMs for prefill
@@ -327,7 +330,7 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
     opts = options or EngineOptions.from_env()
     pbf = opts.prefill_bf16
     mapped = MappedWeights()            # weights used where the file lies: its pages go back once quantized
-    kw = {"native": opts.native, "mapped": mapped} if cls is Int8Linear else {}
+    kw = {"native": opts.native, "mapped": mapped} if cls is Int8Linear else {"mapped": mapped}
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)
                and (head or name != "head")]
     for name, mod in targets:
