@@ -45,9 +45,10 @@ _tried = False
 why_not: str | None = None     # why the kernels are off (None while on or not tried yet)
 
 SOURCES = {n: Path(__file__).with_name(n).read_text(encoding="utf-8")
-           for n in ("native.c", "native_q8.h", "native_gemm.h", "native_llama.h")}
+           for n in ("native.c", "native_q8.h", "native_gemm.h", "native_attn.h", "native_llama.h")}
 SOURCE = SOURCES["native.c"]    # the kernels (C), beside this file; included: native_q8.h (the int8 GEMV),
-                                # native_gemm.h (prefill's int8 GEMM), native_llama.h (the llama family's step)
+                                # native_gemm.h (prefill's int8 GEMM), native_attn.h (per-head attention),
+                                # native_llama.h (the llama family's step)
 ARCH_ENV = "TINYCHAT_NATIVE_ARCH"   # the build's target flags instead of the host's own (-march=native), e.g.
                                     # "-march=x86-64-v3 -mavxvnni" (AVX2 + AVX-VNNI), "-march=x86-64-v3" (AVX2)
 

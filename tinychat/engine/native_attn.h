@@ -1,0 +1,347 @@
+/* tinychat's attention of one q head (or one K/V group's heads) against its keys, the kernels native.c's decode
+   (tc_attn) and prefill (tc_prefill_attn) attention share; included by native.c.
+
+   attend_one: one q head against keys 0..L of K/V and the W ring slots of Kl/Vl that hold one of the last W
+   positions, by the widest kernel the build targets: 16 lanes (AVX-512: attend_head16, and attend_grp16 for the 2-4
+   heads of a group in one pass over its keys), 8 lanes (AVX2 + FMA laptops: attend_head8), or plain C (attend_head,
+   any D). Scores, softmax (exp16 / exp8: the Cephes expf polynomial), then o = p @ [V | Vl] with the 1/sum applied
+   once. Each level's order of products and sums is fixed, so a level gives the same bits whatever the threads. */
+#ifndef TC_NATIVE_ATTN_H
+#define TC_NATIVE_ATTN_H
+#include <math.h>
+#include <stdint.h>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__)
+/* exp(x) for x <= 0 (scores minus their max), 16 lanes: Cody-Waite reduction by ln 2 and the Cephes expf
+   polynomial (~1 ulp), 2^n applied with scalef; below -87 (and -inf: masked slots) it is 0, NaN stays NaN. */
+static inline __m512 exp16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.0f);
+    __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ);
+    x = _mm512_max_ps(lo, x);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
+}
+
+/* <q, k> for q held in nv 16-lane registers and k of 16 * nv floats. */
+static inline float dot16(const __m512 *qv, int64_t nv, const float *k) {
+    __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
+    for (int64_t v = 1; v < nv; v++) a = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(k + 16 * v), a);
+    return _mm512_reduce_add_ps(a);
+}
+
+/* The scores of 16 keys (rows of D = 16 * nv floats, D apart) against q (nv registers): lane j is dot16(qv, nv,
+   K + j * D) to the bit: the same products and fmadd chain per key, then one reduction tree for all 16 that adds
+   the same pairs as _mm512_reduce_add_ps (GCC's: lanes l + l+8, then l + l+4, l + l+2, l + l+1; IEEE addition
+   commutes), ~3 instructions a key instead of ~8. */
+static inline __m512 dots16x16(const __m512 *qv, int nv, const float *K, int64_t D) {
+    __m512 a[16], t[8], u[4], w[2];
+    for (int k = 0; k < 16; k++) {
+        const float *kr = K + k * D;
+        a[k] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+        for (int v = 1; v < nv; v++) a[k] = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(kr + 16 * v), a[k]);
+    }
+    for (int i = 0; i < 8; i++)          /* 256-bit halves: key 2i's l + l+8 in lanes 0-7, key 2i+1's in 8-15 */
+        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)          /* 128-bit halves: keys 4i .. 4i+3, l + l+4, one per 128-bit block */
+        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)          /* l + l+2: block b holds key 8i+b's two, then key 8i+4+b's */
+        w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 z = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),     /* l + l+1: lane 4b + c */
+                             _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));    /* is key b + 4c */
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
+}
+
+/* s[j] = exp(s[j] - m) for the n scores (16 at a time, the rest masked); returns 1 / their sum. */
+static inline float softmax16(float *s, int64_t n, float m) {
+    __m512 mv = _mm512_set1_ps(m), zv = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
+        _mm512_storeu_ps(s + j, e);
+        zv = _mm512_add_ps(zv, e);
+    }
+    if (j < n) {
+        __mmask16 t = (__mmask16)((1u << (n - j)) - 1u);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), mv));
+        e = _mm512_maskz_mov_ps(t, e);
+        _mm512_mask_storeu_ps(s + j, t, e);
+        zv = _mm512_add_ps(zv, e);
+    }
+    return 1.0f / _mm512_reduce_add_ps(zv);
+}
+
+/* acc += p * v for v of 16 * nv floats. */
+static inline void axpy16(__m512 *acc, int64_t nv, float p, const float *v) {
+    __m512 pv = _mm512_set1_ps(p);
+    for (int64_t i = 0; i < nv; i++) acc[i] = _mm512_fmadd_ps(pv, _mm512_loadu_ps(v + 16 * i), acc[i]);
+}
+
+/* One q head (D a multiple of 16, at most 256) against keys 0..L of K/V and the W ring slots of Kl/Vl that hold
+   one of the last W positions: scores into s (L + 1 + W), softmax, o = p @ [V | Vl]. q stays in registers; the
+   exponentials and their sum run 16 at a time; the 1/sum is applied once to o. */
+static void attend_head16(const float *q, const float *K, const float *V, const float *Kl, const float *Vl,
+                          const int64_t *lpos, int64_t L, int64_t W, int64_t D, float *s, float *o) {
+    int64_t nv = D / 16, n = L + 1 + W;
+    __m512 qv[16], acc[16];
+    for (int64_t v = 0; v < nv; v++) qv[v] = _mm512_loadu_ps(q + 16 * v);
+    float m = -INFINITY;
+    for (int64_t j = 0; j <= L; j++) {
+        float x = dot16(qv, nv, K + j * D);
+        s[j] = x;
+        m = x > m ? x : m;
+    }
+    for (int64_t j = 0; j < W; j++) {
+        int64_t p = lpos[j];
+        float x = (p >= 0 && L - p < W) ? dot16(qv, nv, Kl + j * D) : -INFINITY;
+        s[L + 1 + j] = x;
+        m = x > m ? x : m;
+    }
+    float rz = softmax16(s, n, m);
+    for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_setzero_ps();
+    for (int64_t i = 0; i <= L; i++) axpy16(acc, nv, s[i], V + i * D);
+    for (int64_t i = 0; i < W; i++)
+        if (s[L + 1 + i] != 0.f) axpy16(acc, nv, s[L + 1 + i], Vl + i * D);
+    __m512 rv = _mm512_set1_ps(rz);
+    for (int64_t v = 0; v < nv; v++) _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(acc[v], rv));
+}
+
+/* attend_head16 for the nh heads of one K/V group at once (head h's query at q + h * qs, output at o + h * os,
+   scores at s + h * (L + 1 + W)): each key and value row is loaded once for the nh heads, and every head's
+   arithmetic is attend_head16's (the same products, sums and order: the same bits). Inlined with constant nh and
+   nv, so the heads' queries and accumulators stay in registers (nh * nv <= 16). */
+static inline __attribute__((always_inline)) void attend_grp16(const int nh, const int nv, const float *q, int64_t qs,
+                                                               const float *K, const float *V, const float *Kl,
+                                                               const float *Vl, const int64_t *lpos, int64_t L,
+                                                               int64_t W, float *s, float *o, int64_t os) {
+    const int64_t D = 16 * nv, n = L + 1 + W;
+    __m512 qv[16], acc[16];
+    float m[4], rz[4];
+    for (int h = 0; h < nh; h++) {
+        for (int v = 0; v < nv; v++) qv[h * nv + v] = _mm512_loadu_ps(q + h * qs + 16 * v);
+        m[h] = -INFINITY;
+    }
+    int64_t j = 0;
+    for (; j + 16 <= L + 1; j += 16)                  /* 16 keys at a time: dot16's bits, one reduction tree */
+        for (int h = 0; h < nh; h++) {
+            __m512 x = dots16x16(qv + h * nv, nv, K + j * D, D);
+            _mm512_storeu_ps(s + h * n + j, x);
+            float mx = _mm512_reduce_max_ps(x);
+            m[h] = mx > m[h] ? mx : m[h];
+        }
+    for (; j <= L; j++)
+        for (int h = 0; h < nh; h++) {
+            float x = dot16(qv + h * nv, nv, K + j * D);
+            s[h * n + j] = x;
+            m[h] = x > m[h] ? x : m[h];
+        }
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    const __m512i zero = _mm512_setzero_si512(), lw = _mm512_set1_epi64(L - W);
+    for (j = 0; j + 16 <= W; j += 16) {               /* the band's slots, 16 at a time; no key: -inf */
+        __m512i p0 = _mm512_loadu_si512((const void *)(lpos + j)), p1 = _mm512_loadu_si512((const void *)(lpos + j + 8));
+        __mmask8 k0 = _mm512_cmpge_epi64_mask(p0, zero) & _mm512_cmpgt_epi64_mask(p0, lw);     /* L - p < W */
+        __mmask8 k1 = _mm512_cmpge_epi64_mask(p1, zero) & _mm512_cmpgt_epi64_mask(p1, lw);
+        __mmask16 ok = (__mmask16)(k0 | (k1 << 8));
+        for (int h = 0; h < nh; h++) {
+            __m512 x = ok ? _mm512_mask_blend_ps(ok, ninf, dots16x16(qv + h * nv, nv, Kl + j * D, D)) : ninf;
+            _mm512_storeu_ps(s + h * n + L + 1 + j, x);
+            float mx = _mm512_reduce_max_ps(x);
+            m[h] = mx > m[h] ? mx : m[h];
+        }
+    }
+    for (; j < W; j++) {
+        int64_t p = lpos[j];
+        int ok = p >= 0 && L - p < W;
+        for (int h = 0; h < nh; h++) {
+            float x = ok ? dot16(qv + h * nv, nv, Kl + j * D) : -INFINITY;
+            s[h * n + L + 1 + j] = x;
+            m[h] = x > m[h] ? x : m[h];
+        }
+    }
+    for (int h = 0; h < nh; h++) rz[h] = softmax16(s + h * n, n, m[h]);
+    for (int v = 0; v < nh * nv; v++) acc[v] = _mm512_setzero_ps();
+    for (int64_t i = 0; i <= L; i++)
+        for (int h = 0; h < nh; h++) axpy16(acc + h * nv, nv, s[h * n + i], V + i * D);
+    for (int64_t i = 0; i < W; i++)
+        for (int h = 0; h < nh; h++)
+            if (s[h * n + L + 1 + i] != 0.f) axpy16(acc + h * nv, nv, s[h * n + L + 1 + i], Vl + i * D);
+    for (int h = 0; h < nh; h++) {
+        __m512 rv = _mm512_set1_ps(rz[h]);
+        for (int v = 0; v < nv; v++) _mm512_storeu_ps(o + h * os + 16 * v, _mm512_mul_ps(acc[h * nv + v], rv));
+    }
+}
+
+/* The group sizes with a specialized pass (D = 64: nv = 4); 1 elsewhere. */
+static int64_t grp16_size(int64_t rep, int64_t D) {
+    if (D != 64) return 1;
+    return rep % 4 == 0 ? 4 : rep % 3 == 0 ? 3 : rep % 2 == 0 ? 2 : 1;
+}
+
+static void attend_heads16(int64_t nh, const float *q, int64_t qs, const float *K, const float *V, const float *Kl,
+                           const float *Vl, const int64_t *lpos, int64_t L, int64_t W, int64_t D, float *s, float *o,
+                           int64_t os) {
+    if (nh == 4) attend_grp16(4, 4, q, qs, K, V, Kl, Vl, lpos, L, W, s, o, os);
+    else if (nh == 3) attend_grp16(3, 4, q, qs, K, V, Kl, Vl, lpos, L, W, s, o, os);
+    else if (nh == 2) attend_grp16(2, 4, q, qs, K, V, Kl, Vl, lpos, L, W, s, o, os);
+    else
+        for (int64_t h = 0; h < nh; h++)
+            attend_head16(q + h * qs, K, V, Kl, Vl, lpos, L, W, D, s + h * (L + 1 + W), o + h * os);
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+/* exp16 in 8 lanes for AVX2 laptops (no scalef): the same reduction and polynomial, 2^n built in the exponent bits
+   (n >= -126 after the clamp at -87, and n <= 0 for scores minus their max); below -87 it is 0, NaN stays NaN. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    __m256 keep = _mm256_cmp_ps(x, lo, _CMP_NLT_UQ);
+    x = _mm256_max_ps(lo, x);                                 /* NaN lanes keep their NaN (the second operand) */
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
+}
+
+static inline float dot8(const __m256 *qv, int64_t nv, const float *k) {
+    __m256 a = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k));
+    for (int64_t v = 1; v < nv; v++) a = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(k + 8 * v), a);
+    return hsum8(a);
+}
+
+static inline void axpy8(__m256 *acc, int64_t nv, float p, const float *v) {
+    __m256 pv = _mm256_set1_ps(p);
+    for (int64_t i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + 8 * i), acc[i]);
+}
+
+/* attend_head16 in 8 lanes (D a multiple of 8, at most 256). */
+static void attend_head8(const float *q, const float *K, const float *V, const float *Kl, const float *Vl,
+                         const int64_t *lpos, int64_t L, int64_t W, int64_t D, float *s, float *o) {
+    int64_t nv = D / 8, n = L + 1 + W;
+    __m256 qv[32], acc[32];
+    for (int64_t v = 0; v < nv; v++) qv[v] = _mm256_loadu_ps(q + 8 * v);
+    float m = -INFINITY;
+    for (int64_t j = 0; j <= L; j++) {
+        float x = dot8(qv, nv, K + j * D);
+        s[j] = x;
+        m = x > m ? x : m;
+    }
+    for (int64_t j = 0; j < W; j++) {
+        int64_t p = lpos[j];
+        float x = (p >= 0 && L - p < W) ? dot8(qv, nv, Kl + j * D) : -INFINITY;
+        s[L + 1 + j] = x;
+        m = x > m ? x : m;
+    }
+    __m256 mv = _mm256_set1_ps(m), zv = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+        _mm256_storeu_ps(s + j, e);
+        zv = _mm256_add_ps(zv, e);
+    }
+    float z = hsum8(zv);
+    for (; j < n; j++) {
+        float e = expf(s[j] - m);
+        s[j] = e;
+        z += e;
+    }
+    float rz = 1.0f / z;
+    for (int64_t v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
+    for (int64_t i = 0; i <= L; i++) axpy8(acc, nv, s[i], V + i * D);
+    for (int64_t i = 0; i < W; i++)
+        if (s[L + 1 + i] != 0.f) axpy8(acc, nv, s[L + 1 + i], Vl + i * D);
+    __m256 rv = _mm256_set1_ps(rz);
+    for (int64_t v = 0; v < nv; v++) _mm256_storeu_ps(o + 8 * v, _mm256_mul_ps(acc[v], rv));
+}
+#endif
+
+/* attend_head16 for any D, in plain C (the compiler's vectors): one q head against keys 0..L of K/V and the W ring
+   slots of Kl/Vl holding one of the last W positions; scores into s (L + 1 + W), o = softmax @ [V | Vl]. */
+static void attend_head(const float *q, const float *K, const float *V, const float *Kl, const float *Vl,
+                        const int64_t *lpos, int64_t L, int64_t W, int64_t D, float *s, float *o) {
+    int64_t n = L + 1 + W;
+    float m = -INFINITY;
+    for (int64_t j = 0; j <= L; j++) {
+        float a = 0.f;
+#pragma omp simd reduction(+ : a)
+        for (int64_t t = 0; t < D; t++) a += q[t] * K[j * D + t];
+        s[j] = a;
+        m = a > m ? a : m;
+    }
+    for (int64_t j = 0; j < W; j++) {
+        int64_t p = lpos[j];
+        float a = -INFINITY;
+        if (p >= 0 && L - p < W) {
+            a = 0.f;
+#pragma omp simd reduction(+ : a)
+            for (int64_t t = 0; t < D; t++) a += q[t] * Kl[j * D + t];
+        }
+        s[L + 1 + j] = a;
+        m = a > m ? a : m;
+    }
+    double z = 0.0;
+    for (int64_t j = 0; j < n; j++) {
+        float e = expf(s[j] - m);
+        s[j] = e;
+        z += e;
+    }
+    float rz = (float)(1.0 / z);
+    for (int64_t t = 0; t < D; t++) o[t] = 0.f;
+    for (int64_t j = 0; j <= L; j++) {
+        float p = s[j] * rz;
+        for (int64_t t = 0; t < D; t++) o[t] += p * V[j * D + t];
+    }
+    for (int64_t j = 0; j < W; j++) {
+        float p = s[L + 1 + j] * rz;
+        if (p != 0.f)
+            for (int64_t t = 0; t < D; t++) o[t] += p * Vl[j * D + t];
+    }
+}
+
+/* One q head h (D a multiple of 8 or not: each level's kernel) against its K/V group; s: L + 1 + W floats. */
+static void attend_one(const float *q, const float *K, const float *V, const float *Kl, const float *Vl,
+                       const int64_t *lpos, int64_t L, int64_t W, int64_t D, float *s, float *o) {
+#if defined(__AVX512F__)
+    if ((D & 15) == 0 && D <= 256) {
+        attend_head16(q, K, V, Kl, Vl, lpos, L, W, D, s, o);
+        return;
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    if ((D & 7) == 0 && D <= 256) {
+        attend_head8(q, K, V, Kl, Vl, lpos, L, W, D, s, o);
+        return;
+    }
+#endif
+    attend_head(q, K, V, Kl, Vl, lpos, L, W, D, s, o);
+}
+
+#endif /* TC_NATIVE_ATTN_H */
