@@ -481,14 +481,14 @@ class Chat(BranchesMixin):
         so replay can say why tokens differ on another machine or build."""
         if self.quant != "int8" or self.device.type != "cpu":
             return None
-        from .engine.native import INT8_STEP_VERSION
+        from .engine.native import step_version
         from .engine.quant import bulk_prefill_kernel
         step = self.decoder.cpu_step
         native = step is not None and step.nat is not None
-        name = f"native-int8-v{INT8_STEP_VERSION}" if native else "torch-int8"
+        name = f"native-int8-v{step_version()}" if native else "torch-int8"
         kernel = bulk_prefill_kernel(self.model)
         if kernel == "native-gemm" and not native:
-            name += f"+native-prefill-v{INT8_STEP_VERSION}"
+            name += f"+native-prefill-v{step_version()}"
         elif kernel == "bf16-gemm":
             name += "+bf16-prefill"
         elif kernel == "fp32-gemm" and native:

@@ -346,7 +346,7 @@ def test_an_int8_turn_records_which_step_made_it():
     bf16 = "+bf16-prefill" if cpu_has_bf16_dot() else ""    # kernels off: bf16 prefill GEMMs where the CPU has them
     if native.load() is not None:               # on: prefill on the native int8 GEMM (bf16 GEMMs on AMX machines)
         amx = "+bf16-prefill" if cpu_has_amx() else ""
-        assert step == f"native-int8-v{native.INT8_STEP_VERSION}{amx}@{native.kernel_path()}"
+        assert step == f"native-int8-v{native.step_version()}{amx}@{native.kernel_path()}"
     else:
         assert step == f"torch-int8{bf16}"
     off = make_chat(quant="int8", max_new=4, seed=1, autosave=False, options=EngineOptions(native=False))

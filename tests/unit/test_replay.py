@@ -96,7 +96,7 @@ def test_an_int8_session_from_the_step_before_the_native_prefill_is_named_not_ca
     from tinychat.engine import native
     if native.load() is None:
         pytest.skip(f"no native kernels here: {native.why_not}")
-    v = native.INT8_STEP_VERSION
+    v = native.step_version()
     assert v >= 4
     sess = _recorded(turns=1, quant="int8")
     reply = sess.messages[-1]
@@ -128,12 +128,23 @@ def test_a_llama_int8_chat_records_the_native_prefill_beside_the_pytorch_decode_
         chat.send("hello there")
         names.append(chat.session.messages[-1].settings["step"])
     from tinychat.engine.quant import cpu_has_amx
-    v, at = native.INT8_STEP_VERSION, "@" + native.kernel_path()
+    v, at = native.step_version(), "@" + native.kernel_path()
     off = "torch-int8+bf16-prefill" if cpu_has_bf16_dot() else "torch-int8"   # kernels off: bf16 GEMMs where they run
     if cpu_has_amx():                           # AMX tiles: bf16 prefill GEMMs whatever the decode step
         assert names == [f"native-int8-v{v}+bf16-prefill{at}", "torch-int8+bf16-prefill", off]
     else:
         assert names == [f"native-int8-v{v}{at}", f"torch-int8+native-prefill-v{v}{at}", off]
+
+
+def test_the_step_version_moves_only_on_the_kernel_paths_whose_rounding_changed():
+    # v6 changed the AVX2 builds' attention only: a v5 session recorded on AVX-512 or NEON still replays as exact
+    from tinychat.engine import native
+    assert native.INT8_STEP_VERSION == 6
+    for path in ("avx2", "avx2-vnni"):
+        assert native.step_version(path) == 6
+    for path in ("avx512-vnni", "neon-dotprod", "neon", "scalar"):
+        assert native.step_version(path) == 5
+    assert native.step_version() == native.step_version(native.kernel_path())
 
 
 def test_step_names_describe_the_decode_step_and_the_prefill_gemm():
@@ -162,14 +173,14 @@ def test_a_session_prefilled_with_bf16_gemms_replays_elsewhere_with_a_step_note(
     chat.send("and the cat")                 # the second turn's prompt is a multi-token prefill
     sess = chat.session
     at = "@" + native.kernel_path()
-    assert sess.messages[-1].settings["step"] == f"native-int8-v{native.INT8_STEP_VERSION}+bf16-prefill{at}"
+    assert sess.messages[-1].settings["step"] == f"native-int8-v{native.step_version()}+bf16-prefill{at}"
     assert replay(make_chat(autosave=False, quant="int8", options=bf16), sess).ok
     here = make_chat(autosave=False, quant="int8", options=gemm)
-    assert here.step_name() == f"native-int8-v{native.INT8_STEP_VERSION}{at}"
+    assert here.step_name() == f"native-int8-v{native.step_version()}{at}"
     reply = sess.messages[-1]                # a token that came out otherwise on the other kind of machine
     n_head = len(here.tok.generation_prompt_ids())
     reply.token_ids[n_head] = (reply.token_ids[n_head] + 1) % 300
     report = replay(here, sess)
     assert report.step_mismatch and not report.divergences and not report.ok
     assert f"with bf16 prefill GEMMs on {at[1:]} kernels; this machine runs the native int8 step " \
-           f"v{native.INT8_STEP_VERSION} on" in report.step_note()
+           f"v{native.step_version()} on" in report.step_note()

@@ -123,8 +123,8 @@ void tc_tail(float *x, float *h, void *xq, float inv, const float *y_attn, int64
    ((Hk, gstride, D)) and the W ring slots of lk/lv ((Hk, W + 1, D); W = 0: none). y: (H*D). sc: nt * (H / Hk) *
    (L + 1 + W) floats of scores. Each thread takes a contiguous range of heads (as a static schedule would); on
    AVX-512 with D = 64 the heads of its range that share a K/V group run in one pass (attend_grp16, up to 4 at a
-   time: the same bits as one by one), so a group split between two threads (SmolLM2's 9 heads in 3 groups over
-   2 threads) is read once by each instead of once per head. */
+   time: the same bits as one by one; on AVX2 attend_grp8, up to 3, prefill's kernel), so a group split between two
+   threads (SmolLM2's 9 heads in 3 groups over 2 threads) is read once by each instead of once per head. */
 static void attend_all(const float *heads, int64_t H, int64_t Hk, int64_t D, const float *gk, const float *gv,
                        int64_t gstride, const float *lk, const float *lv, int64_t W, const int64_t *lpos, int64_t L,
                        float *y, float *sc, int nt) {
@@ -145,10 +145,20 @@ static void attend_all(const float *heads, int64_t H, int64_t Hk, int64_t D, con
             int64_t g = h / rep;
             const float *K = gk + g * gstride * D, *V = gv + g * gstride * D;
             const float *Kl = lk + g * (W + 1) * D, *Vl = lv + g * (W + 1) * D;
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+            int64_t run = ((g + 1) * rep < h1 ? (g + 1) * rep : h1) - h;   /* the range's heads of group g */
+#endif
 #if defined(__AVX512F__)
-            if (D == 64) {                  /* the range's heads of group g: 5 -> 3 + 2, 6 -> 4 + 2, ... */
-                int64_t run = ((g + 1) * rep < h1 ? (g + 1) * rep : h1) - h, c = run <= 4 ? run : run == 5 ? 3 : 4;
+            if (D == 64) {                  /* 5 -> 3 + 2, 6 -> 4 + 2, ... */
+                int64_t c = run <= 4 ? run : run == 5 ? 3 : 4;
                 attend_heads16(c, heads + h * D, D, K, V, Kl, Vl, lpos, L, W, D, s, y + h * D, D);
+                h += c;
+                continue;
+            }
+#elif defined(__AVX2__) && defined(__FMA__)
+            if ((D & 7) == 0 && D <= 256) {   /* 4 -> 2 + 2, 5 -> 3 + 2, ... */
+                int64_t c = run <= 3 ? run : run == 4 ? 2 : 3;
+                attend_heads8(c, heads + h * D, D, K, V, Kl, Vl, lpos, L, W, D, s, y + h * D, D);
                 h += c;
                 continue;
             }
@@ -192,13 +202,16 @@ void tc_rope_heads(const float *src, int64_t ss, int64_t sh, int64_t C, int64_t 
    ((Hk, W + C, D): the ring's last W entries in position order, then the chunk's keys) entries i + 1 .. i + W, whose
    positions spos (W + C; -1: not a key) says. q: (H, C, D), rotated and already scaled by 1/sqrt(D); y: (H, C, D).
    Every (head, query) pair runs over only the keys it sees; on AVX-512 with D = 64 the heads of a K/V group share
-   one pass over its keys and values (attend_grp16: the same bits). sc: nt * (H / Hk) * (L0 + C + W) floats. */
+   one pass over its keys and values (attend_grp16: the same bits); on AVX2 up to 3 heads do (attend_grp8: scores 4
+   keys at a time, its own bits). sc: nt * (H / Hk) * (L0 + C + W) floats. */
 void tc_prefill_attn(const float *q, int64_t H, int64_t Hk, int64_t D, int64_t C, int64_t L0, const float *gk,
                      const float *gv, int64_t gstride, const float *seq_k, const float *seq_v, const int64_t *spos,
                      int64_t W, float *y, float *sc, int nt) {
     int64_t rep = H / Hk, n = L0 + C + W, G = 1;
 #if defined(__AVX512F__)
     G = grp16_size(rep, D);                 /* heads of a group that share one pass over its keys and values */
+#elif defined(__AVX2__) && defined(__FMA__)
+    if ((D & 7) == 0 && D <= 256) G = grp8_size(rep);
 #endif
     int64_t ng = rep / G;
 #pragma omp parallel for schedule(dynamic, 4) num_threads(nt)
@@ -216,6 +229,11 @@ void tc_prefill_attn(const float *q, int64_t H, int64_t Hk, int64_t D, int64_t C
 #if defined(__AVX512F__)
         if ((D & 15) == 0 && D <= 256) {
             attend_heads16(G, qi, C * D, K, V, Kl, Vl, lp, L0 + i, W, D, s, o, C * D);
+            continue;
+        }
+#elif defined(__AVX2__) && defined(__FMA__)
+        if ((D & 7) == 0 && D <= 256) {
+            attend_heads8(G, qi, C * D, K, V, Kl, Vl, lp, L0 + i, W, D, s, o, C * D);
             continue;
         }
 #endif

@@ -33,8 +33,10 @@ from ..nativebuild import build_shared
 from ..nativebuild import compiler as _compiler
 
 ENV = "TINYCHAT_NATIVE"
-INT8_STEP_VERSION = 5   # sessions record "native-int8-v<this>"; bump it when the native step's rounding changes,
-                        # prefill's included (it fills the KV cache a later turn or a restore reads). 5: the
+INT8_STEP_VERSION = 6   # sessions record "native-int8-v<N>" (N: step_version, this on the paths it changed); bump
+                        # it when the native step's rounding changes, prefill's included (it fills the KV cache a
+                        # later turn or a restore reads). 6: AVX2 builds' attention (paths avx2, avx2-vnni) in
+                        # attend_grp8, decode's and prefill's (prefill's was SDPA); 5: the
                         # prefill GEMM's x86 kernels sum by super-blocks (native_gemm.h); 4: prefill's
                         # attention in the native kernels (tc_prefill_attn) instead of SDPA; 3: prefill's int8
                         # Linears on the native int8 GEMM (int8 activations, as decode) instead of fp32 / bf16
@@ -255,6 +257,13 @@ def kernel_path() -> str:
     "neon", "scalar"), or "pytorch" where the native kernels are off."""
     lib = load()
     return "pytorch" if lib is None else lib.tc_kernel_path().decode()
+
+
+def step_version(path: str | None = None) -> int:
+    """The int8 step version sessions record on a kernel path (default: this machine's): the last INT8_STEP_VERSION
+    that changed that path's rounding, so a session replays as exact where its bits did not move."""
+    path = kernel_path() if path is None else path
+    return INT8_STEP_VERSION if path.startswith("avx2") else 5
 
 
 def gemm_lib():

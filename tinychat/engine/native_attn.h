@@ -3,9 +3,9 @@
 
    attend_one: one q head against keys 0..L of K/V and the W ring slots of Kl/Vl that hold one of the last W
    positions, by the widest kernel the build targets: 16 lanes (AVX-512: attend_head16, and attend_grp16 for the 2-4
-   heads of a group in one pass over its keys), 8 lanes (AVX2 + FMA laptops: attend_head8), or plain C (attend_head,
-   any D). Scores, softmax (exp16 / exp8: the Cephes expf polynomial), then o = p @ [V | Vl] with the 1/sum applied
-   once. Each level's order of products and sums is fixed, so a level gives the same bits whatever the threads. */
+   heads of a group in one pass over its keys), 8 lanes (AVX2 + FMA laptops: attend_grp8, 1-3 heads of a group in one
+   pass, scores 4 keys at a time), or plain C (attend_head, any D). Scores, softmax (exp16 / exp8: the Cephes expf
+   polynomial), then o = p @ [V | Vl] with the 1/sum applied once. Each level's order of products and sums is fixed, so a level gives the same bits whatever the threads. */
 #ifndef TC_NATIVE_ATTN_H
 #define TC_NATIVE_ATTN_H
 #include <math.h>
@@ -232,35 +232,8 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
 }
 
-static inline float dot8(const __m256 *qv, int64_t nv, const float *k) {
-    __m256 a = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k));
-    for (int64_t v = 1; v < nv; v++) a = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(k + 8 * v), a);
-    return hsum8(a);
-}
-
-static inline void axpy8(__m256 *acc, int64_t nv, float p, const float *v) {
-    __m256 pv = _mm256_set1_ps(p);
-    for (int64_t i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + 8 * i), acc[i]);
-}
-
-/* attend_head16 in 8 lanes (D a multiple of 8, at most 256). */
-static void attend_head8(const float *q, const float *K, const float *V, const float *Kl, const float *Vl,
-                         const int64_t *lpos, int64_t L, int64_t W, int64_t D, float *s, float *o) {
-    int64_t nv = D / 8, n = L + 1 + W;
-    __m256 qv[32], acc[32];
-    for (int64_t v = 0; v < nv; v++) qv[v] = _mm256_loadu_ps(q + 8 * v);
-    float m = -INFINITY;
-    for (int64_t j = 0; j <= L; j++) {
-        float x = dot8(qv, nv, K + j * D);
-        s[j] = x;
-        m = x > m ? x : m;
-    }
-    for (int64_t j = 0; j < W; j++) {
-        int64_t p = lpos[j];
-        float x = (p >= 0 && L - p < W) ? dot8(qv, nv, Kl + j * D) : -INFINITY;
-        s[L + 1 + j] = x;
-        m = x > m ? x : m;
-    }
+/* s[j] = exp(s[j] - m) for the n scores (8 at a time, the rest by expf); returns 1 / their sum. */
+static inline float softmax8(float *s, int64_t n, float m) {
     __m256 mv = _mm256_set1_ps(m), zv = _mm256_setzero_ps();
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
@@ -274,13 +247,133 @@ static void attend_head8(const float *q, const float *K, const float *V, const f
         s[j] = e;
         z += e;
     }
-    float rz = 1.0f / z;
-    for (int64_t v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
-    for (int64_t i = 0; i <= L; i++) axpy8(acc, nv, s[i], V + i * D);
-    for (int64_t i = 0; i < W; i++)
-        if (s[L + 1 + i] != 0.f) axpy8(acc, nv, s[L + 1 + i], Vl + i * D);
-    __m256 rv = _mm256_set1_ps(rz);
-    for (int64_t v = 0; v < nv; v++) _mm256_storeu_ps(o + 8 * v, _mm256_mul_ps(acc[v], rv));
+    return 1.0f / z;
+}
+
+/* The sums of four 8-lane registers, one a lane: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) each. */
+static inline __m128 tree4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+/* out[h]: the scores of keys kr[0..3] (rows of D = 8 * nv floats) against the nh queries q + h * qs: per head and
+   key one mul-fmadd chain over D in 8 lanes, then tree4. Each key row is loaded once for the nh heads (the queries
+   are read from L1 by the fmadds). */
+static inline __attribute__((always_inline)) void dots8x4(const int nh, const int nv, const float *q, int64_t qs,
+                                                          const float *const kr[4], __m128 *out) {
+    __m256 a[3][4];
+    for (int k = 0; k < 4; k++) {
+        __m256 kv = _mm256_loadu_ps(kr[k]);
+        for (int h = 0; h < nh; h++) a[h][k] = _mm256_mul_ps(_mm256_loadu_ps(q + h * qs), kv);
+    }
+    for (int v = 1; v < nv; v++)
+        for (int k = 0; k < 4; k++) {
+            __m256 kv = _mm256_loadu_ps(kr[k] + 8 * v);
+            for (int h = 0; h < nh; h++)
+                a[h][k] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * qs + 8 * v), kv, a[h][k]);
+        }
+    for (int h = 0; h < nh; h++) out[h] = tree4(a[h][0], a[h][1], a[h][2], a[h][3]);
+}
+
+/* Prefill's attention at AVX2 level: the nh (1-3) q heads of one K/V group for one query, in one pass over the
+   keys the query sees (keys 0..L of K/V, the W ring entries of Kl/Vl holding one of the last W positions); head h's
+   query at q + h * qs, output at o + h * os, scores at s + h * (L + 1 + W). Scores 4 keys at a time (dots8x4); a
+   run's last 1-3 keys go through the same code with the last key repeated, so a score's bits depend only on its
+   query and key, never on the chunk (a prefill split differently gives the same cache). Softmax 8 lanes at a time
+   (softmax8); o = p @ [V | Vl] in chunks of 4 registers of D, each value row loaded once for the heads, the 1 / sum
+   applied once. Inlined with constant nh (and nv for D = 64) so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void attend_grp8(const int nh, const int nv, const float *q, int64_t qs,
+                                                              const float *K, const float *V, const float *Kl,
+                                                              const float *Vl, const int64_t *lpos, int64_t L,
+                                                              int64_t W, float *s, float *o, int64_t os) {
+    const int64_t D = 8 * nv, n = L + 1 + W;
+    const __m128 ninf = _mm_set1_ps(-INFINITY);
+    __m128 mx[3], x[3];
+    float rz[3];
+    for (int h = 0; h < nh; h++) mx[h] = ninf;
+    for (int64_t j = 0; j <= L; j += 4) {
+        int64_t c = L + 1 - j < 4 ? L + 1 - j : 4;
+        const float *kr[4];
+        for (int k = 0; k < 4; k++) kr[k] = K + (j + (k < c ? k : c - 1)) * D;
+        dots8x4(nh, nv, q, qs, kr, x);
+        for (int h = 0; h < nh; h++) {
+            if (c == 4) _mm_storeu_ps(s + h * n + j, x[h]);
+            else {
+                float t[4];
+                _mm_storeu_ps(t, x[h]);
+                for (int64_t k = 0; k < c; k++) s[h * n + j + k] = t[k];
+            }
+            mx[h] = _mm_max_ps(x[h], mx[h]);           /* a repeated key changes no max; NaN scores are skipped */
+        }
+    }
+    for (int64_t j = 0; j < W; j += 4) {               /* the band; a slot without a key of it: -inf */
+        int64_t c = W - j < 4 ? W - j : 4;
+        const float *kr[4];
+        int32_t ok[4], any = 0;
+        for (int k = 0; k < 4; k++) {
+            int64_t e = j + (k < c ? k : c - 1), p = lpos[e];
+            kr[k] = Kl + e * D;
+            ok[k] = -(int32_t)(p >= 0 && L - p < W);
+            any |= ok[k];
+        }
+        if (any) dots8x4(nh, nv, q, qs, kr, x);
+        const __m128 okm = _mm_castsi128_ps(_mm_setr_epi32(ok[0], ok[1], ok[2], ok[3]));
+        for (int h = 0; h < nh; h++) {
+            __m128 y = any ? _mm_blendv_ps(ninf, x[h], okm) : ninf;
+            float t[4];
+            _mm_storeu_ps(t, y);
+            for (int64_t k = 0; k < c; k++) s[h * n + L + 1 + j + k] = t[k];
+            mx[h] = _mm_max_ps(y, mx[h]);
+        }
+    }
+    for (int h = 0; h < nh; h++) {
+        __m128 m = _mm_max_ps(mx[h], _mm_movehl_ps(mx[h], mx[h]));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        rz[h] = softmax8(s + h * n, n, _mm_cvtss_f32(m));
+    }
+    for (int v0 = 0; v0 < nv; v0 += 4) {
+        const int cv = nv - v0 < 4 ? nv - v0 : 4;
+        __m256 acc[3][4];
+        for (int h = 0; h < nh; h++)
+            for (int v = 0; v < cv; v++) acc[h][v] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < n; i++) {
+            const float *vr = i <= L ? V + i * D : Vl + (i - L - 1) * D;
+            if (i > L) {                                 /* a band slot no head sees (masked): skipped */
+                int any = 0;
+                for (int h = 0; h < nh; h++) any |= s[h * n + i] != 0.f;
+                if (!any) continue;
+            }
+            __m256 p[3];
+            for (int h = 0; h < nh; h++) p[h] = _mm256_broadcast_ss(s + h * n + i);
+            for (int v = 0; v < cv; v++) {
+                __m256 vv = _mm256_loadu_ps(vr + 8 * (v0 + v));
+                for (int h = 0; h < nh; h++) acc[h][v] = _mm256_fmadd_ps(p[h], vv, acc[h][v]);
+            }
+        }
+        for (int h = 0; h < nh; h++) {
+            __m256 rv = _mm256_set1_ps(rz[h]);
+            for (int v = 0; v < cv; v++) _mm256_storeu_ps(o + h * os + 8 * (v0 + v), _mm256_mul_ps(acc[h][v], rv));
+        }
+    }
+}
+
+/* The heads of a K/V group that share one pass (attend_grp8): up to 3. */
+static int64_t grp8_size(int64_t rep) { return rep % 3 == 0 ? 3 : rep % 2 == 0 ? 2 : 1; }
+
+/* attend_grp8 for nh (1-3) heads, D a multiple of 8 up to 256 (D = 64 specialized). */
+static void attend_heads8(int64_t nh, const float *q, int64_t qs, const float *K, const float *V, const float *Kl,
+                          const float *Vl, const int64_t *lpos, int64_t L, int64_t W, int64_t D, float *s, float *o,
+                          int64_t os) {
+    if (D == 64) {
+        if (nh == 3) attend_grp8(3, 8, q, qs, K, V, Kl, Vl, lpos, L, W, s, o, os);
+        else if (nh == 2) attend_grp8(2, 8, q, qs, K, V, Kl, Vl, lpos, L, W, s, o, os);
+        else attend_grp8(1, 8, q, qs, K, V, Kl, Vl, lpos, L, W, s, o, os);
+    } else {
+        const int nv = (int)(D / 8);
+        if (nh == 3) attend_grp8(3, nv, q, qs, K, V, Kl, Vl, lpos, L, W, s, o, os);
+        else if (nh == 2) attend_grp8(2, nv, q, qs, K, V, Kl, Vl, lpos, L, W, s, o, os);
+        else attend_grp8(1, nv, q, qs, K, V, Kl, Vl, lpos, L, W, s, o, os);
+    }
 }
 #endif
 
@@ -337,7 +430,7 @@ static void attend_one(const float *q, const float *K, const float *V, const flo
     }
 #elif defined(__AVX2__) && defined(__FMA__)
     if ((D & 7) == 0 && D <= 256) {
-        attend_head8(q, K, V, Kl, Vl, lpos, L, W, D, s, o);
+        attend_heads8(1, q, D, K, V, Kl, Vl, lpos, L, W, D, s, o, D);
         return;
     }
 #endif
