@@ -4,9 +4,11 @@ Only the C sources differ between the sides (the Python code is this checkout's)
 
     python tests/perf/ab_kernels.py gemm    [--rev HEAD] [--threads 1] [--tokens 200] [--ks 576 768 1536 3328]
     python tests/perf/ab_kernels.py attn    [--rev HEAD] [--threads 1] [--tokens 200] [--ctx 0 1000] [--window 128]
+    python tests/perf/ab_kernels.py decode  [--rev HEAD] [--threads 1] [--ctx 100 1500] [--window 256]
     python tests/perf/ab_kernels.py prefill [--rev HEAD] [--threads 1] [--tokens 200] [--config full]
 
 gemm: `tc_gemm`, 768 rows x K, per K. attn: `tc_prefill_attn` (12 / 4 heads, D 64) after ctx earlier tokens.
+decode: `tc_attn`, one token at position ctx (the same heads; a local and a full layer), 10x the rounds.
 prefill: a whole int8 prefill of a random-weight config, the module's loaded library swapped between rounds.
 Each line: medians (ms), new / old time (median of per-round ratios) and whether the outputs are `torch.equal`.
 TINYCHAT_NATIVE_ARCH builds both sides for another level (e.g. the evex256 stand-in, see README.md here).
@@ -100,6 +102,32 @@ def attn(a, libs):
                *interleave(a.rounds, sides))
 
 
+def decode(a, libs):
+    H, Hk, D, W = 12, 4, 64, a.window
+    for L in a.ctx:
+        for full in (0, 1):
+            g = torch.Generator().manual_seed(L + full)
+            heads = torch.randn((H + 4 * Hk) * D, generator=g)
+            ang = torch.rand(D // 2, generator=g) * 6
+            cos, sin = ang.cos().contiguous(), ang.sin().contiguous()
+            lk, lv = torch.randn(Hk, W + 1, D, generator=g), torch.randn(Hk, W + 1, D, generator=g)
+            gk, gv = torch.randn(Hk, L + 2, D, generator=g), torch.randn(Hk, L + 2, D, generator=g)
+            lpos = torch.full((W + 1,), -1, dtype=torch.long)
+            for p in range(max(0, L - W + 1), L + 1):      # the ring holds the last W positions
+                lpos[p % W] = p
+            sc = torch.empty(a.threads * (H // Hk) * (L + 2 + W))
+
+            def run(lib):
+                y, h = torch.empty(H * D), heads.clone()
+                lib.tc_attn(h.data_ptr(), H, Hk, D, full, cos.data_ptr(), sin.data_ptr(), lk.data_ptr(),
+                            lv.data_ptr(), W, gk.data_ptr(), gv.data_ptr(), L + 2, lpos.data_ptr(), L, y.data_ptr(),
+                            sc.data_ptr(), a.threads)
+                return y
+            sides = {k: (lambda lib=lib: run(lib)) for k, lib in libs.items()}
+            report(f"decode attention at {L} ({'full' if full else 'local'} layer), band {W}, {a.threads} "
+                   f"thread(s)", *interleave(a.rounds * 10, sides, 30))
+
+
 def prefill(a, libs):
     from tinychat.engine import KVCache, append, quantize_cpu
     from tinychat.model import TinyAgentLM, config_for
@@ -122,7 +150,7 @@ def prefill(a, libs):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["gemm", "attn", "prefill"])
+    ap.add_argument("what", choices=["gemm", "attn", "decode", "prefill"])
     ap.add_argument("--rev", default="HEAD", help="the revision whose C sources are the old side")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=200)
@@ -136,7 +164,7 @@ def main():
     torch.set_num_threads(a.threads)
     old, new = builds(a.rev)
     print(f"kernel path {new.tc_kernel_path().decode()}; old = {a.rev}'s C sources, new = the working tree's")
-    {"gemm": gemm, "attn": attn, "prefill": prefill}[a.what](a, {"old": old, "new": new})
+    {"gemm": gemm, "attn": attn, "decode": decode, "prefill": prefill}[a.what](a, {"old": old, "new": new})
 
 
 if __name__ == "__main__":
