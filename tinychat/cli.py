@@ -55,7 +55,7 @@ def chat(ctx: typer.Context,
                                                   help="Also ban 3-grams the reply itself already said (no loops)."),
          system: Optional[str] = typer.Option(None, "--system", help="System prompt for a new chat."),
          max_new: Optional[int] = typer.Option(None, "--max-new", help="Most tokens per reply."),
-         session: Optional[str] = typer.Option(None, "--session", "-s", help="Continue a saved session (id or path), on the imported model it was recorded with unless --model is given."),
+         session: Optional[str] = typer.Option(None, "--session", "-s", help="Continue a saved session (id, its unique start, or path), on the imported model it was recorded with unless --model is given."),
          plain: bool = typer.Option(False, "--plain", help="Line mode instead of the app (automatic when piped)."),
          json_out: bool = typer.Option(False, "--json", help="With --plain: one JSON object per reply on stdout."),
          prompt: Optional[str] = typer.Option(None, "--prompt", "-p", metavar="TEXT",
@@ -304,6 +304,7 @@ def sessions_copy(ref: str = typer.Argument(..., metavar="ID"),
     import json
 
     from . import session as S
+    ref = S.resolve_id(ref)                     # the whole id, for the message below
     dup = S.copy(ref, title=title)
     path = S.session_path(dup.id)
     if json_out:
@@ -317,9 +318,10 @@ def sessions_copy(ref: str = typer.Argument(..., metavar="ID"),
 def sessions_rm(ref: str = typer.Argument(..., metavar="ID")):
     """Delete a session (and its KV snapshot)."""
     from . import session as S
-    if not S.delete(ref):
-        raise UsageError(f"no session {ref!r}")
-    typer.echo(f"deleted {ref}", err=True)
+    sid = S.resolve_id(ref)
+    if not S.delete(sid):
+        raise UsageError(f"no session {ref!r} (`tinychat sessions` lists the saved ones)")
+    typer.echo(f"deleted {sid}", err=True)
 
 
 @app.command()

@@ -197,6 +197,23 @@ def session_path(session_id: str, dir: str | Path | None = None) -> Path:
     return _dir(dir) / f"{_check_id(session_id)}.json"
 
 
+def resolve_id(ref: str, dir: str | Path | None = None) -> str:
+    """A saved session's id from `ref`: the id itself, or the start of exactly one saved session's id (ids are long:
+    `20261202-023742-582-d2fc28`; `20261202-0237` is enough while no other session starts so). SessionError when
+    several start so; `ref` itself when none does (reading it then says there is no such file)."""
+    _check_id(ref)
+    d = _dir(dir)
+    if (d / f"{ref}.json").exists() or not d.is_dir():
+        return ref
+    hits = sorted(n[:-5] for n in os.listdir(d) if n.startswith(ref) and n.endswith(".json")
+                  and _ID_RE.fullmatch(n[:-5]))
+    if len(hits) > 1:
+        more = ", ..." if len(hits) > 3 else ""
+        raise SessionError(f"session id {ref!r} is ambiguous: {len(hits)} saved sessions start so "
+                           f"({', '.join(hits[:3])}{more})")
+    return hits[0] if hits else ref
+
+
 def snapshot_path(session_id: str, dir: str | Path | None = None) -> Path:
     return _dir(dir) / f"{_check_id(session_id)}{SNAPSHOT_SUFFIX}"
 
@@ -330,12 +347,16 @@ def _resolve(id_or_path: str | Path, dir: str | Path | None) -> tuple[Path, str 
     """A path (anything with a separator or a .json suffix) or an id; the id the file must hold, if known."""
     if isinstance(id_or_path, Path) or "/" in id_or_path or os.sep in id_or_path or id_or_path.endswith(".json"):
         return Path(id_or_path), None
-    return session_path(id_or_path, dir), id_or_path
+    sid = resolve_id(id_or_path, dir)
+    return session_path(sid, dir), sid
 
 
 def load(id_or_path: str | Path, dir: str | Path | None = None) -> Session:
-    """Read and validate a session by id (in `dir` / the sessions folder) or by path. Raises SessionError."""
+    """Read and validate a session by id (in `dir` / the sessions folder; or the start of one: resolve_id) or by path.
+    Raises SessionError."""
     path, expect_id = _resolve(id_or_path, dir)
+    if expect_id is not None and not path.exists():
+        raise SessionError(f"{path}: no such session file (`tinychat sessions` lists the saved ones)")
     session = _from_dict(_read_json(path), str(path))
     if expect_id is not None and session.id != expect_id:
         raise SessionError(f"{path}: holds session id {session.id!r}, not the one its file name says")
@@ -521,7 +542,9 @@ def matches(path: str | Path, text: str) -> bool:
 
 def delete(session_id: str, dir: str | Path | None = None) -> bool:
     """Remove a session and its KV snapshot (snapshot first: a session without one is still whole).
-    True when the session file existed. SessionLocked when another process has it open."""
+    True when the session file existed. SessionLocked when another process has it open. session_id: an id or the
+    start of exactly one (resolve_id)."""
+    session_id = resolve_id(session_id, dir)
     target = session_path(session_id, dir)
     if not target.parent.is_dir():
         return False
