@@ -153,6 +153,15 @@ def _int8_kernels() -> str:
     return path if native.why_not is None else f"{path} ({native.why_not})"
 
 
+def _int8_step() -> str:
+    """The int8 step as sessions recorded here name it (Chat.step_name without the prefill's part): the native
+    step's version on this kernel path, or the PyTorch fallback; replay compares it with a session's."""
+    from .engine import native
+    if native.load() is None:
+        return "torch-int8"
+    return f"native-int8-v{native.step_version()}@{native.kernel_path()}"
+
+
 PREFILL_KERNELS = {"native-gemm": "native int8 GEMM", "bf16-gemm": "bf16 GEMMs", "fp32-gemm": "fp32 GEMMs",
                    "int8-gemv": "int8 GEMV"}
 
@@ -185,7 +194,7 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_
         "max_seq_len": c.max_seq_len, "engram_layers": list(c.engram_layers), "engram_orders": list(c.engram_orders),
         "kv_bytes_per_token": c.kv_bytes_per_token(2), "gqa_kv_bytes_per_token": c.gqa_kv_bytes_per_token(2),
         "ring_bytes": c.ring_bytes(2),
-        "int8_kernels": _int8_kernels(), "int8_prefill": _int8_prefill(),
+        "int8_kernels": _int8_kernels(), "int8_prefill": _int8_prefill(), "int8_step": _int8_step(),
     }
     if json_out:
         import json
@@ -205,6 +214,7 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_
     t.add_row("local window", f"{c.swa_window}")
     t.add_row("Engram", f"layers {list(c.engram_layers)}, orders {list(c.engram_orders)}" if c.has_engram else "none")
     t.add_row("int8 kernels (--quant int8)", facts["int8_kernels"])
+    t.add_row("int8 step (sessions record)", facts["int8_step"])
     t.add_row("int8 prefill", facts["int8_prefill"])
     t.add_row("KV bytes / token (bf16)", f"{facts['kv_bytes_per_token']:,}")
     t.add_row("standard GQA cache / token", f"{facts['gqa_kv_bytes_per_token']:,} "

@@ -15,6 +15,13 @@ def test_info_reports_kv_bytes_next_to_standard_gqa():
     assert facts["params"] > facts["linear_params"] > 0 and facts["family"] == "TinyAgentLM"
     from tinychat.engine import native
     assert facts["int8_kernels"].split()[0] == native.kernel_path()   # e.g. avx512-vnni; pytorch (why) when off
+    if native.load() is not None:                  # the name an int8 turn records, as replay compares it
+        assert facts["int8_step"] == f"native-int8-v{native.step_version()}@{native.kernel_path()}"
+        from support import make_chat
+        chat = make_chat(quant="int8", autosave=False)
+        assert chat.step_name().split("+")[0].split("@")[0] == facts["int8_step"].split("@")[0]
+    else:
+        assert facts["int8_step"] == "torch-int8"
     from tinychat.engine.quant import cpu_has_amx, cpu_has_bf16_dot
     if native.gemm_lib() is not None:           # long int8 prefills: the native GEMM, bf16 GEMMs on AMX machines
         assert facts["int8_prefill"] == ("bf16 GEMMs" if cpu_has_amx() else "native int8 GEMM")
