@@ -5,7 +5,8 @@
    positions, by the widest kernel the build targets: 16 lanes (AVX-512: attend_head16, and attend_grp16 for the 2-4
    heads of a group in one pass over its keys), 8 lanes (AVX2 + FMA laptops: attend_grp8, 1-3 heads of a group in one
    pass, scores 4 keys at a time), or plain C (attend_head, any D). Scores, softmax (exp16 / exp8: the Cephes expf
-   polynomial), then o = p @ [V | Vl] with the 1/sum applied once. Each level's order of products and sums is fixed, so a level gives the same bits whatever the threads. */
+   polynomial), then o = p @ [V | Vl] with the 1/sum applied once. Each level's order of products and sums is fixed,
+   so a level gives the same bits whatever the threads. */
 #ifndef TC_NATIVE_ATTN_H
 #define TC_NATIVE_ATTN_H
 #include <math.h>
@@ -275,13 +276,14 @@ static inline __attribute__((always_inline)) void dots8x4(const int nh, const in
     for (int h = 0; h < nh; h++) out[h] = tree4(a[h][0], a[h][1], a[h][2], a[h][3]);
 }
 
-/* Prefill's attention at AVX2 level: the nh (1-3) q heads of one K/V group for one query, in one pass over the
-   keys the query sees (keys 0..L of K/V, the W ring entries of Kl/Vl holding one of the last W positions); head h's
-   query at q + h * qs, output at o + h * os, scores at s + h * (L + 1 + W). Scores 4 keys at a time (dots8x4); a
-   run's last 1-3 keys go through the same code with the last key repeated, so a score's bits depend only on its
-   query and key, never on the chunk (a prefill split differently gives the same cache). Softmax 8 lanes at a time
-   (softmax8); o = p @ [V | Vl] in chunks of 4 registers of D, each value row loaded once for the heads, the 1 / sum
-   applied once. Inlined with constant nh (and nv for D = 64) so the accumulators stay in registers. */
+/* The attention at AVX2 level, decode's and prefill's: the nh (1-3) q heads of one K/V group for one query, in one
+   pass over the keys the query sees (keys 0..L of K/V, the W ring entries of Kl/Vl holding one of the last W
+   positions); head h's query at q + h * qs, output at o + h * os, scores at s + h * (L + 1 + W). Scores 4 keys at a
+   time (dots8x4); a run's last 1-3 keys go through the same code with the last key repeated, so a score's bits
+   depend only on its query and key, never on the chunk (a prefill split differently gives the same cache). Softmax
+   8 lanes at a time (softmax8); o = p @ [V | Vl] in chunks of 4 registers of D, each value row loaded once for the
+   heads, the 1 / sum applied once. Inlined with constant nh (and nv for D = 64) so the accumulators stay in
+   registers. */
 static inline __attribute__((always_inline)) void attend_grp8(const int nh, const int nv, const float *q, int64_t qs,
                                                               const float *K, const float *V, const float *Kl,
                                                               const float *Vl, const int64_t *lpos, int64_t L,
