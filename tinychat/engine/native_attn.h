@@ -333,29 +333,40 @@ static inline __attribute__((always_inline)) void attend_grp8(const int nh, cons
         m = _mm_max_ss(m, _mm_movehdup_ps(m));
         rz[h] = softmax8(s + h * n, n, _mm_cvtss_f32(m));
     }
-    for (int v0 = 0; v0 < nv; v0 += 4) {
-        const int cv = nv - v0 < 4 ? nv - v0 : 4;
-        __m256 acc[3][4];
-        for (int h = 0; h < nh; h++)
-            for (int v = 0; v < cv; v++) acc[h][v] = _mm256_setzero_ps();
-        for (int64_t i = 0; i < n; i++) {
-            const float *vr = i <= L ? V + i * D : Vl + (i - L - 1) * D;
-            if (i > L) {                                 /* a band slot no head sees (masked): skipped */
-                int any = 0;
-                for (int h = 0; h < nh; h++) any |= s[h * n + i] != 0.f;
-                if (!any) continue;
+    /* p @ values by blocks of kb keys (16 KiB of value rows): each block's rows are read from memory once and stay
+       in L1 for the other chunks of D; the chunks' sums wait in o between blocks (the same additions in the same
+       order as one pass per chunk: the same bits) */
+    const int64_t kb = 16384 / (4 * D);
+    for (int64_t i0 = 0; i0 < n; i0 += kb) {
+        const int64_t i1 = i0 + kb < n ? i0 + kb : n;
+        for (int v0 = 0; v0 < nv; v0 += 4) {
+            const int cv = nv - v0 < 4 ? nv - v0 : 4;
+            __m256 acc[3][4];
+            for (int h = 0; h < nh; h++)
+                for (int v = 0; v < cv; v++)
+                    acc[h][v] = i0 ? _mm256_loadu_ps(o + h * os + 8 * (v0 + v)) : _mm256_setzero_ps();
+            for (int64_t i = i0; i < i1; i++) {
+                const float *vr = i <= L ? V + i * D : Vl + (i - L - 1) * D;
+                if (i > L) {                             /* a band slot no head sees (masked): skipped */
+                    int any = 0;
+                    for (int h = 0; h < nh; h++) any |= s[h * n + i] != 0.f;
+                    if (!any) continue;
+                }
+                __m256 p[3];
+                for (int h = 0; h < nh; h++) p[h] = _mm256_broadcast_ss(s + h * n + i);
+                for (int v = 0; v < cv; v++) {
+                    __m256 vv = _mm256_loadu_ps(vr + 8 * (v0 + v));
+                    for (int h = 0; h < nh; h++) acc[h][v] = _mm256_fmadd_ps(p[h], vv, acc[h][v]);
+                }
             }
-            __m256 p[3];
-            for (int h = 0; h < nh; h++) p[h] = _mm256_broadcast_ss(s + h * n + i);
-            for (int v = 0; v < cv; v++) {
-                __m256 vv = _mm256_loadu_ps(vr + 8 * (v0 + v));
-                for (int h = 0; h < nh; h++) acc[h][v] = _mm256_fmadd_ps(p[h], vv, acc[h][v]);
-            }
+            for (int h = 0; h < nh; h++)
+                for (int v = 0; v < cv; v++) _mm256_storeu_ps(o + h * os + 8 * (v0 + v), acc[h][v]);
         }
-        for (int h = 0; h < nh; h++) {
-            __m256 rv = _mm256_set1_ps(rz[h]);
-            for (int v = 0; v < cv; v++) _mm256_storeu_ps(o + h * os + 8 * (v0 + v), _mm256_mul_ps(acc[h][v], rv));
-        }
+    }
+    for (int h = 0; h < nh; h++) {
+        __m256 rv = _mm256_set1_ps(rz[h]);
+        for (int v = 0; v < nv; v++)
+            _mm256_storeu_ps(o + h * os + 8 * v, _mm256_mul_ps(_mm256_loadu_ps(o + h * os + 8 * v), rv));
     }
 }
 
