@@ -18,6 +18,7 @@ STEPS = {
     "train": ("tinychat.training.train_cli", "train the student model"),
     "export": ("tinychat.training.export", "write the model, tokenizer and card to assets/"),
     "eval": ("tinychat.training.evaluate", "quality bar and losses on held-out conversations"),
+    "stats": ("tinychat.training.stats", "how diverse the user messages of the shards are"),
 }
 
 
