@@ -52,6 +52,12 @@ def generate_command(teacher: dict, tokens: int | None, out: str = "data/shards"
                     ("top_k", "--top-k"), ("max_new", "--max-new")):
         if t.get(k) is not None:
             parts.append(f"{flag} {t[k]}")
+    if t.get("prompts", "v1") != "v1":
+        parts.append(f"--prompts {t['prompts']}")
+    if t.get("best_of", 1) != 1:
+        parts.append(f"--best-of {t['best_of']}")
+    if t.get("questions"):
+        parts.append(f"--questions {shlex.quote(t['questions'])}")
     if t.get("system") is not None:
         try:
             from .teacher import DEFAULT_SYSTEM as default

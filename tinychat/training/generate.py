@@ -222,6 +222,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="processes, each writing every WORKERS-th shard (1 thread each is robust "
                         "when the cores are shared)")
     p.add_argument("--no-chitchat", action="store_true", help="templates only")
+    p.add_argument("--prompts", choices=("v1", "v2"), default="v1",
+                   help="v1: the first templates (prompts.py); v2: entity lists x question frames, checked facts, "
+                        "follow-ups about the answer (questions.py)")
+    p.add_argument("--best-of", type=int, default=1, metavar="N",
+                   help="v2: sample N replies per turn and keep the best valid one (dialogue.py)")
+    p.add_argument("--questions", default=None, metavar="POOL",
+                   help="v2: teacher-written questions (selfinstruct.py's output) mixed into the openings")
     p.add_argument("--max-shards", type=int, default=None, help="stop after writing this many")
     p.add_argument("--bench", type=float, default=0, metavar="SECONDS",
                    help="measure generation speed for SECONDS after a warm-up; write nothing")
@@ -272,12 +279,30 @@ def run_worker(args, worker: int = 0, workers: int = 1, model=None, tok=None, lo
         log(f"[w{worker}] {out} already holds {counter.total():,} tokens >= {args.tokens:,}")
         return {}
     run_seed = (args.seed * 1_000_003 + index) * 7919 + worker
-    plans = plan_stream(run_seed, use_chitchat=not args.no_chitchat)
-    drivers = (Conversation(p, tok, args.max_new, special) for p in plans)
-    gen = BatchedGenerator(model, args.batch, sampling, tok.token_to_id(IM_END), prefix, run_seed)
+    if getattr(args, "prompts", "v1") == "v2":
+        gen, drivers = _v2(args, model, tok, sampling, prefix, special, run_seed, meta)
+    else:
+        plans = plan_stream(run_seed, use_chitchat=not args.no_chitchat)
+        drivers = (Conversation(p, tok, args.max_new, special) for p in plans)
+        gen = BatchedGenerator(model, args.batch, sampling, tok.token_to_id(IM_END), prefix, run_seed)
     with _StopFlag() as stop:
         _generate_loop(args, worker, gen, drivers, meta, out, counter, indices, index, stop, log)
     return {}
+
+
+def _v2(args, model, tok, sampling, prefix, special, run_seed, meta):
+    """The v2 generator and its drivers; records say which prompts, best-of and question pool made them."""
+    from .dialogue import Dialogue
+    from .grouped import GroupedGenerator
+    from .questions import plan_stream as plans_v2
+    from .teacher import IM_END
+
+    n = max(1, args.best_of)
+    meta.update({"prompts": "v2", "best_of": n, **({"questions": args.questions} if args.questions else {})})
+    plans = plans_v2(run_seed, use_chitchat=not args.no_chitchat, pool_path=args.questions)
+    drivers = (Dialogue(p, tok, args.max_new, special, seed=run_seed * 31 + i) for i, p in enumerate(plans))
+    gen = GroupedGenerator(model, max(1, args.batch // n), n, sampling, tok.token_to_id(IM_END), prefix, run_seed)
+    return gen, drivers
 
 
 def _generate_loop(args, worker, gen, drivers, meta, out, counter, indices, index, stop, log):
@@ -346,11 +371,16 @@ def _bench(args, worker, model, tok, sampling, prefix, special, log) -> dict:
     from .prompts import plan_stream
     from .teacher import IM_END
 
-    plans = plan_stream(args.seed * 7919 + worker, use_chitchat=not args.no_chitchat)
-    gen = BatchedGenerator(model, args.batch, sampling, tok.token_to_id(IM_END), prefix, args.seed)
+    if getattr(args, "prompts", "v1") == "v2":
+        gen, drivers = _v2(args, model, tok, sampling, prefix, special, args.seed * 7919 + worker, {})
+        groups = gen.G
+    else:
+        plans = plan_stream(args.seed * 7919 + worker, use_chitchat=not args.no_chitchat)
+        gen = BatchedGenerator(model, args.batch, sampling, tok.token_to_id(IM_END), prefix, args.seed)
+        drivers, groups = (Conversation(p, tok, args.max_new, special) for p in plans), args.batch
     st, base = gen.stats, None
-    for _ in gen.run(Conversation(p, tok, args.max_new, special) for p in plans):
-        if base is None and st.finished >= args.batch:          # every row has been refilled
+    for _ in gen.run(drivers):
+        if base is None and st.finished >= groups:              # every row has been refilled
             base = (time.perf_counter(), time.process_time(), st.generated, st.fed)
         elif base and time.perf_counter() - base[0] >= args.bench:
             break

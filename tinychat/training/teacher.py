@@ -433,6 +433,24 @@ class Llama:
         """Copy out positions 0..length-1 of a row (e.g. the shared system prompt)."""
         return [getattr(self, name)[:, row, :, :n].clone() for name, n in self._prefix_slices(length)]
 
+    def copy_rows(self, src: int, dsts: list[int], start: int, end: int) -> None:
+        """Copy positions start..end-1 of row ``src`` into rows ``dsts`` (best-of-N siblings after the winner's
+        turn). Blocked int8 keys go in whole blocks from the one holding ``start``: the positions before ``start``
+        in that block are the same in every row (a shared history), and those past ``end`` are rewritten before
+        any row attends to them."""
+        if not dsts or end <= start:
+            return
+        idx = torch.as_tensor(dsts, dtype=torch.long)
+        if self.kv == "plain":
+            names = [("cache_k", start, end), ("cache_v", start, end)]
+        else:
+            bk = fastattn.BLOCK
+            names = [("cache_k", start // bk, -(-end // bk)), ("cache_v", start, end),
+                     ("cache_ks", start, end), ("cache_vs", start, end)]
+        for name, a, b in names:
+            t = getattr(self, name)                                   # [n_layers, B, Hkv, L(or blocks), ...]
+            t[:, idx, :, a:b] = t[:, src:src + 1, :, a:b]
+
     def copy_prefix(self, row: int, prefix: list[torch.Tensor]) -> None:
         """Write a saved prefix (see ``save_prefix``) into the start of a row."""
         for (name, _), t in zip(self._prefix_slices(1), prefix):

@@ -1,0 +1,71 @@
+"""v2 conversation plans (tinychat.training.questions)."""
+from __future__ import annotations
+
+import random
+import re
+
+from tinychat.training.questions import (KIND_WEIGHTS, arithmetic_item, first_names, held_out, make_plan, plan_stream,
+                                         plural)
+from tinychat.training.stats import diversity
+
+
+def plans(n, seed=6):
+    it = plan_stream(seed, use_chitchat=False)
+    return [next(it) for _ in range(n)]
+
+
+def test_the_plan_stream_is_deterministic():
+    assert plans(300) == plans(300)
+    assert plans(50, seed=7) != plans(50)
+
+
+def test_openings_are_diverse_and_no_message_dominates():
+    ps = plans(4000)
+    d = diversity([{"role": "user", "content": t.text} for t in p.turns if t.text] for p in ps)
+    assert d.distinct_openings >= 0.6 * len(ps)
+    assert d.top_share < 0.02
+
+
+def test_fact_questions_carry_their_answer():
+    rng = random.Random(0)
+    facts = [p for p in (make_plan(rng) for _ in range(2000)) if p.kind.startswith("fact-")]
+    assert facts and all(p.turns[0].check for p in facts)
+    cap = [p for p in facts if "capital" in p.turns[0].text and "Japan" in p.turns[0].text]
+    for p in cap:
+        assert "Tokyo" in p.turns[0].check
+
+
+def test_memory_plans_end_with_a_checked_question_about_the_opening():
+    rng = random.Random(1)
+    mem = [p for p in (make_plan(rng) for _ in range(3000)) if p.kind == "memory"]
+    assert mem
+    for p in mem:
+        last = p.turns[-1]
+        assert last.check and any(a in p.turns[0].text for a in last.check)
+
+
+def test_probe_names_and_sums_are_never_used_in_training_plans():
+    rng = random.Random(2)
+    held = {n for n in first_names() if held_out(n, "name")}
+    assert held
+    for p in (make_plan(rng) for _ in range(3000)):
+        if p.kind == "memory":
+            assert not any(f" {n}." in p.turns[0].text or f" {n} " in p.turns[0].text for n in held)
+    for _ in range(2000):
+        op, ans, text = arithmetic_item(rng)
+        a, b = [int(w) for w in re.findall(r"\d+", text)][:2]
+        if op == "-" and text.startswith("Subtract"):      # "Subtract b from a"
+            a, b = b, a
+        assert not held_out(f"{a}{op}{b}", "sum"), text
+
+
+def test_every_kind_can_be_drawn():
+    rng = random.Random(3)
+    seen = {make_plan(rng, openings=("Hi there!",), pool=("What is a kite made of?",)).source for _ in range(3000)}
+    assert seen == {"template", "chitchat-dataset", "self-instruct"}
+    assert abs(sum(KIND_WEIGHTS.values()) - 1) < 1e-9
+
+
+def test_plural():
+    assert [plural(w) for w in ("cat", "mouse", "fly", "fox", "guinea pig", "goldfish")] == \
+        ["cats", "mice", "flies", "foxes", "guinea pigs", "goldfish"]
