@@ -69,3 +69,14 @@ def test_every_kind_can_be_drawn():
 def test_plural():
     assert [plural(w) for w in ("cat", "mouse", "fly", "fox", "guinea pig", "goldfish")] == \
         ["cats", "mice", "flies", "foxes", "guinea pigs", "goldfish"]
+
+
+def test_self_instruct_keeps_one_clean_question_about_the_topic():
+    from tinychat.training.selfinstruct import keep_question
+    assert keep_question("What makes a good chessboard?", "chessboard") == "What makes a good chessboard?"
+    assert keep_question('A curious person might ask, "What\'s it like to be a podiatrist?', "podiatrist") == \
+        "What's it like to be a podiatrist?"
+    assert keep_question("What is a good question someone could ask about sushi?", "sushi") is None
+    assert keep_question("Why do people carry the harp?\nAnother one?", "harp") is None
+    assert keep_question("How much do you know about Estonia?", "Kenya") is None
+    assert keep_question("Sure! What is a bagpipe?", "bagpipes") is None

@@ -19,6 +19,7 @@ STEPS = {
     "export": ("tinychat.training.export", "write the model, tokenizer and card to assets/"),
     "eval": ("tinychat.training.evaluate", "quality bar and losses on held-out conversations"),
     "stats": ("tinychat.training.stats", "how diverse the user messages of the shards are"),
+    "questions": ("tinychat.training.selfinstruct", "the teacher writes user questions for sampled topics"),
     "probe": ("tinychat.training.probe", "does the model answer the question asked (checkable answers)"),
 }
 
