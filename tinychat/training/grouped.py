@@ -18,7 +18,7 @@ batching with log-probabilities. Log-probabilities are the teacher's at temperat
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Protocol
 
 import torch
@@ -43,6 +43,44 @@ class GroupDriver(Protocol):
         ``room``: cache positions left after the kept reply, for the continuation and the next reply."""
 
 
+@dataclass
+class _Row:
+    length: int = 0                                     # tokens in the row's cache
+    pending: list[int] = field(default_factory=list)    # tokens to feed next
+    reply: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    stopped: bool = False
+    busy: bool = False                                  # decoding a reply
+
+
+@dataclass
+class _Group:
+    rows: range
+    driver: GroupDriver | None = None
+    lead: int = 0                                       # the row that takes in the turn's prompt
+    synced: int = 0                                     # positions below this are the same in every row
+    feeding: bool = False                               # the lead is taking in a turn's prompt
+
+
+class _Batch:
+    """One ``Llama.step``'s inputs: runs of tokens, each for one row at that row's next positions."""
+
+    def __init__(self):
+        self.toks: list[int] = []
+        self.pos: list[int] = []
+        self.rows: list[int] = []
+        self.segs: list[tuple[int, int, int, int]] = []     # (row, start, offset, count)
+
+    def feed(self, r: int, row: _Row, chunk: list[int]) -> int:
+        """Queue chunk for row r; returns the index of its last token in the step's output."""
+        self.segs.append((r, row.length, len(self.toks), len(chunk)))
+        self.toks += chunk
+        self.pos += range(row.length, row.length + len(chunk))
+        self.rows += [r] * len(chunk)
+        row.length += len(chunk)
+        return len(self.toks) - 1
+
+
 class GroupedGenerator:
     def __init__(self, model: Llama, groups: int, n: int, sampling: Sampling, stop_id: int,
                  prefix: list[int] | None = None, seed: int = 0, max_chunk: int = 512):
@@ -55,136 +93,125 @@ class GroupedGenerator:
         self.stats = GenStats()
 
     def run(self, drivers: Iterable[GroupDriver]) -> Iterator[GroupDriver]:
-        m, G, n, s, st = self.model, self.G, self.n, self.s, self.stats
+        """Generate until ``drivers`` is exhausted and every group is done; yields finished drivers."""
+        m, n, st = self.model, self.n, self.stats
         drivers = iter(drivers)
-        B = G * n
-        m.allocate(B)
-        P = len(self.prefix)
+        m.allocate(self.G * n)
         prefix_kv = None
-        if P:
+        if self.prefix:
             m.prefill(0, self.prefix, 0)
-            prefix_kv = m.save_prefix(0, P)
-        driver: list[GroupDriver | None] = [None] * G
-        lead = [g * n for g in range(G)]
-        synced = [0] * G                  # positions below this are the same in every row of the group
-        length = [0] * B                  # tokens in each row's cache
-        pending: list[list[int]] = [[] for _ in range(B)]
-        reply: list[list[int]] = [[] for _ in range(B)]
-        lps: list[list[float]] = [[] for _ in range(B)]
-        stopped = [False] * B
-        busy = [False] * B                # the row is decoding a reply
-        feeding = [False] * G             # the group's lead is taking in a turn's prompt
+            prefix_kv = m.save_prefix(0, len(self.prefix))
+        self.rows = [_Row() for _ in range(self.G * n)]
+        self.groups = groups = [_Group(range(g * n, g * n + n)) for g in range(self.G)]
         t0 = time.perf_counter()
-
-        def refill(g: int) -> None:
-            d = next(drivers, None)
-            driver[g] = d
-            if d is None:
-                return
-            rows = range(g * n, g * n + n)
-            for r in rows:
-                if prefix_kv is not None:
-                    m.copy_prefix(r, prefix_kv)
-                length[r], pending[r], reply[r], lps[r], busy[r] = P, [], [], [], False
-            lead[g], synced[g], feeding[g] = g * n, P, True
-            pending[lead[g]] = list(d.first_prompt())
-            if P + len(pending[lead[g]]) + s.max_new > m.max_len:
-                raise ValueError(f"prompt of {len(pending[lead[g]])} tokens does not fit the cache")
-
-        for g in range(G):
-            refill(g)
-        while any(d is not None for d in driver):
-            toks: list[int] = []
-            pos: list[int] = []
-            rows: list[int] = []
-            segs: list[tuple[int, int, int, int]] = []
-            fork: list[tuple[int, int]] = []     # (group, index of its lead's last fed token): sample n first tokens
-            dec: list[tuple[int, int]] = []      # (row, index of its last fed token)
-
-            def feed(r: int, chunk: list[int]) -> None:
-                segs.append((r, length[r], len(toks), len(chunk)))
-                toks.extend(chunk)
-                pos.extend(range(length[r], length[r] + len(chunk)))
-                rows.extend([r] * len(chunk))
-                length[r] += len(chunk)
-
-            for g in range(G):
-                if driver[g] is None:
-                    continue
-                L = lead[g]
-                if feeding[g]:                                   # the turn's prompt goes into the lead
-                    chunk, pending[L] = pending[L][:self.max_chunk], pending[L][self.max_chunk:]
-                    feed(L, chunk)
-                    if not pending[L]:
-                        feeding[g] = False
-                        fork.append((g, len(toks) - 1))
-                    continue
-                for r in range(g * n, g * n + n):
-                    if busy[r] and pending[r]:
-                        feed(r, pending[r])
-                        pending[r] = []
-                        dec.append((r, len(toks) - 1))
-            if not toks:
-                raise RuntimeError("grouped generator stalled (a group with nothing to feed)")
-            h = m.step(torch.tensor(toks), torch.tensor(pos), torch.tensor(rows),
-                       torch.tensor(segs, dtype=torch.long))
+        for grp in groups:
+            self._refill(grp, drivers, prefix_kv)
+        while any(grp.driver is not None for grp in groups):
+            batch, forks, decodes = self._inputs(groups)
+            h = m.step(torch.tensor(batch.toks), torch.tensor(batch.pos), torch.tensor(batch.rows),
+                       torch.tensor(batch.segs, dtype=torch.long))
             st.steps += 1
-            st.fed += len(toks)
-            st.occupancy += len(segs) / B
-            # one candidate set per fork (repeated n times) and per decoding row
-            at = [i for _, i in fork] + [i for _, i in dec]
-            if not at:
+            st.fed += len(batch.toks)
+            st.occupancy += len(batch.segs) / len(self.rows)
+            if not forks and not decodes:
                 continue
-            ids, logits = m.candidates(h[at], s.top_k)
-            reps = torch.tensor([n] * len(fork) + [1] * len(dec))
-            ids, logits = ids.repeat_interleave(reps, 0), logits.repeat_interleave(reps, 0)
-            new = sample(ids, logits, s, self.gen)
-            lp = (logits.gather(1, (ids == new[:, None]).float().argmax(1, keepdim=True))[:, 0]
-                  - logits.logsumexp(-1)).tolist()
-            new = new.tolist()
-            targets: list[int] = []
-            for g, _ in fork:
-                Lr = lead[g]
-                others = [r for r in range(g * n, g * n + n) if r != Lr]
-                m.copy_rows(Lr, others, synced[g], length[Lr])
-                for r in others:
-                    length[r] = length[Lr]
-                synced[g] = length[Lr]
-                for r in range(g * n, g * n + n):
-                    reply[r], lps[r], busy[r], stopped[r] = [], [], True, False
-                    targets.append(r)
-            targets += [r for r, _ in dec]
-            st.generated += len(new)
-            done_groups = set()
-            for r, tok, p in zip(targets, new, lp):
-                lps[r].append(p)
-                if tok == self.stop_id:
-                    stopped[r], busy[r] = True, False
-                else:
-                    reply[r].append(tok)
-                    if len(reply[r]) >= s.max_new or length[r] + 1 >= m.max_len:
-                        busy[r] = False
-                    else:
-                        pending[r] = [tok]
-                if not busy[r]:
-                    done_groups.add(r // n)
-            for g in sorted(done_groups):
-                grp = range(g * n, g * n + n)
-                if any(busy[r] for r in grp):
-                    continue
-                st.replies += 1
-                cands = [Candidate(list(reply[r]), stopped[r], list(lps[r])) for r in grp]
-                win, cont = driver[g].on_replies(cands, m.max_len - max(length[r] for r in grp))
-                w = g * n + win
-                if cont and length[w] + len(cont) + 1 <= m.max_len:
-                    lead[g], feeding[g] = w, True
-                    pending[w] = list(cont)
-                    for r in grp:
-                        if r != w:
-                            pending[r] = []
-                else:
+            for grp in self._sample(h, forks, decodes):
+                cont = self._choose(grp)
+                if cont is None:
                     st.finished += 1
                     st.seconds = time.perf_counter() - t0
-                    yield driver[g]
-                    refill(g)
+                    yield grp.driver
+                    self._refill(grp, drivers, prefix_kv)
         st.seconds = time.perf_counter() - t0
+
+    def _refill(self, grp: _Group, drivers, prefix_kv) -> None:
+        grp.driver = next(drivers, None)
+        if grp.driver is None:
+            return
+        P = len(self.prefix)
+        for r in grp.rows:
+            if prefix_kv is not None:
+                self.model.copy_prefix(r, prefix_kv)
+            self.rows[r] = _Row(length=P)
+        grp.lead, grp.synced, grp.feeding = grp.rows[0], P, True
+        lead = self.rows[grp.lead]
+        lead.pending = list(grp.driver.first_prompt())
+        if P + len(lead.pending) + self.s.max_new > self.model.max_len:
+            raise ValueError(f"prompt of {len(lead.pending)} tokens does not fit the cache")
+
+    def _inputs(self, groups: list[_Group]):
+        """The step's tokens: a prompt chunk for each feeding lead, the last sampled token of each decoding row.
+        Returns (batch, forks: [(group, output index)] whose prompt is all in, decodes: [(row, output index)])."""
+        batch, forks, decodes = _Batch(), [], []
+        for grp in groups:
+            if grp.driver is None:
+                continue
+            if grp.feeding:
+                lead = self.rows[grp.lead]
+                chunk, lead.pending = lead.pending[:self.max_chunk], lead.pending[self.max_chunk:]
+                at = batch.feed(grp.lead, lead, chunk)
+                if not lead.pending:
+                    grp.feeding = False
+                    forks.append((grp, at))
+                continue
+            for r in grp.rows:
+                row = self.rows[r]
+                if row.busy and row.pending:
+                    decodes.append((r, batch.feed(r, row, row.pending)))
+                    row.pending = []
+        if not batch.toks:
+            raise RuntimeError("grouped generator stalled (a group with nothing to feed)")
+        return batch, forks, decodes
+
+    def _sample(self, h: torch.Tensor, forks, decodes) -> list[_Group]:
+        """Sample n first tokens for each fork (its rows made copies of the lead first) and one token for each
+        decoding row; returns the groups whose n replies are now all in."""
+        m, n, s = self.model, self.n, self.s
+        ids, logits = m.candidates(h[[at for _, at in forks] + [at for _, at in decodes]], s.top_k)
+        reps = torch.tensor([n] * len(forks) + [1] * len(decodes))
+        ids, logits = ids.repeat_interleave(reps, 0), logits.repeat_interleave(reps, 0)
+        new = sample(ids, logits, s, self.gen)
+        lp = (logits.gather(1, (ids == new[:, None]).float().argmax(1, keepdim=True))[:, 0]
+              - logits.logsumexp(-1)).tolist()
+        targets: list[int] = []
+        for grp, _ in forks:
+            lead = self.rows[grp.lead]
+            others = [r for r in grp.rows if r != grp.lead]
+            m.copy_rows(grp.lead, others, grp.synced, lead.length)      # (the siblings diverged from synced on)
+            grp.synced = lead.length
+            for r in grp.rows:
+                row = self.rows[r]
+                row.length, row.reply, row.logprobs, row.busy, row.stopped = lead.length, [], [], True, False
+            targets += grp.rows
+        targets += [r for r, _ in decodes]
+        self.stats.generated += len(targets)
+        done = []
+        for r, tok, p in zip(targets, new.tolist(), lp):
+            row = self.rows[r]
+            row.logprobs.append(p)
+            if tok == self.stop_id:
+                row.stopped, row.busy = True, False
+            else:
+                row.reply.append(tok)
+                if len(row.reply) >= s.max_new or row.length + 1 >= m.max_len:
+                    row.busy = False                         # (the last sampled token is never fed)
+                else:
+                    row.pending = [tok]
+            if not row.busy:
+                done.append(r // n)
+        return [self.groups[g] for g in sorted(set(done))
+                if not any(self.rows[r].busy for r in self.groups[g].rows)]
+
+    def _choose(self, grp: _Group) -> list[int] | None:
+        """All n replies of the group are in: the driver picks one; its row leads the next turn. None: ended."""
+        rows = [self.rows[r] for r in grp.rows]
+        self.stats.replies += 1
+        cands = [Candidate(list(r.reply), r.stopped, list(r.logprobs)) for r in rows]
+        win, cont = grp.driver.on_replies(cands, self.model.max_len - max(r.length for r in rows))
+        w = grp.rows[win]
+        if not cont or self.rows[w].length + len(cont) + 1 > self.model.max_len:
+            return None
+        grp.lead, grp.feeding = w, True
+        for r in grp.rows:
+            self.rows[r].pending = list(cont) if r == w else []
+        return cont
