@@ -58,3 +58,16 @@ def test_the_teachers_replies_stop_when_the_next_turn_would_not_fit(teacher):
     assert [t["reply"] for t in d.turns] == ["fine"]
     out = teacher_replies([["hi?"], ["what?", "why?"]], model, htok, "", 0.0, 1.0, max_new=6, batch=2)
     assert [len(c["turns"]) for c in out] == [1, 2]
+
+
+def test_the_loss_splits_first_replies_from_later_ones(teacher):
+    model, htok = teacher
+    convs = [messages_of(c) for c in chats(6, seed=4)]
+    both = teacher_loss(convs, system="Be brief.", model=model, htok=htok)
+    firsts = [m[:2] for m in convs]                              # each conversation's first exchange only
+    first_only = teacher_loss(firsts, system="Be brief.", model=model, htok=htok)
+    assert both["first_turn_loss"] == pytest.approx(first_only["loss_per_token"], rel=1e-5)
+    n_first = first_only["target_tokens"]
+    assert n_first + both["later_turn_tokens"] == both["target_tokens"]
+    mixed = (both["first_turn_loss"] * n_first + both["later_turns_loss"] * both["later_turn_tokens"])
+    assert mixed / both["target_tokens"] == pytest.approx(both["loss_per_token"], rel=1e-5)

@@ -299,4 +299,13 @@ def _quality_lines(ev: dict, q: dict, bar: dict, loop_max: float) -> list[str]:
                   f"| the student | {j['student_nll']:.3f} | {j['student_loops']:.3f} |",
                   f"| the teacher itself | {j['teacher_nll']:.3f} | {j['teacher_loops']:.3f} |",
                   f"| ratio | {j['ratio']:.2f}x | |"]
+        if "student_nll_first" in j:
+            lines += ["", f"By turn: the first replies of conversations, student {j['student_nll_first']:.3f} / teacher "
+                      f"{j['teacher_nll_first']:.3f}; later replies, student {j['student_nll_later']:.3f} / teacher "
+                      f"{j['teacher_nll_later']:.3f} nats per teacher token."]
+    p = ev.get("probe")
+    if p:
+        lines += ["", f"Probe (`training probe`: {p['probes']} questions with checkable answers that the teacher "
+                  f"answers right, held out from the training prompts): {p['accuracy']:.1%} right at the app's "
+                  f"defaults (" + ", ".join(f"{c} {v:.0%}" for c, v in p["by_category"].items()) + ")."]
     return lines

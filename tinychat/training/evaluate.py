@@ -141,6 +141,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss", action="store_true", help="also the student's held-out loss")
     p.add_argument("--teacher", action="store_true", help="also the teacher's loss on the same text")
     p.add_argument("--loss-convs", type=int, default=200, help="held-out conversations for --loss/--teacher")
+    p.add_argument("--probe", type=Path, default=None, metavar="FILE",
+                   help="also the probe set's accuracy (data/probe.jsonl; see `training probe`)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a chat setting other than the app's default (as /set: temperature=0.6, ban-reply=off); "
@@ -205,6 +207,14 @@ def run(args) -> int:
         print(f"judge: student {j['student_nll']:.3f} nats/teacher token, teacher's own replies "
               f"{j['teacher_nll']:.3f} (ratio {j['ratio']:.2f}x); loops: student {j['student_loops']:.3f}, "
               f"teacher {j['teacher_loops']:.3f}", flush=True)
+        print(f"judge by turn: first replies student {j['student_nll_first']:.3f} / teacher "
+              f"{j['teacher_nll_first']:.3f}; later replies student {j['student_nll_later']:.3f} / teacher "
+              f"{j['teacher_nll_later']:.3f}", flush=True)
+    if args.probe:
+        from .probe import accuracy, read_probes, student_answers
+        res = student_answers(model, tok, read_probes(args.probe), settings=settings, seed=args.seed)
+        result["probe"] = {**accuracy(res), "file": str(args.probe), "answers": res}
+        print(f"probe: {result['probe']['accuracy']:.1%} of {result['probe']['probes']} right", flush=True)
     if args.loss or args.teacher:
         lc = val[:args.loss_convs]
         if args.loss:

@@ -91,27 +91,41 @@ def teacher_loss(conversations, system: str | None = None, model=None, htok=None
     def enc(text):
         return htok.encode(text).ids
     nats, n = 0.0, 0
+    by_turn = {"first": [0.0, 0], "later": [0.0, 0]}      # the first assistant reply, and every reply after it
     for ci, msgs in enumerate(conversations):
-        ids, mask = [], []
+        ids, mask = [], []                                 # mask: 0 off, 1 the first reply, 2 a later one
         if system:
             part = enc(f"{IM_START}system\n{system}{IM_END}\n")
             ids += part
             mask += [0] * len(part)
+        replies = 0
         for m in msgs:
             head, body, end = enc(f"{IM_START}{m['role']}\n"), enc(m["content"]), enc(f"{IM_END}\n")
-            on = int(m["role"] == "assistant")
+            on = 0
+            if m["role"] == "assistant":
+                replies += 1
+                on = 1 if replies == 1 else 2
             ids += head + body + end
             mask += [0] * len(head) + [on] * len(body) + [on] + [0] * (len(end) - 1)
         x = torch.tensor([ids])
         logits = model.forward_full(x[:, :-1]).float()[0]
-        tgt, msk = x[0, 1:], torch.tensor(mask[1:], dtype=torch.bool)
-        nats += float(F.cross_entropy(logits[msk], tgt[msk], reduction="sum"))
+        tgt, which = x[0, 1:], torch.tensor(mask[1:])
+        loss = F.cross_entropy(logits, tgt, reduction="none")
+        for key, v in (("first", 1), ("later", 2)):
+            sel = which == v
+            by_turn[key][0] += float(loss[sel].sum())
+            by_turn[key][1] += int(sel.sum())
+        msk = which > 0
+        nats += float(loss[msk].sum())
         n += int(msk.sum())
         if log and (ci + 1) % 25 == 0:
             log(f"  teacher: {ci + 1}/{len(conversations)} conversations")
     b = assistant_bytes(conversations)
     return {"model": name, "system": system, "conversations": len(conversations), "target_tokens": n,
             "loss_per_token": nats / max(n, 1), "bits_per_byte": nats / math.log(2) / max(b, 1),
+            "first_turn_loss": by_turn["first"][0] / max(by_turn["first"][1], 1),
+            "later_turns_loss": by_turn["later"][0] / max(by_turn["later"][1], 1),
+            "later_turn_tokens": by_turn["later"][1],
             "assistant_bytes": b}
 
 
@@ -136,6 +150,8 @@ def judge(student_chats: Sequence[dict], system: str, temperature: float, top_p:
     s_replies = [t["reply"] for c in student_chats for t in c["turns"]]
     t_replies = [t["reply"] for c in own for t in c["turns"]]
     return {"student_nll": student["loss_per_token"], "teacher_nll": mine["loss_per_token"],
+            "student_nll_first": student["first_turn_loss"], "student_nll_later": student["later_turns_loss"],
+            "teacher_nll_first": mine["first_turn_loss"], "teacher_nll_later": mine["later_turns_loss"],
             "ratio": student["loss_per_token"] / max(mine["loss_per_token"], 1e-9),
             "student_tokens": student["target_tokens"], "teacher_tokens": mine["target_tokens"],
             "student_loops": loop_rate(s_replies), "teacher_loops": loop_rate(t_replies),
