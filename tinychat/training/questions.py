@@ -359,7 +359,8 @@ def _calendar(rng):
     else:
         q, a, w = rng.choice(COUNTS)
         first = _t(q, a, w)
-    return first, [lambda r2: _t(r2.choice(L.split("How do you know?|Is that always true?|Why is that?")))], "fact"
+    return first, [lambda r2: _t(r2.choice(L.split("How can I remember that?|Is that the same everywhere?|"
+                                                   "Who decided that?|Has it always been that way?")))], "fact"
 
 
 MEMORY_OPEN = {
@@ -466,8 +467,11 @@ def _compare(rng):
     frames = L.split("""What's the difference between {x} and {y}?|Which is better, {x} or {y}?|
 How are {x} and {y} alike?|{X} or {y}: which would you pick, and why?|Compare {x} and {y} in two sentences.""")
     text = rng.choice(frames).format(x=x, y=y, X=x[0].upper() + x[1:])
-    return _t(text), [lambda r: _t(r.choice(L.split("Which one do you prefer?|What do they have in common?|"
-                                                     "Which one is cheaper?|Which is easier for a beginner?")))], "compare"
+    more = L.split("""Which one do you prefer?|What do they have in common?|Which one is cheaper?|
+Which is easier for a beginner?|Which one would a child like more?|Is one of them healthier?|Which is older?|
+Which one is more popular?|Can you give one example of each?|Which would you choose for a gift?""")
+    return _t(text), [lambda r: _t(r.choice(more)),
+                      lambda r: _t(r.choice(L.split("What about {y}?|And how does {y} compare?")).format(y=r.choice(cat)))], "compare"
 
 
 def _define(rng):
@@ -504,13 +508,14 @@ def _advice(rng):
     trait, task = rng.choice(L.TRAITS), rng.choice(L.TASKS)
     frames = [f"How can I be more {trait}?", f"My friend wants to {task}. What should I tell them?",
               f"I'm nervous about {rng.choice(SITUATIONS)}. Any advice?",
-              "What's a good way to spend a free afternoon?",
+              f"What's a good way to spend a free afternoon {rng.choice(WHEN)}?",
               f"How do I stay motivated to keep {rng.choice(L.HOBBIES)}?",
               f"What should I do if I can't {task}?"]
     return _t(rng.choice(frames)), [lambda r: _t(r.choice(L.split("What if that doesn't work?|What should I do first?|"
                                                                    "How long will it take?|Any other advice?")))], "advice"
 
 
+WHEN = L.split("in winter|in summer|on a rainy day|with kids|alone|with friends|on a budget|in a small town|at home")
 SITUATIONS = L.split("""my exams|a new job|moving to a new city|my presentation tomorrow|my first day at school|
 a job interview|my driving test|meeting new people|a long flight|speaking in class|a doctor's appointment|a big game""")
 
