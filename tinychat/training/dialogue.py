@@ -1,7 +1,7 @@
 """One v2 conversation as a :class:`~tinychat.training.grouped.GroupDriver`: checks, detail follow-ups, best-of-N.
 
 For each user turn of a :class:`~tinychat.training.questions.Plan` the teacher samples N replies. A reply is
-*invalid* when :func:`~tinychat.training.generate.degenerate_reason` finds it unusable (cut off, a loop, not
+*invalid* when :func:`~tinychat.training.degenerate.degenerate_reason` finds it unusable (cut off, a loop, not
 English, ...), when it parrots (:func:`echo_reason`), or when the turn has a check and the reply does not contain one of its answers ("wrong"). Among the
 valid replies the one with the best :func:`reply_score` is kept; when none is valid, the conversation ends there
 (the exchanges before it are kept, as in v1). A follow-up with ``dynamic="detail"`` is written from the kept reply
@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import re
 
-from .generate import degenerate_reason
+from .degenerate import degenerate_reason
 from .grouped import Candidate
 from .questions import GENERIC, Plan, detail_followup
 

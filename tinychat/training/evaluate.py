@@ -23,7 +23,6 @@ Per-token losses of two tokenizers are not comparable; per byte they are.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -31,6 +30,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from .chatrun import chat_conversations  # noqa: F401  (export.py and older callers import it from here)
 from .data import DEFAULT_SYSTEM, load_split, shards_arg
 from .judge import LOOP_MAX, teacher_loss
 from .textmetrics import (DEFAULT_WORDS, EvalError, assistant_bytes, dictionary_fraction,  # noqa: F401
@@ -52,30 +52,6 @@ def quality(replies: Sequence[str], finishes: Sequence[str], wordset: frozenset[
 
 
 # -- chats with the real runtime --------------------------------------------------------------------------------
-
-def chat_conversations(model, tok, conversations: Sequence[Sequence[dict]], max_new: int = 192, seed: int = 0,
-                       max_turns: int = 4, model_name: str = "eval", log=None, settings=None) -> list[dict]:
-    """Send each conversation's user messages through a fresh Chat (`settings`, default the app's defaults, with
-    max_new and a per-turn seed). Returns [{"turns": [{"user", "reply", "finish", "tokens"}...]}, ...]."""
-    from tinychat.chat import Chat, ChatSettings, model_identity
-
-    ident = model_identity(model)
-    out = []
-    for ci, msgs in enumerate(conversations):
-        users = [m["content"] for m in msgs if m["role"] == "user"][:max_turns]
-        chat = Chat(model, tok, dataclasses.replace(settings or ChatSettings(), max_new=max_new), autosave=False,
-                    model_name=model_name, model_hash=ident)
-        turns = []
-        for ti, u in enumerate(users):
-            chat.settings = dataclasses.replace(chat.settings, seed=seed * 1_000_003 + ci * 101 + ti)
-            r = chat.send(u)
-            turns.append({"user": u, "reply": r.text, "finish": r.finish, "tokens": r.n_tokens})
-        out.append({"turns": turns})
-        if log:
-            log(f"  conversation {ci + 1}/{len(conversations)}: {len(turns)} turns, "
-                f"{sum(t['finish'] == 'stop' for t in turns)} stopped")
-    return out
-
 
 def transcript(conv: dict, width: int = 100) -> str:
     import textwrap

@@ -65,7 +65,7 @@ def candidates() -> list[dict]:
     for w, o in sorted(L.OPPOSITES.items())[::2]:
         add("opposite", [f"Which word means the opposite of {w}?"], [o])
     sums = [(a, b) for a in range(1, 20) for b in range(1, 20) if held_out(f"{a}+{b}", "sum")]
-    for a, b in rng.sample(sums, 30):
+    for a, b in rng.sample(sums, min(30, len(sums))):
         add("sum", [rng.choice(["Please compute {a} + {b}.", "Tell me what {a} plus {b} equals."]).format(a=a, b=b)],
             [a + b] + ([L.NUMBER_WORDS[a + b]] if a + b < len(L.NUMBER_WORDS) else []))
     for i in range(7):
@@ -79,7 +79,7 @@ def candidates() -> list[dict]:
         add("count", [q], a)
     names = [n for n in first_names() if held_out(n, "name")]
     topics = ["Tell me a fun fact about " + plural(a) + "." for a in L.ANIMALS[:40]]
-    for n in rng.sample(names, 40):
+    for n in rng.sample(names, min(40, len(names))):   # (fewer without faker's names)
         add("name", [f"Hello! I am {n}. {rng.choice(topics)}", rng.choice(["Tell me my name.", "What name did I give you?"])],
             [n])
     for col in ["red", "blue", "green", "yellow", "purple", "orange"]:
@@ -115,7 +115,7 @@ def teacher_check(probes: list[dict], model=None, htok=None, max_new: int = 80, 
 
 def student_answers(model, tok, probes: list[dict], settings=None, seed: int = 0, max_new: int = 120) -> list[dict]:
     """Each probe chatted through the runtime (fresh chat; the app's defaults unless ``settings``)."""
-    from .evaluate import chat_conversations
+    from .chatrun import chat_conversations
     convs = [[{"role": "user", "content": u} for u in p["turns"]] for p in probes]
     chats = chat_conversations(model, tok, convs, max_new=max_new, seed=seed, max_turns=4, settings=settings)
     return [{"id": p["id"], "category": p["category"], "reply": c["turns"][-1]["reply"],
