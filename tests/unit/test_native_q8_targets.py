@@ -1,5 +1,5 @@
 """The int8 GEMV kernels built for other targets than this machine's own: each x86-64 level this CPU can run
-(AVX-512 VNNI, AVX2 + AVX-VNNI, AVX2, baseline scalar) natively, and aarch64 (NEON, NEON dot product) under
+(AVX-512 VNNI, AVX-512 without VNNI, AVX2 + AVX-VNNI, AVX2, baseline scalar) natively, and aarch64 (NEON, NEON dot product) under
 qemu-user, each through tests/native/q8_harness.c against a float64 reference. Skips where the compilers or qemu
 are absent (.ci/run installs gcc-aarch64-linux-gnu and qemu-user)."""
 import platform
@@ -35,6 +35,8 @@ def _build_and_run(cc, flags, tmp_path, runner=()):
 
 
 X86 = [(["-march=x86-64-v4", "-mavx512vnni"], "avx512-vnni", {"avx512_vnni", "avx512bw"}),
+       # AVX-512 without VNNI (Skylake-SP, x86-64-v4): the 256-bit dots beside the 16-lane float kernels
+       (["-march=x86-64-v4"], "avx512", {"avx512f", "avx512bw", "avx512vl", "avx2", "fma"}),
        (["-march=x86-64-v3", "-mavxvnni"], "avx2-vnni", {"avx_vnni", "avx2"}),
        # the same 256-bit VNNI path in EVEX encoding: what an AVX-512 host without AVX-VNNI (Zen 4) can run of it
        (["-march=x86-64-v3", "-mavx512vnni", "-mavx512vl"], "avx2-vnni", {"avx512_vnni", "avx512vl", "avx2"}),
@@ -81,3 +83,25 @@ def test_the_whole_kernel_source_builds_for_aarch64_and_without_openmp(tmp_path)
         done += 1
     if not done:
         pytest.skip("no compilers")
+
+
+def test_every_kernel_path_the_simd_header_names_has_a_step_version():
+    """native_simd.h names the path (TC_PATH) and native.py's KERNEL_PATHS gives each its step version: a path the
+    header can build must be in the table, or a session from such a machine would be labelled with a guess."""
+    import re
+    from tinychat.engine import native
+    text = (ENGINE / "native_simd.h").read_text()
+    named = set(re.findall(r'#define TC_PATH "([^"]+)"', text))
+    assert named == set(native.KERNEL_PATHS)
+    assert native.step_version("avx512") == native.step_version("avx2") == native.INT8_STEP_VERSION
+    with pytest.raises(ValueError, match="unknown int8 kernel path"):
+        native.step_version("avx1024")
+
+
+def test_no_kernel_but_the_simd_header_reads_the_compilers_feature_macros():
+    """One place chooses the ISA: a kernel keyed on __AVX512F__ while the path is named from VNNI is how an AVX-512
+    CPU without VNNI came to run AVX-512 attention under the name "avx2"."""
+    import re
+    for f in sorted(ENGINE.glob("native*.[ch]")):
+        if f.name != "native_simd.h":
+            assert not re.findall(r"__(AVX|FMA|ARM_|aarch64)\w*", f.read_text()), f.name

@@ -137,10 +137,11 @@ def test_a_llama_int8_chat_records_the_native_prefill_beside_the_pytorch_decode_
 
 
 def test_the_step_version_moves_only_on_the_kernel_paths_whose_rounding_changed():
-    # v6 changed the AVX2 builds' attention only: a v5 session recorded on AVX-512 or NEON still replays as exact
+    # v6 changed the AVX2 builds' attention, and moved prefill's attention off SDPA on the AVX-512 builds without
+    # VNNI (then named "avx2"): a v5 session recorded with AVX512-VNNI or NEON still replays as exact
     from tinychat.engine import native
     assert native.INT8_STEP_VERSION == 6
-    for path in ("avx2", "avx2-vnni"):
+    for path in ("avx2", "avx2-vnni", "avx512"):
         assert native.step_version(path) == 6
     for path in ("avx512-vnni", "neon-dotprod", "neon", "scalar"):
         assert native.step_version(path) == 5

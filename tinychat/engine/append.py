@@ -342,7 +342,8 @@ def _fused_prefill(model, rows: int, dev):
 def _native_attn(model, cache: KVCache, dev, rows, n_cpu, C: int):
     """The native kernels for this prefill's attention (native.prefill_attn), or None for SDPA: only an int8 model
     whose prefill runs on the native kernels (its rounding is the int8 step's, recorded with the step's version and
-    the kernel path), one row of fp32 cache on the CPU, every token of the chunk valid, an AVX-512 or AVX2 build."""
+    the kernel path), one row of fp32 cache on the CPU, every token of the chunk valid, a kernel path whose
+    KERNEL_PATHS entry takes prefill's attention (the x86 levels)."""
     from .quant import native_prefill, quant_mode
     if dev.type != "cpu" or cache.gk.dtype != torch.float32 or cache.B != 1 or rows is not None \
             or int(n_cpu[0]) != C or quant_mode(model) != "int8":
@@ -350,9 +351,8 @@ def _native_attn(model, cache: KVCache, dev, rows, n_cpu, C: int):
     if not native_prefill(model):
         return None
     from . import native
-    # x86 builds: the grouped kernels beat SDPA (AVX-512: 1.2x at 200 and 1,000 tokens; AVX2, attend_grp8: whole
-    # prefills 1.2-1.4x faster); NEON and plain C builds keep SDPA
-    return native.load() if native.kernel_path().startswith(("avx512", "avx2")) else None
+    lib = native.load()
+    return lib if lib is not None and native.kernel_info().prefill_attn else None
 
 
 @torch.no_grad()

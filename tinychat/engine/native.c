@@ -19,6 +19,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "native_simd.h"     /* the SIMD level and kernel path, decided once for every kernel */
 #include "native_q8.h"
 #include "native_gemm.h"
 #include "native_attn.h"
@@ -145,17 +146,17 @@ static void attend_all(const float *heads, int64_t H, int64_t Hk, int64_t D, con
             int64_t g = h / rep;
             const float *K = gk + g * gstride * D, *V = gv + g * gstride * D;
             const float *Kl = lk + g * (W + 1) * D, *Vl = lv + g * (W + 1) * D;
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(TC_AVX2)
             int64_t run = ((g + 1) * rep < h1 ? (g + 1) * rep : h1) - h;   /* the range's heads of group g */
 #endif
-#if defined(__AVX512F__)
+#if defined(TC_AVX512)
             if (D == 64) {                  /* 5 -> 3 + 2, 6 -> 4 + 2, ... */
                 int64_t c = run <= 4 ? run : run == 5 ? 3 : 4;
                 attend_heads16(c, heads + h * D, D, K, V, Kl, Vl, lpos, L, W, D, s, y + h * D, D);
                 h += c;
                 continue;
             }
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(TC_AVX2)
             if ((D & 7) == 0 && D <= 256) {   /* 4 -> 2 + 2, 5 -> 3 + 2, ... */
                 int64_t c = run <= 3 ? run : run == 4 ? 2 : 3;
                 attend_heads8(c, heads + h * D, D, K, V, Kl, Vl, lpos, L, W, D, s, y + h * D, D);
@@ -208,9 +209,9 @@ void tc_prefill_attn(const float *q, int64_t H, int64_t Hk, int64_t D, int64_t C
                      const float *gv, int64_t gstride, const float *seq_k, const float *seq_v, const int64_t *spos,
                      int64_t W, float *y, float *sc, int nt) {
     int64_t rep = H / Hk, n = L0 + C + W, G = 1;
-#if defined(__AVX512F__)
+#if defined(TC_AVX512)
     G = grp16_size(rep, D);                 /* heads of a group that share one pass over its keys and values */
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(TC_AVX2)
     if ((D & 7) == 0 && D <= 256) G = grp8_size(rep);
 #endif
     int64_t ng = rep / G;
@@ -226,12 +227,12 @@ void tc_prefill_attn(const float *q, int64_t H, int64_t Hk, int64_t D, int64_t C
         const float *Kl = W ? seq_k + (g * (W + C) + i + 1) * D : K, *Vl = W ? seq_v + (g * (W + C) + i + 1) * D : V;
         const int64_t *lp = W ? spos + i + 1 : NULL;
         float *o = y + (hq * C + i) * D;
-#if defined(__AVX512F__)
+#if defined(TC_AVX512)
         if ((D & 15) == 0 && D <= 256) {
             attend_heads16(G, qi, C * D, K, V, Kl, Vl, lp, L0 + i, W, D, s, o, C * D);
             continue;
         }
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(TC_AVX2)
         if ((D & 7) == 0 && D <= 256) {
             attend_heads8(G, qi, C * D, K, V, Kl, Vl, lp, L0 + i, W, D, s, o, C * D);
             continue;
@@ -331,7 +332,7 @@ void tc_engram(float *x, const float *table, const int64_t *addrs, int64_t n_tab
 void tc_softcap(float *y, int64_t n, float cap) {
     float r = 1.0f / cap;
     int64_t i = 0;
-#if defined(__AVX512F__)
+#if defined(TC_AVX512)
     const __m512 rv = _mm512_set1_ps(r), cv = _mm512_set1_ps(cap), one = _mm512_set1_ps(1.0f),
                  two = _mm512_set1_ps(2.0f), small = _mm512_set1_ps(0.0625f),
                  c3 = _mm512_set1_ps(-1.0f / 3), c5 = _mm512_set1_ps(2.0f / 15), c7 = _mm512_set1_ps(-17.0f / 315);
@@ -339,8 +340,8 @@ void tc_softcap(float *y, int64_t n, float cap) {
     for (; i + 16 <= n; i += 16) {
         __m512 t = _mm512_mul_ps(_mm512_loadu_ps(y + i), rv);
         __m512 a = _mm512_abs_ps(t);
-        /* e^(2|t|) for |t| <= 44 (tanh is 1 in float beyond 9); exp16 also takes x > 0 */
-        __m512 e = exp16(_mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_add_ps(a, a)));   /* NaN stays NaN */
+        /* e^(2|t|) for |t| <= 44 (tanh is 1 in float beyond 9); tc_exp16 also takes x > 0 */
+        __m512 e = tc_exp16(_mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_add_ps(a, a)));   /* NaN stays NaN */
         __m512 big = _mm512_sub_ps(one, _mm512_div_ps(two, _mm512_add_ps(e, one)));
         __m512 a2 = _mm512_mul_ps(a, a);
         __m512 p = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_fmadd_ps(c7, a2, c5), a2, c3), a2, one);

@@ -13,18 +13,22 @@ next norm and next fused QKV), `engram` one Engram block, `norm_gemv` the head a
 
 The shared object is cached under the user cache folder ($TINYCHAT_HOME/cache when set), keyed by the source, the
 compiler, the CPU's flags and the target flags (-march=native, or TINYCHAT_NATIVE_ARCH, e.g. "-march=x86-64-v3
--mavxvnni" to build and measure the AVX2 + AVX-VNNI path on an AVX-512 machine). Without OpenMP (Apple clang) the
-kernels run on one thread. TINYCHAT_NATIVE=0 turns the kernels off. kernel_path() names the path built.
+-mavxvnni" to build and measure the AVX2 + AVX-VNNI path on an AVX-512 machine, "-march=x86-64-v4" the AVX-512 one
+without VNNI). Without OpenMP (Apple clang) the kernels run on one thread. TINYCHAT_NATIVE=0 turns the kernels off.
+native_simd.h decides the SIMD level for every kernel from the target flags; kernel_path() names the path built,
+KERNEL_PATHS says what it records (the step version) and runs.
 
-Rounding: int8 activations (INT8_STEP_VERSION 2 on) round differently from the int16 ones before (1) and from the
-PyTorch lean step's bf16 activations; from 3 prefill's int8 Linears round their activations the same way (tc_gemm,
-native_gemm.h) where it runs; the tests bound the differences (tests/unit/test_quant.py)."""
+Rounding: the kernels round the activations to int8 in blocks of 32 (one fp32 scale each), the PyTorch lean step to
+bf16; prefill's int8 Linears round theirs as the kernels do where the native GEMM runs (tc_gemm, native_gemm.h). The
+tests bound the differences (tests/unit/test_quant.py); sessions name the rounding they were recorded with by the
+step version and the kernel path."""
 from __future__ import annotations
 
 import ctypes
 import os
 import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,24 +37,41 @@ from ..nativebuild import build_shared
 from ..nativebuild import compiler as _compiler
 
 ENV = "TINYCHAT_NATIVE"
-INT8_STEP_VERSION = 6   # sessions record "native-int8-v<N>" (N: step_version, this on the paths it changed); bump
-                        # it when the native step's rounding changes, prefill's included (it fills the KV cache a
-                        # later turn or a restore reads). 6: AVX2 builds' attention (paths avx2, avx2-vnni) in
-                        # attend_grp8, decode's and prefill's (prefill's was SDPA); 5: the
-                        # prefill GEMM's x86 kernels sum by super-blocks (native_gemm.h); 4: prefill's
-                        # attention in the native kernels (tc_prefill_attn) instead of SDPA; 3: prefill's int8
-                        # Linears on the native int8 GEMM (int8 activations, as decode) instead of fp32 / bf16
-                        # GEMMs; 2: int8 activations in blocks of 32; 1: int16 per vector
+INT8_STEP_VERSION = 6   # the native step's rounding's version: bump it when the rounding changes on some kernel path,
+                        # prefill's included (it fills the KV cache a later turn or a restore reads), and give those
+                        # paths the new number in KERNEL_PATHS. What each version changed: docs/benchmarks.md,
+                        # "Int8 step versions".
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    """What a kernel path (native_simd.h's TC_PATH) records and runs."""
+    step_version: int       # sessions record "native-int8-v<N>@<path>": the last INT8_STEP_VERSION that changed this
+                            # path's rounding, so a session replays as exact where its bits did not move
+    prefill_attn: bool      # prefill's attention in the kernels (tc_prefill_attn: the x86 levels' grouped kernels
+                            # beat SDPA); False: SDPA (NEON and plain C)
+
+
+KERNEL_PATHS = {            # every TC_PATH native_simd.h can name (a test reads them from the header)
+    "avx512-vnni": KernelPath(5, True),
+    "avx512": KernelPath(6, True),      # x86-64-v4 without VNNI: was named "avx2" before v6's table; v6 moved its
+                                        # prefill attention from SDPA to the 16-lane kernels
+    "avx2-vnni": KernelPath(6, True),
+    "avx2": KernelPath(6, True),
+    "neon-dotprod": KernelPath(5, False),
+    "neon": KernelPath(5, False),
+    "scalar": KernelPath(5, False),
+}
 _lock = threading.Lock()
 _lib = None
 _tried = False
 why_not: str | None = None     # why the kernels are off (None while on or not tried yet)
 
 SOURCES = {n: Path(__file__).with_name(n).read_text(encoding="utf-8")
-           for n in ("native.c", "native_q8.h", "native_gemm.h", "native_attn.h", "native_llama.h")}
-SOURCE = SOURCES["native.c"]    # the kernels (C), beside this file; included: native_q8.h (the int8 GEMV),
-                                # native_gemm.h (prefill's int8 GEMM), native_attn.h (per-head attention),
-                                # native_llama.h (the llama family's step)
+           for n in ("native.c", "native_simd.h", "native_q8.h", "native_gemm.h", "native_attn.h", "native_llama.h")}
+SOURCE = SOURCES["native.c"]    # the kernels (C), beside this file; included: native_simd.h (the SIMD level and
+                                # kernel path, decided once), native_q8.h (the int8 GEMV), native_gemm.h (prefill's
+                                # int8 GEMM), native_attn.h (per-head attention), native_llama.h (the llama step)
 ARCH_ENV = "TINYCHAT_NATIVE_ARCH"   # the build's target flags instead of the host's own (-march=native), e.g.
                                     # "-march=x86-64-v3 -mavxvnni" (AVX2 + AVX-VNNI), "-march=x86-64-v3" (AVX2)
 
@@ -253,17 +274,25 @@ def _self_test(lib) -> bool:
 
 
 def kernel_path() -> str:
-    """Which int8 kernel path this machine runs: native_q8.h's ("avx512-vnni", "avx2-vnni", "avx2", "neon-dotprod",
-    "neon", "scalar"), or "pytorch" where the native kernels are off."""
+    """Which int8 kernel path this machine runs: native_simd.h's TC_PATH (a KERNEL_PATHS name: "avx512-vnni",
+    "avx512", "avx2-vnni", "avx2", "neon-dotprod", "neon", "scalar"), or "pytorch" where the native kernels are
+    off."""
     lib = load()
     return "pytorch" if lib is None else lib.tc_kernel_path().decode()
 
 
-def step_version(path: str | None = None) -> int:
-    """The int8 step version sessions record on a kernel path (default: this machine's): the last INT8_STEP_VERSION
-    that changed that path's rounding, so a session replays as exact where its bits did not move."""
+def kernel_info(path: str | None = None) -> KernelPath:
+    """KERNEL_PATHS' entry for a kernel path (default: this machine's); ValueError for a name not in the table."""
     path = kernel_path() if path is None else path
-    return INT8_STEP_VERSION if path.startswith("avx2") else 5
+    try:
+        return KERNEL_PATHS[path]
+    except KeyError:
+        raise ValueError(f"unknown int8 kernel path {path!r}") from None
+
+
+def step_version(path: str | None = None) -> int:
+    """The int8 step version sessions record on a kernel path (default: this machine's): KERNEL_PATHS' entry."""
+    return kernel_info(path).step_version
 
 
 def gemm_lib():

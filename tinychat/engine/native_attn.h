@@ -2,48 +2,19 @@
    (tc_attn) and prefill (tc_prefill_attn) attention share; included by native.c.
 
    attend_one: one q head against keys 0..L of K/V and the W ring slots of Kl/Vl that hold one of the last W
-   positions, by the widest kernel the build targets: 16 lanes (AVX-512: attend_head16, and attend_grp16 for the 2-4
-   heads of a group in one pass over its keys), 8 lanes (AVX2 + FMA laptops: attend_grp8, 1-3 heads of a group in one
-   pass, scores 4 keys at a time), or plain C (attend_head, any D). Scores, softmax (exp16 / exp8: the Cephes expf
-   polynomial), then o = p @ [V | Vl] with the 1/sum applied once. Each level's order of products and sums is fixed,
+   positions, by the level native_simd.h decides: 16 lanes (TC_AVX512: attend_head16, and attend_grp16 for the 2-4
+   heads of a group in one pass over its keys), 8 lanes (TC_AVX2, laptops: attend_grp8, 1-3 heads of a group in one
+   pass, scores 4 keys at a time), or plain C (attend_head, any D). Scores, softmax (tc_exp16 / tc_exp8: the Cephes
+   expf polynomial), then o = p @ [V | Vl] with the 1/sum applied once. Each level's order of products and sums is fixed,
    so a level gives the same bits whatever the threads. */
 #ifndef TC_NATIVE_ATTN_H
 #define TC_NATIVE_ATTN_H
 #include <math.h>
 #include <stdint.h>
-#if defined(__AVX2__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "native_simd.h"
 
-#if defined(__AVX512F__)
-/* exp(x) for x <= 0 (scores minus their max), 16 lanes: Cody-Waite reduction by ln 2 and the Cephes expf
-   polynomial (~1 ulp), 2^n applied with scalef; below -87 (and -inf: masked slots) it is 0, NaN stays NaN. */
-static inline __m512 exp16(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.0f);
-    __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ);
-    x = _mm512_max_ps(lo, x);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
-}
-
-/* <q, k> for q held in nv 16-lane registers and k of 16 * nv floats. */
-static inline float dot16(const __m512 *qv, int64_t nv, const float *k) {
-    __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
-    for (int64_t v = 1; v < nv; v++) a = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(k + 16 * v), a);
-    return _mm512_reduce_add_ps(a);
-}
-
-/* The scores of 16 keys (rows of D = 16 * nv floats, D apart) against q (nv registers): lane j is dot16(qv, nv,
+#if defined(TC_AVX512)
+/* The scores of 16 keys (rows of D = 16 * nv floats, D apart) against q (nv registers): lane j is tc_dot16(qv, nv,
    K + j * D) to the bit: the same products and fmadd chain per key, then one reduction tree for all 16 that adds
    the same pairs as _mm512_reduce_add_ps (GCC's: lanes l + l+8, then l + l+4, l + l+2, l + l+1; IEEE addition
    commutes), ~3 instructions a key instead of ~8. */
@@ -73,18 +44,18 @@ static inline float softmax16(float *s, int64_t n, float m) {
     __m512 mv = _mm512_set1_ps(m), zv = _mm512_setzero_ps();
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) {
-        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
+        __m512 e = tc_exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
         _mm512_storeu_ps(s + j, e);
         zv = _mm512_add_ps(zv, e);
     }
     if (j < n) {
         __mmask16 t = (__mmask16)((1u << (n - j)) - 1u);
-        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), mv));
+        __m512 e = tc_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), mv));
         e = _mm512_maskz_mov_ps(t, e);
         _mm512_mask_storeu_ps(s + j, t, e);
         zv = _mm512_add_ps(zv, e);
     }
-    return 1.0f / _mm512_reduce_add_ps(zv);
+    return 1.0f / tc_hsum16(zv);
 }
 
 /* acc += p * v for v of 16 * nv floats. */
@@ -103,13 +74,13 @@ static void attend_head16(const float *q, const float *K, const float *V, const 
     for (int64_t v = 0; v < nv; v++) qv[v] = _mm512_loadu_ps(q + 16 * v);
     float m = -INFINITY;
     for (int64_t j = 0; j <= L; j++) {
-        float x = dot16(qv, nv, K + j * D);
+        float x = tc_dot16(qv, nv, K + j * D);
         s[j] = x;
         m = x > m ? x : m;
     }
     for (int64_t j = 0; j < W; j++) {
         int64_t p = lpos[j];
-        float x = (p >= 0 && L - p < W) ? dot16(qv, nv, Kl + j * D) : -INFINITY;
+        float x = (p >= 0 && L - p < W) ? tc_dot16(qv, nv, Kl + j * D) : -INFINITY;
         s[L + 1 + j] = x;
         m = x > m ? x : m;
     }
@@ -147,7 +118,7 @@ static inline __attribute__((always_inline)) void attend_grp16(const int nh, con
         }
     for (; j <= L; j++)
         for (int h = 0; h < nh; h++) {
-            float x = dot16(qv + h * nv, nv, K + j * D);
+            float x = tc_dot16(qv + h * nv, nv, K + j * D);
             s[h * n + j] = x;
             m[h] = x > m[h] ? x : m[h];
         }
@@ -169,7 +140,7 @@ static inline __attribute__((always_inline)) void attend_grp16(const int nh, con
         int64_t p = lpos[j];
         int ok = p >= 0 && L - p < W;
         for (int h = 0; h < nh; h++) {
-            float x = ok ? dot16(qv + h * nv, nv, Kl + j * D) : -INFINITY;
+            float x = ok ? tc_dot16(qv + h * nv, nv, Kl + j * D) : -INFINITY;
             s[h * n + L + 1 + j] = x;
             m[h] = x > m[h] ? x : m[h];
         }
@@ -205,44 +176,17 @@ static void attend_heads16(int64_t nh, const float *q, int64_t qs, const float *
 }
 #endif
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-/* exp16 in 8 lanes for AVX2 laptops (no scalef): the same reduction and polynomial, 2^n built in the exponent bits
-   (n >= -126 after the clamp at -87, and n <= 0 for scores minus their max); below -87 it is 0, NaN stays NaN. */
-static inline __m256 exp8(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.0f);
-    __m256 keep = _mm256_cmp_ps(x, lo, _CMP_NLT_UQ);
-    x = _mm256_max_ps(lo, x);                                 /* NaN lanes keep their NaN (the second operand) */
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
-}
-
+#if defined(TC_AVX2) && !defined(TC_AVX512)
 /* s[j] = exp(s[j] - m) for the n scores (8 at a time, the rest by expf); returns 1 / their sum. */
 static inline float softmax8(float *s, int64_t n, float m) {
     __m256 mv = _mm256_set1_ps(m), zv = _mm256_setzero_ps();
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+        __m256 e = tc_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
         _mm256_storeu_ps(s + j, e);
         zv = _mm256_add_ps(zv, e);
     }
-    float z = hsum8(zv);
+    float z = tc_hsum8(zv);
     for (; j < n; j++) {
         float e = expf(s[j] - m);
         s[j] = e;
@@ -436,12 +380,12 @@ static void attend_head(const float *q, const float *K, const float *V, const fl
 /* One q head h (D a multiple of 8 or not: each level's kernel) against its K/V group; s: L + 1 + W floats. */
 static void attend_one(const float *q, const float *K, const float *V, const float *Kl, const float *Vl,
                        const int64_t *lpos, int64_t L, int64_t W, int64_t D, float *s, float *o) {
-#if defined(__AVX512F__)
+#if defined(TC_AVX512)
     if ((D & 15) == 0 && D <= 256) {
         attend_head16(q, K, V, Kl, Vl, lpos, L, W, D, s, o);
         return;
     }
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(TC_AVX2)
     if ((D & 7) == 0 && D <= 256) {
         attend_heads8(1, q, D, K, V, Kl, Vl, lpos, L, W, D, s, o, D);
         return;

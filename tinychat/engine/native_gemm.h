@@ -38,11 +38,7 @@
 #if defined(TC_512) || defined(TC_256) || defined(TC_NEON)
 #if defined(TC_512)
 #define TC_L 16                                    /* int32 lanes of a register = blocks per super-block */
-#if defined(__AVX512VL__)
 #define TC_HALF 1                                  /* a half super-block (8 blocks) on 256-bit registers */
-#else
-#define TC_HALF 0
-#endif
 #elif defined(TC_256)
 #define TC_L 8
 #define TC_HALF 0
@@ -156,7 +152,7 @@ typedef int32x4_t tc_vi;                           /* 16 int8 or 4 int32, by use
 #define TC_HSUM(F) vaddvq_f32(F)
 #define TC_ABS(X) (X)
 #define TC_VNNI 0                                  /* signed by signed: no correction */
-#if defined(__ARM_FEATURE_DOTPROD)
+#if defined(TC_NEON_DOT)
 #define TC_ACC(C, W, X, AX) vdotq_s32(C, vreinterpretq_s8_s32(W), vreinterpretq_s8_s32(X))
 #else
 /* lane i += the 4 products of bytes 4i .. 4i + 3: pairs in int16 (|.| <= 2 * 127^2), then widened pairwise */

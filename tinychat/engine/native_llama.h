@@ -19,11 +19,11 @@ static void rms_eps(const float *x, float *h, int64_t d, float eps) {
 /* u[i] = silu(g[i]) * v[i] = g / (1 + e^-g) * v for u = [g (n) | v (n)], written over the first n. */
 static void swiglu(float *u, int64_t n) {
     int64_t i = 0;
-#if defined(__AVX512F__)
+#if defined(TC_AVX512)
     const __m512 one = _mm512_set1_ps(1.0f);
-    for (; i + 16 <= n; i += 16) {   /* exp16(-g): 0 below g = -87... +inf above g = 88 (then silu is -0) */
+    for (; i + 16 <= n; i += 16) {   /* tc_exp16(-g): 0 below g = -87... +inf above g = 88 (then silu is -0) */
         __m512 g = _mm512_loadu_ps(u + i), v = _mm512_loadu_ps(u + n + i);
-        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        __m512 e = tc_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
         _mm512_storeu_ps(u + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), v));
     }
 #endif

@@ -1,4 +1,4 @@
-/* tinychat int8 GEMV kernels (included by native.c; tests/unit/native_q8_harness.c tests them alone, also built for
+/* tinychat int8 GEMV kernels (included by native.c; tests/native/q8_harness.c tests them alone, also built for
    aarch64 and run under qemu).
 
    y[n] (+)= s[n] * sum_b sx[b] * dot(xq[b], q[n, b])      int8 weights with one scale per row (s), activations
@@ -9,49 +9,21 @@
      q: int8, K rounded up to 64, zero past K;
      s: fp32 per 4 columns (lane j = sx[j / 8]: the layout of a dot-product register's int32 lanes);
      c: int32 per 4 columns, -128 * (xq[4j] + ... + xq[4j + 3]) (the GEMM's correction, native_gemm.h).
-   Kernel paths (TC_PATH, chosen at compile time from the target's features):
-     avx512-vnni  vpdpbusd zmm, 64 multiply-adds an instruction. vpdpbusd multiplies unsigned by signed bytes, so
+   The dot products, by the level native_simd.h decides (TC_512, TC_256, TC_NEON or none):
+     TC_512       vpdpbusd zmm, 64 multiply-adds an instruction. vpdpbusd multiplies unsigned by signed bytes, so
                   the GEMV feeds it |xq| against q with xq's sign (a masked negate; both within +-127, so exact);
-     avx2-vnni    the same on 256 bits (AVX-VNNI, vpdpbusd ymm; vpsignb applies the sign);
-     avx2         vpmaddubsw(|xq|, sign(q, xq)) + vpmaddwd (|xq| <= 127: the int16 pair sums do not saturate);
-     neon-dotprod sdot (vdotq_s32), signed by signed;  neon  vmull_s8 + vpadal;
-     scalar       the reference: per block an int32 dot, times the block scale, summed in fp32. */
+     TC_256       32 columns a step: vpdpbusd ymm (TC_256_VNNI; vpsignb applies the sign), or vpmaddubsw(|xq|,
+                  sign(q, xq)) + vpmaddwd (|xq| <= 127: the int16 pair sums do not saturate): the same int32 dots;
+     TC_NEON      sdot (vdotq_s32), signed by signed, or vmull_s8 + vpadal without the dot-product extension;
+     none         the reference: per block an int32 dot, times the block scale, summed in fp32. */
 #ifndef TC_NATIVE_Q8_H
 #define TC_NATIVE_Q8_H
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX2__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-#if defined(__ARM_NEON)
-#include <arm_neon.h>
-#endif
+#include "native_simd.h"
 
 #define TC_QB 32                                   /* activation block (columns per scale) */
-
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(TC_FORCE_SCALAR)
-#define TC_PATH "avx512-vnni"
-#define TC_512 1
-#elif defined(__AVX2__) && (defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))) \
-    && !defined(TC_FORCE_SCALAR)
-#define TC_PATH "avx2-vnni"
-#define TC_256 1
-#define TC_256_VNNI 1
-#elif defined(__AVX2__) && !defined(TC_FORCE_SCALAR)
-#define TC_PATH "avx2"
-#define TC_256 1
-#elif defined(__ARM_FEATURE_DOTPROD) && !defined(TC_FORCE_SCALAR)
-#define TC_PATH "neon-dotprod"
-#define TC_NEON 1
-#elif defined(__ARM_NEON) && defined(__aarch64__) && !defined(TC_FORCE_SCALAR)
-#define TC_PATH "neon"
-#define TC_NEON 1
-#else
-#define TC_PATH "scalar"
-#endif
-
-const char *tc_kernel_path(void) { return TC_PATH; }
 
 typedef struct {
     int8_t *q;
@@ -71,7 +43,7 @@ static inline tc_act8 tc_act_view(void *buf, int64_t K) {
     return a;
 }
 
-#if defined(__AVX2__)
+#if defined(TC_AVX2)
 /* One full block of 32 on AVX2 (also the AVX-512 builds' quantizer): the scalar loop's exact operations (the max,
    r = 127 / max, x * r rounded by the 1.5 * 2^23 trick), 8 lanes at a time; the -128 * group sums by vpmaddubsw.
    Returns 0 when the block holds inf / NaN or is all zero (the scalar loop handles those). */
@@ -111,7 +83,7 @@ static tc_act8 tc_quant8(const float *x, void *buf, int64_t K) {
     for (int64_t b0 = 0; b0 < Kp; b0 += TC_QB) {
         int64_t n = K - b0 < TC_QB ? (K - b0 > 0 ? K - b0 : 0) : TC_QB;
         const float *xb = x + b0;
-#if defined(__AVX2__)
+#if defined(TC_AVX2)
         if (n == TC_QB && tc_quant_block_avx2(xb, a.q + b0, a.s + b0 / 4, a.c + b0 / 4)) continue;
 #endif
         float m = 0.f;
@@ -161,7 +133,7 @@ static inline float tc_dot_ref(const tc_act8 *a, const int8_t *q, int64_t K) {
    every row group (four streams of K bytes, K apart); with this the 4-row GEMV streams 15-40 % faster from DRAM /
    L3 (8-24 KB ahead measured alike). Past the end of a matrix it touches the next one: prefetches never fault. */
 #define TC_PF_AHEAD 16384
-#if defined(__AVX2__) || defined(__AVX512F__)
+#if defined(TC_AVX2)
 static inline void tc_prefetch4(const int8_t *p) {
     _mm_prefetch((const char *)(p + TC_PF_AHEAD), _MM_HINT_T0);
     _mm_prefetch((const char *)(p + TC_PF_AHEAD + 64), _MM_HINT_T0);
@@ -211,8 +183,8 @@ static inline void tc_dot4(const tc_act8 *a, const int8_t *q, int64_t K, float *
                  _mm512_maskz_loadu_epi8(t, q2 + k), _mm512_maskz_loadu_epi8(t, q3 + k))
     }
 #undef TC_STEP4
-    out[0] = _mm512_reduce_add_ps(f0), out[1] = _mm512_reduce_add_ps(f1);
-    out[2] = _mm512_reduce_add_ps(f2), out[3] = _mm512_reduce_add_ps(f3);
+    out[0] = tc_hsum16(f0), out[1] = tc_hsum16(f1);
+    out[2] = tc_hsum16(f2), out[3] = tc_hsum16(f3);
 }
 
 static inline float tc_dot1(const tc_act8 *a, const int8_t *q, int64_t K) {
@@ -223,23 +195,11 @@ static inline float tc_dot1(const tc_act8 *a, const int8_t *q, int64_t K) {
         __m512i i = TC_DOTZ(_mm512_maskz_loadu_epi8(t, q + k), _mm512_abs_epi8(xv), _mm512_movepi8_mask(xv));
         f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_load_ps(a->s + k / 4), f);
     }
-    return _mm512_reduce_add_ps(f);
+    return tc_hsum16(f);
 }
 
 #elif defined(TC_256)
-static inline float tc_hsum8(__m256 v) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
-}
-
 #if defined(TC_256_VNNI)
-#if defined(__AVXVNNI__)
-#define TC_DP256(c, w, x) _mm256_dpbusd_avx_epi32(c, w, x)
-#else
-#define TC_DP256(c, w, x) _mm256_dpbusd_epi32(c, w, x)
-#endif
 /* int32 lanes of one 32-column block: |xq| . sign(q, xq), exact (the AVX-512 path's form) */
 #define TC_BLK256(W, XV, AX) TC_DP256(_mm256_setzero_si256(), AX, _mm256_sign_epi8(W, XV))
 #else
@@ -295,7 +255,7 @@ static inline float tc_dot1(const tc_act8 *a, const int8_t *q, int64_t K) {
 /* int32 lanes of one 32-column block (signed by signed) */
 static inline int32x4_t tc_blk_neon(const int8_t *w, const int8_t *x) {
     int8x16_t w0 = vld1q_s8(w), w1 = vld1q_s8(w + 16), x0 = vld1q_s8(x), x1 = vld1q_s8(x + 16);
-#if defined(__ARM_FEATURE_DOTPROD)
+#if defined(TC_NEON_DOT)
     return vdotq_s32(vdotq_s32(vdupq_n_s32(0), w0, x0), w1, x1);
 #else
     int16x8_t p0 = vmlal_high_s8(vmull_s8(vget_low_s8(w0), vget_low_s8(x0)), w0, x0);   /* |.| <= 2 * 127^2 */
@@ -389,7 +349,7 @@ int64_t tc_read_bytes(const int8_t *p, int64_t n) {
         a3 = _mm512_dpbusd_epi32(a3, one, _mm512_loadu_si512((const void *)(p + k + 192)));
     }
     t = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)));
-#elif defined(__AVX2__)
+#elif defined(TC_AVX2)
     __m256i a0 = _mm256_setzero_si256(), a1 = a0;
     for (; k + 64 <= n; k += 64) {     /* vpsadbw: the bytes (as unsigned) summed into int64 lanes */
         a0 = _mm256_add_epi64(a0, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)(p + k)), _mm256_setzero_si256()));
