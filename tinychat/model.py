@@ -5,9 +5,12 @@ Layers come in groups of `kv_group`: the first layer of a group is "full" and wr
 over a sliding window of `swa_window` positions. Each query runs ONE softmax over [global keys | local keys].
 So the decode cache holds one global K/V per group plus one small ring per layer.
 
-`TinyAgentLM.forward(idx)` is the plain full-sequence forward: the exact reference the incremental decoder
-(tinychat.engine) is tested against. Training runs `trunk(idx, attn_chunk)` (the same function with attention in
-query blocks) and its own fused head + loss (tinychat.training.loss).
+One layer body, `Block.forward(x, kv, addrs)`, runs C >= 1 new tokens through a layer for every path: kv is their
+cache view (CacheView), where the paths differ (how q / k / v reach the cache and attention reads it). SeqView is
+the full sequence's, without a cache; the engine's views feed its KVCache (append, append_chunked, the eager and
+static decode steps). `TinyAgentLM.forward(idx)` is the plain full-sequence forward: the exact reference the
+incremental decoder (tinychat.engine) is tested against. Training runs `trunk(idx, attn_chunk)` (the same function
+with attention in query blocks) and its own fused head + loss (tinychat.training.loss).
 
 The llama family (SmolLM2, Qwen2.5, Llama 3.2) is the same model with a few options set (see ModelConfig): every
 layer global (`kv_group` 1, `swa_window` 0: no local K/V), no QK-norm, no softcap, a SwiGLU MLP, the checkpoint's
@@ -309,13 +312,36 @@ class Engram(nn.Module):
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
+        self.layer, self.group = layer, layer // cfg.kv_group    # the group whose global K/V this layer reads
         self.mode = "full" if layer % cfg.kv_group == 0 else "local"
         d, H, Hk, D, b = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.attn_bias
+        self.n_heads, self.n_kv_heads, self.head_dim = H, Hk, D
+        self.qk_norm, self.eps = cfg.qk_norm, cfg.norm_eps
         self.w_q = Linear(d, H * D, bias=b)
         # K rows then V rows; no local K/V when swa_window is 0 (every layer global: the llama family)
         self.w_kv_local = Linear(d, 2 * Hk * D, bias=b) if cfg.has_local else None
         self.w_kv_global = Linear(d, 2 * Hk * D, bias=b) if self.mode == "full" else None
         self.w_o = Linear(H * D, d, bias=False)
+
+    def qkn(self, t: torch.Tensor) -> torch.Tensor:
+        """The q / k head norm: rms_norm over each head's D, or the identity without QK-norm (the llama family)."""
+        return rms_norm(t, self.eps) if self.qk_norm else t
+
+    def heads(self, h: torch.Tensor, rot):
+        """h (B, C, d), the normed hidden states of C tokens -> q (B, H, C, D), then (k, v) of w_kv_global (None but
+        on a "full" layer) and of w_kv_local (None without a local ring), each (B, Hk, C, D): q and the k's normed
+        per head and rotated by rot (RoPE at the tokens' positions, (..., C, D) -> the same shape)."""
+        B, C, _ = h.shape
+        H, Hk, D = self.n_heads, self.n_kv_heads, self.head_dim
+        q = rot(self.qkn(self.w_q(h).view(B, C, H, D).transpose(1, 2)))
+        kv = []
+        for lin in (self.w_kv_global, self.w_kv_local):
+            if lin is None:
+                kv.append(None)
+                continue
+            k, v = lin(h).view(B, C, 2, Hk, D).permute(2, 0, 3, 1, 4)
+            kv.append((rot(self.qkn(k)), v))
+        return q, kv[0], kv[1]
 
 
 class MLP(nn.Module):
@@ -328,7 +354,8 @@ class MLP(nn.Module):
         self.down = Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
 
     def forward(self, x):
-        return self.down(mlp_act(self.kind, self.up(x)))
+        u = self.up(x)
+        return self.down(mlp_act(self.kind, u) if u.requires_grad else mlp_act_(self.kind, u))
 
 
 def mlp_act(kind: str, u: torch.Tensor) -> torch.Tensor:
@@ -337,6 +364,16 @@ def mlp_act(kind: str, u: torch.Tensor) -> torch.Tensor:
         g, v = u.chunk(2, dim=-1)
         return F.silu(g) * v
     return F.relu(u).square()
+
+
+def mlp_act_(kind: str, u: torch.Tensor) -> torch.Tensor:
+    """mlp_act with its products in place (inference: no autograd graph to keep): the same values (square is
+    u * u), fewer big buffers (relu2: none; swiglu: silu(g) only)."""
+    if kind == "swiglu":
+        g, v = u.chunk(2, dim=-1)
+        return F.silu(g).mul_(v)
+    torch.relu_(u)
+    return u.mul_(u)
 
 
 def grouped_attention(q, kg, vg, kl, vl, window: int, chunk: int = 0) -> torch.Tensor:
@@ -364,12 +401,60 @@ def grouped_attention(q, kg, vg, kl, vl, window: int, chunk: int = 0) -> torch.T
     return ys[0] if len(ys) == 1 else torch.cat(ys, dim=2)
 
 
+class CacheView:
+    """What a Block's forward asks of the tokens it runs over and of the cache they go into: the reference layer
+    body is Block.forward, and a view is where the paths differ. attend(attn, h) projects q / k / v from the normed
+    hidden states h (B, C, d) (Attention.heads, or a fused GEMM), rotates them at the tokens' positions, writes the
+    new K/V where this view keeps them and returns one softmax per query over [global keys | local keys] times the
+    values, (B, C, H * D) in h's dtype. add_out / add_mlp are the residual adds; a view may fuse them (the static step
+    runs addmm). Views: SeqView here (the training forward: positions 0..T-1, no cache), and the engine's over a
+    KVCache (engine/append.py: append, append_chunked, the eager decode step; engine/static.py: the static step)."""
+
+    def attend(self, attn: "Attention", h: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def add_out(self, x: torch.Tensor, w_o: nn.Module, y: torch.Tensor) -> torch.Tensor:
+        return x + w_o(y)
+
+    def add_mlp(self, x: torch.Tensor, mlp: "MLP", h: torch.Tensor) -> torch.Tensor:
+        return x + mlp(h)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.attn = Attention(cfg, layer)
         self.mlp = MLP(cfg)
         self.engram = Engram(cfg, layer) if cfg.has_engram and layer in cfg.engram_layers else None
+        self.eps = cfg.norm_eps
+
+    def forward(self, x: torch.Tensor, kv: CacheView, addrs: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer over C >= 1 new tokens: x (B, C, d) -> (B, C, d) (or (C, d), one row: the static step's view);
+        kv: their cache view (CacheView), addrs: this block's Engram addresses (B, C, n_tables). Training, append, append_chunked, the eager and the static
+        decode steps all run this body; the lean CPU steps and the native ones are its fused variants
+        (engine/steps.py), tested against it."""
+        if self.engram is not None:
+            x = x + self.engram(x, addrs)
+        x = kv.add_out(x, self.attn.w_o, kv.attend(self.attn, rms_norm(x, self.eps)))
+        return kv.add_mlp(x, self.mlp, rms_norm(x, self.eps))
+
+
+class SeqView(CacheView):
+    """The training forward's view: tokens at positions 0..T-1 of each row, no cache; a full layer's global K/V are
+    kept for the later layers of its group. attn_chunk > 0: attention in query blocks (grouped_attention)."""
+
+    def __init__(self, rope: "Rope", window: int, attn_chunk: int = 0):
+        self.rope, self.window, self.attn_chunk = rope, window, attn_chunk
+        self.kg = self.vg = None
+
+    def attend(self, attn, h):
+        B, T, _ = h.shape
+        q, glob, loc = attn.heads(h, self.rope)
+        if glob is not None:
+            self.kg, self.vg = glob
+        kl, vl = loc if loc is not None else (None, None)
+        y = grouped_attention(q, self.kg, self.vg, kl, vl, self.window, self.attn_chunk)
+        return y.transpose(1, 2).reshape(B, T, attn.n_heads * attn.head_dim)
 
 
 def canonical_ids(token_strings: list[str]) -> torch.Tensor:
@@ -442,31 +527,16 @@ class TinyAgentLM(nn.Module):
         """idx (B, T) -> (B, T, d) hidden states before the final norm and head. attn_chunk > 0: attention in
         query blocks of that many positions (grouped_attention): the same function, less work on long rows."""
         c = self.cfg
-        B, T = idx.shape
-        H, Hk, D = c.n_heads, c.n_kv_heads, c.head_dim
-        if T > c.max_seq_len:
-            raise ValueError(f"sequence of {T} tokens exceeds max_seq_len {c.max_seq_len}")
-        addrs = self.engram_addresses(idx)
-        eps = c.norm_eps
-        qkn = (lambda t: rms_norm(t, eps)) if c.qk_norm else (lambda t: t)
-        x = self.embed(idx)
-        kg = vg = None
+        if idx.size(1) > c.max_seq_len:
+            raise ValueError(f"sequence of {idx.size(1)} tokens exceeds max_seq_len {c.max_seq_len}")
+        return self.run_blocks(self.embed(idx), SeqView(self.rope, c.swa_window, attn_chunk),
+                               self.engram_addresses(idx))
+
+    def run_blocks(self, x: torch.Tensor, kv: CacheView, addrs: dict[int, torch.Tensor]) -> torch.Tensor:
+        """Every block over x (B, C, d), the embedded new tokens, with their cache view and Engram addresses
+        ({block: (B, C, n_tables)}) -> the final hidden states (B, C, d)."""
         for li, blk in enumerate(self.blocks):
-            if blk.engram is not None:
-                x = x + blk.engram(x, addrs[li])
-            a = blk.attn
-            h = rms_norm(x, eps)
-            q = self.rope(qkn(a.w_q(h).view(B, T, H, D).transpose(1, 2)))                 # (B, H, T, D)
-            if a.mode == "full":
-                kg, vg = a.w_kv_global(h).view(B, T, 2, Hk, D).permute(2, 0, 3, 1, 4)     # (B, Hk, T, D) each
-                kg = self.rope(qkn(kg))
-            kl = vl = None
-            if a.w_kv_local is not None:
-                kl, vl = a.w_kv_local(h).view(B, T, 2, Hk, D).permute(2, 0, 3, 1, 4)
-                kl = self.rope(qkn(kl))
-            y = grouped_attention(q, kg, vg, kl, vl, c.swa_window, attn_chunk)
-            x = x + a.w_o(y.transpose(1, 2).reshape(B, T, H * D))
-            x = x + blk.mlp(rms_norm(x, eps))
+            x = blk(x, kv, addrs.get(li))
         return x
 
     # --- reports -----------------------------------------------------------------------------------------------

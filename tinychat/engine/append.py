@@ -1,6 +1,11 @@
 """Feeding tokens into the cache: `append` (one pass over the chunk, the serving path), `append_chunked` (the
 reference path: CHUNK-token pieces, every piece through all layers) and `_decode_one` (one token, bit-identical to
-append_chunked). All return softcapped logits at each row's last new token."""
+append_chunked: the eager decode step). All return softcapped logits at each row's last new token.
+
+Each runs the model's one layer body (model.Block.forward) with a cache view of its own (model.CacheView): where the
+new tokens sit, how their q / k / v reach the cache and how attention reads it. PrefillView: append's one pass
+(query blocks on SDPA; the native kernels for an int8 model on the CPU). ChunkView: append_chunked's explicit
+attention against the cache. DecodeView: the same ops for one token at a host-known position, with slices."""
 from __future__ import annotations
 
 import math
@@ -8,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..model import mlp_act, rms_norm, softcap
+from ..model import CacheView, rms_norm, softcap
 from .cache import KVCache
 from .fused import split_qkv
 
@@ -31,19 +36,6 @@ def _rope_cs(x, cos, sin):
 def _rope_pos(rope, x, pos):
     """x: (B, H, C, D); pos: (B, C) per-row absolute positions."""
     return _rope_cs(x, rope.cos[pos][:, None].to(x.dtype), rope.sin[pos][:, None].to(x.dtype))
-
-
-def _mlp(mlp, x):
-    """MLP.forward with mlp_act's products done in place: the same values, fewer big buffers (relu2: none; swiglu:
-    silu(g) only, then times v in it)."""
-    u = mlp.up(x)
-    if mlp.kind == "swiglu":
-        g, v = u.chunk(2, dim=-1)
-        return mlp.down(F.silu(g).mul_(v))
-    if mlp.kind != "relu2":
-        return mlp.down(mlp_act(mlp.kind, u))
-    torch.relu_(u)
-    return mlp.down(u.mul_(u))
 
 
 def _softcap(model, x):
@@ -82,14 +74,6 @@ def _heads(qkn, t):
     """qkn over a projection's rows t (B, C, n, D), as heads (B, n, C, D): the bits of qkn on the transposed view (the
     norm is per row of D), which torch would first copy to norm (2x the time for a full-config q at 200 tokens)."""
     return qkn(t).transpose(1, 2)
-
-
-def _qkn(cfg):
-    """The q / k head norm of this config: rms_norm, or the identity without QK-norm (the llama family)."""
-    if not cfg.qk_norm:
-        return lambda t: t
-    eps = cfg.norm_eps
-    return lambda t: rms_norm(t, eps)
 
 
 def _engram_addrs(model, tokens, lens, idx):
@@ -197,136 +181,144 @@ def append(model, cache: KVCache, idx: torch.Tensor, n_new, rows=None, block=Non
         if Cp > width:
             idx = torch.cat([idx, idx.new_zeros(B, Cp - width)], dim=1)
         key_round = KEY_ROUND
-    return _append_all(model, cache, idx, n_cpu, rows, block, key_round)
+    view = PrefillView(model, cache, idx, n_cpu, rows, block, key_round)
+    x = model.run_blocks(model.embed(idx), view, view.addrs)
+    _commit(cache, view.lay, rows, view.rdev)
+    return _softcap(model, x[torch.arange(B, device=idx.device), (view.n - 1).clamp_min(0)])
 
 
-def _append_all(model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_round=1):
-    c = model.cfg
-    B, C = idx.shape
-    dev = idx.device
-    H, Hk, D, W = c.n_heads, c.n_kv_heads, c.head_dim, c.swa_window
-    dt = cache.gk.dtype
-    n = n_cpu.to(dev, non_blocking=True)
-    rdev, sel, lens, lens_cpu = _rows(cache, B, dev, rows)
-    lay = _Layout(cache, n, n_cpu, lens, lens_cpu, rdev, C)
-    valid, pos, new_lens, bidx, gpos, slot = lay.valid, lay.pos, lay.new_lens, lay.bidx, lay.gpos, lay.slot
-    L0, Lg = int(lens_cpu.max()), int(lay.new_lens_cpu.max())
-    addrs = _engram_addrs(model, sel(cache.tokens), lens, idx)
-    cache.tokens[bidx, gpos] = idx
+class PrefillView(CacheView):
+    """append's view of a right-padded chunk idx (B, C): every row's new tokens in one pass. The chunk's tokens, and
+    its K/V as each layer makes them, go into the cache; attention runs in query blocks (SDPA, or matmul + softmax
+    for short chunks on GPUs), each against the global keys up to its last position and the band of local keys of
+    its windows (the ring's last W entries, then the chunk's), or, for an int8 model prefilling one row of an fp32
+    cache on native kernels, in tc_prefill_attn (each query against only its keys, q / K / V rotated by
+    tc_rope_heads). A model with fused q/k/v projections on the native int8 GEMM runs them as one GEMM."""
 
-    # Local keys in position order: seq[j] = position lens - W + j, i.e. the ring's last W entries (j < W) then the new
-    # tokens (j >= W). Query i (position lens + i) sees seq[i+1 .. i+W]: a band, so each query block only needs a
-    # slice of it. Masks are the same in every layer: build them once.
-    qb = _block_size(dev, C, block)
-    wpos = lens[:, None] - W + torch.arange(W, device=dev)[None, :]           # (B, W) positions of the ring part
-    ring_idx = wpos % W
-    ring_ok = (wpos >= 0) & (sel(cache.lpos).gather(1, ring_idx) == wpos)      # slot really holds that position
-    key_ok = torch.cat([ring_ok, valid], dim=1)                                 # (B, W + C)
-    ring_gather = ring_idx[:, None, :, None].expand(B, Hk, W, D)
-    nat = _native_attn(model, cache, dev, rows, n_cpu, C)      # the native attention needs none of the masks
-    blocks = []
-    for s in range(0, C, qb) if nat is None else ():
-        e = min(C, s + qb)
-        lg = min(Lg, L0 + e)              # the last global key any query of this block can see
-        lg = min(-(-lg // key_round) * key_round, cache.max_len)   # masked beyond the length
-        pq = pos[:, s:e, None]
-        kpos = torch.arange(lg, device=dev)
-        gm = (kpos[None, None, :] <= pq) & (kpos[None, None, :] < new_lens[:, None, None])
-        qi = torch.arange(s, e, device=dev)[:, None]
-        j = torch.arange(s + 1, e + W, device=dev)[None, :]
-        lm = ((j > qi) & (j <= qi + W))[None] & key_ok[:, None, s + 1:e + W]
-        m = torch.cat([gm, lm], dim=2)
-        m[:, :, 0] |= ~valid[:, s:e]       # padding queries: never an empty row (SDPA would return NaN)
-        blocks.append((s, e, lg, m[:, None]))                                   # (B, 1, nq, L)
+    def __init__(self, model, cache: KVCache, idx, n_cpu, rows=None, block=None, key_round=1):
+        c = model.cfg
+        B, C = idx.shape
+        dev = idx.device
+        Hk, D, W = c.n_kv_heads, c.head_dim, c.swa_window
+        self.cache, self.rows, self.W, self.dt = cache, rows, W, cache.gk.dtype
+        n = self.n = n_cpu.to(dev, non_blocking=True)
+        rdev, sel, lens, lens_cpu = _rows(cache, B, dev, rows)
+        self.rdev, self.sel = rdev, sel
+        lay = self.lay = _Layout(cache, n, n_cpu, lens, lens_cpu, rdev, C)
+        valid, pos, new_lens = lay.valid, lay.pos, lay.new_lens
+        L0, Lg = int(lens_cpu.max()), int(lay.new_lens_cpu.max())
+        self.L0 = L0
+        self.addrs = _engram_addrs(model, sel(cache.tokens), lens, idx)
+        cache.tokens[lay.bidx, lay.gpos] = idx
 
-    # short chunks on GPUs (a new turn, a tool result): explicit attention, no SDPA kernel per shape
-    manual = dev.type != "cpu" and C <= EXPLICIT_ATTN_MAX
-    if not c.has_local:   # no local keys: the masks are the global part alone
-        blocks = [(s, e, lg, m[..., :lg]) for s, e, lg, m in blocks]
-    eps, qkn = c.norm_eps, _qkn(c)
-    if nat is not None:
-        from .native import prefill_attn, rope_heads
-        spos = torch.where(key_ok, torch.cat([wpos, pos], dim=1), -1)[0].contiguous()   # (W + C): -1 not a key
-    fused = _fused_prefill(model, B * C, dev)
-    x = model.embed(idx)
-    rope = model.rope
-    cs = {}
+        # Local keys in position order: seq[j] = position lens - W + j, i.e. the ring's last W entries (j < W) then
+        # the new tokens (j >= W). Query i (position lens + i) sees seq[i+1 .. i+W]: a band, so each query block only
+        # needs a slice of it. Masks are the same in every layer: built once.
+        qb = _block_size(dev, C, block)
+        wpos = lens[:, None] - W + torch.arange(W, device=dev)[None, :]       # (B, W) positions of the ring part
+        ring_idx = self.ring_idx = wpos % W
+        ring_ok = (wpos >= 0) & (sel(cache.lpos).gather(1, ring_idx) == wpos)  # slot really holds that position
+        key_ok = torch.cat([ring_ok, valid], dim=1)                             # (B, W + C)
+        self.ring_gather = ring_idx[:, None, :, None].expand(B, Hk, W, D)
+        nat = self.nat = _native_attn(model, cache, dev, rows, n_cpu, C)   # the native attention needs no masks
+        blocks = []
+        for s in range(0, C, qb) if nat is None else ():
+            e = min(C, s + qb)
+            lg = min(Lg, L0 + e)              # the last global key any query of this block can see
+            lg = min(-(-lg // key_round) * key_round, cache.max_len)   # masked beyond the length
+            pq = pos[:, s:e, None]
+            kpos = torch.arange(lg, device=dev)
+            gm = (kpos[None, None, :] <= pq) & (kpos[None, None, :] < new_lens[:, None, None])
+            qi = torch.arange(s, e, device=dev)[:, None]
+            j = torch.arange(s + 1, e + W, device=dev)[None, :]
+            lm = ((j > qi) & (j <= qi + W))[None] & key_ok[:, None, s + 1:e + W]
+            m = torch.cat([gm, lm], dim=2)
+            m[:, :, 0] |= ~valid[:, s:e]       # padding queries: never an empty row (SDPA would return NaN)
+            blocks.append((s, e, lg, m[:, None]))                               # (B, 1, nq, L)
+        if not c.has_local:   # no local keys: the masks are the global part alone
+            blocks = [(s, e, lg, m[..., :lg]) for s, e, lg, m in blocks]
+        self.blocks = blocks
+        # short chunks on GPUs (a new turn, a tool result): explicit attention, no SDPA kernel per shape
+        self.manual = dev.type != "cpu" and C <= EXPLICIT_ATTN_MAX
+        self.fused = _fused_prefill(model, B * C, dev)
+        rope, cs = model.rope, {}
 
-    def rot(t):                      # _rope_pos(rope, t, pos), the cos/sin rows gathered once per dtype, not per call
-        if t.dtype not in cs:
-            cs[t.dtype] = rope.cos[pos][:, None].to(t.dtype), rope.sin[pos][:, None].to(t.dtype)
-        return _rope_cs(t, *cs[t.dtype])
-    if nat is not None:     # one row, one contiguous run of positions: q, K and V rotated and written by a kernel
-        at = slice(L0, L0 + C)
-        csn = rope.cos[pos][0].contiguous(), rope.sin[pos][0].contiguous()                # (C, D/2) each
-    group = -1
-    for li, blk in enumerate(model.blocks):
-        if blk.engram is not None:
-            x = x + blk.engram(x, addrs[li])
-        a = blk.attn
-        h = rms_norm(x, eps)
-        if fused is not None:          # one GEMM for q, K and V: the same bits as three (its rows never mix)
-            qp, kvp = split_qkv(fused[li](h), a, H, Hk, D)
+        def rot(t):                  # _rope_pos(rope, t, pos), the cos/sin rows gathered once per dtype, not per call
+            if t.dtype not in cs:
+                cs[t.dtype] = rope.cos[pos][:, None].to(t.dtype), rope.sin[pos][:, None].to(t.dtype)
+            return _rope_cs(t, *cs[t.dtype])
+        self.rot = rot
+        if nat is not None:     # one row, one contiguous run of positions: q, K and V rotated and written by a kernel
+            self.spos = torch.where(key_ok, torch.cat([wpos, pos], dim=1), -1)[0].contiguous()   # (W + C): -1 no key
+            self.at = slice(L0, L0 + C)
+            self.csn = rope.cos[pos][0].contiguous(), rope.sin[pos][0].contiguous()            # (C, D/2) each
+
+    def attend(self, attn, h):
+        from . import native
+        B, C, _ = h.shape
+        li, H, Hk, D, W = attn.layer, attn.n_heads, attn.n_kv_heads, attn.head_dim, self.W
+        cache, nat, dt, lay, sel = self.cache, self.nat, self.dt, self.lay, self.sel
+        if self.fused is not None:     # one GEMM for q, K and V: the same bits as three (its rows never mix)
+            qp, kvp = split_qkv(self.fused[li](h), attn, H, Hk, D)
         else:
-            qp, kvp = a.w_q(h).view(B, C, H, D), None
-        q = _heads(qkn, qp)
+            qp, kvp = attn.w_q(h).view(B, C, H, D), None
+        q = _heads(attn.qkn, qp)
         # native: rotated and scaled by 1/sqrt(D) in one pass (rope_heads: _rope_cs's bits, then the scaling's)
-        q = rope_heads(nat, q[0], csn, D ** -0.5)[None] if nat is not None else rot(q).to(dt)
-        if a.mode == "full":
-            group += 1
-            k, v = kvp["w_kv_global"] if kvp is not None else a.w_kv_global(h).view(B, C, 2, Hk, D).unbind(2)
-            k, v = _heads(qkn, k), v.transpose(1, 2)                                # (B, Hk, C, D) each
+        q = native.rope_heads(nat, q[0], self.csn, D ** -0.5)[None] if nat is not None else self.rot(q).to(dt)
+        if attn.mode == "full":
+            group = attn.group
+            k, v = kvp["w_kv_global"] if kvp is not None else attn.w_kv_global(h).view(B, C, 2, Hk, D).unbind(2)
+            k, v = _heads(attn.qkn, k), v.transpose(1, 2)                           # (B, Hk, C, D) each
             if nat is not None:
-                rope_heads(nat, k[0], csn, out=cache.gk[group][0, :, at])
-                rope_heads(nat, v[0], None, out=cache.gv[group][0, :, at])
+                native.rope_heads(nat, k[0], self.csn, out=cache.gk[group][0, :, self.at])
+                native.rope_heads(nat, v[0], None, out=cache.gv[group][0, :, self.at])
             else:
-                k = rot(k)
-                cache.gk[group][bidx, :, gpos] = k.transpose(1, 2).to(dt)
-                cache.gv[group][bidx, :, gpos] = v.transpose(1, 2).to(dt)
-            if rows is None:
-                Kg_all, Vg_all = cache.gk[group], cache.gv[group]
+                k = self.rot(k)
+                cache.gk[group][lay.bidx, :, lay.gpos] = k.transpose(1, 2).to(dt)
+                cache.gv[group][lay.bidx, :, lay.gpos] = v.transpose(1, 2).to(dt)
+            if self.rows is None:
+                self.Kg_all, self.Vg_all = cache.gk[group], cache.gv[group]
             else:
-                lgmax = blocks[-1][2]
-                Kg_all, Vg_all = cache.gk[group][rdev, :, :lgmax], cache.gv[group][rdev, :, :lgmax]
-        if a.w_kv_local is not None:
-            kl, vl = kvp["w_kv_local"] if kvp is not None else a.w_kv_local(h).view(B, C, 2, Hk, D).unbind(2)
-            kl, vl = _heads(qkn, kl), vl.transpose(1, 2)
+                lgmax = self.blocks[-1][2]
+                self.Kg_all = cache.gk[group][self.rdev, :, :lgmax]
+                self.Vg_all = cache.gv[group][self.rdev, :, :lgmax]
+        Kg_all, Vg_all = self.Kg_all, self.Vg_all
+        local = attn.w_kv_local is not None
+        if local:
+            kl, vl = kvp["w_kv_local"] if kvp is not None else attn.w_kv_local(h).view(B, C, 2, Hk, D).unbind(2)
+            kl, vl = _heads(attn.qkn, kl), vl.transpose(1, 2)
             if nat is not None:            # the ring's last W entries, then the chunk's, rotated in place
                 seq_k, seq_v = torch.empty(B, Hk, W + C, D), torch.empty(B, Hk, W + C, D)
-                seq_k[:, :, :W] = cache.lk[li].index_select(2, ring_idx[0])     # one row: its ring slots
-                seq_v[:, :, :W] = cache.lv[li].index_select(2, ring_idx[0])
-                rope_heads(nat, kl[0], csn, out=seq_k[0, :, W:])
-                rope_heads(nat, vl[0], None, out=seq_v[0, :, W:])
+                seq_k[:, :, :W] = cache.lk[li].index_select(2, self.ring_idx[0])     # one row: its ring slots
+                seq_v[:, :, :W] = cache.lv[li].index_select(2, self.ring_idx[0])
+                native.rope_heads(nat, kl[0], self.csn, out=seq_k[0, :, W:])
+                native.rope_heads(nat, vl[0], None, out=seq_v[0, :, W:])
                 kl, vl = seq_k[:, :, W:], seq_v[:, :, W:]
             else:
-                kl = rot(kl).to(cache.lk.dtype)
+                kl = self.rot(kl).to(cache.lk.dtype)
                 vl = vl.to(cache.lv.dtype)
-                seq_k = torch.cat([sel(cache.lk[li]).gather(2, ring_gather), kl], dim=2)   # (B, Hk, W + C, D)
-                seq_v = torch.cat([sel(cache.lv[li]).gather(2, ring_gather), vl], dim=2)
+                seq_k = torch.cat([sel(cache.lk[li]).gather(2, self.ring_gather), kl], dim=2)   # (B, Hk, W + C, D)
+                seq_v = torch.cat([sel(cache.lv[li]).gather(2, self.ring_gather), vl], dim=2)
         if nat is not None:                # int8 with the native kernels: each query against only its keys
-            seq = (seq_k[0], seq_v[0], spos) if a.w_kv_local is not None else None
-            y = prefill_attn(nat, q[0], Kg_all[0], Vg_all[0], seq, L0, W if seq else 0)[None]
+            seq = (seq_k[0], seq_v[0], self.spos) if local else None
+            y = native.prefill_attn(nat, q[0], Kg_all[0], Vg_all[0], seq, self.L0, W if seq else 0)[None]
         else:
             ys = []
-            for s, e, lg, m in blocks:
-                if a.w_kv_local is None:
+            for s, e, lg, m in self.blocks:
+                if not local:
                     Kb, Vb = Kg_all[:, :, :lg], Vg_all[:, :, :lg]
                 else:
                     Kb = torch.cat([Kg_all[:, :, :lg], seq_k[:, :, s + 1:e + W]], dim=2)
                     Vb = torch.cat([Vg_all[:, :, :lg], seq_v[:, :, s + 1:e + W]], dim=2)
-                if manual:
+                if self.manual:
                     ys.append(_attn_explicit(q[:, :, s:e], Kb, Vb, m, Hk))
                 else:
                     ys.append(F.scaled_dot_product_attention(q[:, :, s:e], Kb, Vb, attn_mask=m, enable_gqa=True))
             y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=2)
-        y = y.transpose(1, 2).reshape(B, C, H * D)
-        x = x + a.w_o(y.to(x.dtype))
-        x = x + _mlp(blk.mlp, rms_norm(x, eps))
-        if a.w_kv_local is not None:
-            cache.lk[li][bidx, :, slot] = kl.transpose(1, 2)
-            cache.lv[li][bidx, :, slot] = vl.transpose(1, 2)
-    _commit(cache, lay, rows, rdev)
-    return _softcap(model, x[torch.arange(B, device=dev), (n - 1).clamp_min(0)])
+        if local:
+            cache.lk[li][lay.bidx, :, lay.slot] = kl.transpose(1, 2)
+            cache.lv[li][lay.bidx, :, lay.slot] = vl.transpose(1, 2)
+        return y.transpose(1, 2).reshape(B, C, H * D).to(h.dtype)
 
 
 def _fused_prefill(model, rows: int, dev):
@@ -370,140 +362,140 @@ def append_chunked(model, cache: KVCache, idx: torch.Tensor, n_new, rows=None) -
         if int(n_sub.max()) == 0:
             break
         width = int(n_sub.max())
-        logits = _append_chunk(model, cache, idx[:, s:s + width], n_sub, rows)
+        piece = idx[:, s:s + width]
+        view = ChunkView(model, cache, piece, n_sub, rows)
+        x = model.run_blocks(model.embed(piece), view, view.addrs)
+        _commit(cache, view.lay, rows, view.rdev)
+        logits = _softcap(model, x[torch.arange(B, device=idx.device), (view.n - 1).clamp_min(0)])
         out = logits if out is None else torch.where((n_sub > 0).to(out.device)[:, None], logits, out)
     return out
 
 
-def _append_chunk(model, cache: KVCache, idx, n_cpu, rows=None):
-    c = model.cfg
-    B, C = idx.shape
-    dev = idx.device
-    H, Hk, D, W = c.n_heads, c.n_kv_heads, c.head_dim, c.swa_window
-    rep = H // Hk
-    n = n_cpu.to(dev, non_blocking=True)
-    rdev, sel, lens, lens_cpu = _rows(cache, B, dev, rows)
-    lay = _Layout(cache, n, n_cpu, lens, lens_cpu, rdev, C)
-    valid, pos, new_lens, bidx, gpos, slot = lay.valid, lay.pos, lay.new_lens, lay.bidx, lay.gpos, lay.slot
-    Lg = int(lay.new_lens_cpu.max())
-    addrs = _engram_addrs(model, sel(cache.tokens), lens, idx)
-    cache.tokens[bidx, gpos] = idx
+class ChunkView(CacheView):
+    """append_chunked's view of one right-padded piece idx (B, C): q / k / v by the model's own Linears
+    (Attention.heads), the new K/V scattered into the cache, then grouped-query attention straight against it as
+    matmuls: scores over [global keys 0..Lg | the ring's W + 1 slots and the piece's keys], masked, one fp32
+    softmax, p @ V."""
 
-    kpos = torch.arange(Lg, device=dev)
-    gmask = (kpos[None, None, :] <= pos[:, :, None]) & (kpos[None, None, :] < new_lens[:, None, None])  # (B, C, Lg)
-    lpos_all = torch.cat([sel(cache.lpos), torch.where(valid, pos, torch.full_like(pos, -1))], dim=1)  # (B, W+1+C)
-    lmask = (lpos_all[:, None, :] >= 0) & (lpos_all[:, None, :] <= pos[:, :, None]) & \
-            (pos[:, :, None] - lpos_all[:, None, :] < W)
-    mask = torch.cat([gmask, lmask], dim=2) if c.has_local else gmask
-    mask = mask[:, None, None]                                                  # (B, 1, 1, C, L)
-    neg = torch.finfo(torch.float32).min / 2
-    scale = 1.0 / math.sqrt(D)
-    eps, qkn = c.norm_eps, _qkn(c)
+    def __init__(self, model, cache: KVCache, idx, n_cpu, rows=None):
+        c = model.cfg
+        B, C = idx.shape
+        dev = idx.device
+        W = c.swa_window
+        self.cache, self.rows = cache, rows
+        n = self.n = n_cpu.to(dev, non_blocking=True)
+        rdev, sel, lens, lens_cpu = _rows(cache, B, dev, rows)
+        self.rdev, self.sel = rdev, sel
+        lay = self.lay = _Layout(cache, n, n_cpu, lens, lens_cpu, rdev, C)
+        valid, pos, new_lens = lay.valid, lay.pos, lay.new_lens
+        Lg = self.Lg = int(lay.new_lens_cpu.max())
+        self.addrs = _engram_addrs(model, sel(cache.tokens), lens, idx)
+        cache.tokens[lay.bidx, lay.gpos] = idx
+        kpos = torch.arange(Lg, device=dev)
+        gmask = (kpos[None, None, :] <= pos[:, :, None]) & (kpos[None, None, :] < new_lens[:, None, None])  # (B,C,Lg)
+        lpos_all = torch.cat([sel(cache.lpos), torch.where(valid, pos, torch.full_like(pos, -1))], dim=1)  # (B,W+1+C)
+        lmask = (lpos_all[:, None, :] >= 0) & (lpos_all[:, None, :] <= pos[:, :, None]) & \
+                (pos[:, :, None] - lpos_all[:, None, :] < W)
+        mask = torch.cat([gmask, lmask], dim=2) if c.has_local else gmask
+        self.mask = mask[:, None, None]                                          # (B, 1, 1, C, L)
+        self.neg = torch.finfo(torch.float32).min / 2
+        self.scale = 1.0 / math.sqrt(c.head_dim)
+        rope = model.rope
+        self.rot = lambda t: _rope_pos(rope, t, pos)
 
-    x = model.embed(idx)
-    rope = model.rope
-    group = -1
-    for li, blk in enumerate(model.blocks):
-        if blk.engram is not None:
-            x = x + blk.engram(x, addrs[li])
-        a = blk.attn
-        h = rms_norm(x, eps)
-        q = _rope_pos(rope, qkn(a.w_q(h).view(B, C, H, D).transpose(1, 2)), pos)
-        if a.mode == "full":
-            group += 1
-            k, v = a.w_kv_global(h).view(B, C, 2, Hk, D).permute(2, 0, 3, 1, 4)
-            k = _rope_pos(rope, qkn(k), pos)
-            cache.gk[group][bidx, :, gpos] = k.transpose(1, 2).to(cache.gk.dtype)
-            cache.gv[group][bidx, :, gpos] = v.transpose(1, 2).to(cache.gv.dtype)
-        local = a.w_kv_local is not None
-        if local:
-            kl, vl = a.w_kv_local(h).view(B, C, 2, Hk, D).permute(2, 0, 3, 1, 4)
-            kl = _rope_pos(rope, qkn(kl), pos).to(cache.lk.dtype)
-            vl = vl.to(cache.lv.dtype)
+    def attend(self, attn, h):
+        B, C, _ = h.shape
+        cache, lay, sel, Lg = self.cache, self.lay, self.sel, self.Lg
+        li, group, H, Hk, D = attn.layer, attn.group, attn.n_heads, attn.n_kv_heads, attn.head_dim
+        rep = H // Hk
+        q, glob, loc = attn.heads(h, self.rot)
+        if glob is not None:
+            k, v = glob
+            cache.gk[group][lay.bidx, :, lay.gpos] = k.transpose(1, 2).to(cache.gk.dtype)
+            cache.gv[group][lay.bidx, :, lay.gpos] = v.transpose(1, 2).to(cache.gv.dtype)
+        if loc is not None:
+            kl, vl = loc[0].to(cache.lk.dtype), loc[1].to(cache.lv.dtype)
         # grouped-query attention straight against the cache: queries (B, Hk, rep*C, D)
         q2 = q.to(cache.gk.dtype).reshape(B, Hk, rep * C, D)
-        if rows is None:
+        if self.rows is None:
             Kg, Vg = cache.gk[group][:, :, :Lg], cache.gv[group][:, :, :Lg]
         else:
-            Kg, Vg = cache.gk[group][rdev, :, :Lg], cache.gv[group][rdev, :, :Lg]
+            Kg, Vg = cache.gk[group][self.rdev, :, :Lg], cache.gv[group][self.rdev, :, :Lg]
         s = q2 @ Kg.transpose(-1, -2)
-        if local:
+        if loc is not None:
             Kl = torch.cat([sel(cache.lk[li]), kl], dim=2)                      # (B, Hk, W+1+C, D) (small)
             Vl = torch.cat([sel(cache.lv[li]), vl], dim=2)
             s = torch.cat([s, q2 @ Kl.transpose(-1, -2)], dim=-1)
-        s = s.float() * scale
-        s = s.view(B, Hk, rep, C, -1).masked_fill(~mask, neg)
+        s = s.float() * self.scale
+        s = s.view(B, Hk, rep, C, -1).masked_fill(~self.mask, self.neg)
         p = torch.softmax(s, dim=-1).to(Vg.dtype).view(B, Hk, rep * C, -1)
-        y = p[..., :Lg] @ Vg + p[..., Lg:] @ Vl if local else p @ Vg           # (B, Hk, rep*C, D)
-        y = y.view(B, H, C, D).transpose(1, 2).reshape(B, C, H * D)
-        x = x + a.w_o(y.to(x.dtype))
-        x = x + blk.mlp(rms_norm(x, eps))
-        if local:
-            cache.lk[li][bidx, :, slot] = kl.transpose(1, 2)
-            cache.lv[li][bidx, :, slot] = vl.transpose(1, 2)
-    _commit(cache, lay, rows, rdev)
-    return _softcap(model, x[torch.arange(B, device=dev), (n - 1).clamp_min(0)])
+        y = p[..., :Lg] @ Vg + p[..., Lg:] @ Vl if loc is not None else p @ Vg   # (B, Hk, rep*C, D)
+        if loc is not None:
+            cache.lk[li][lay.bidx, :, lay.slot] = kl.transpose(1, 2)
+            cache.lv[li][lay.bidx, :, lay.slot] = vl.transpose(1, 2)
+        return y.view(B, H, C, D).transpose(1, 2).reshape(B, C, H * D).to(h.dtype)
 
 
 def _decode_one(model, cache: KVCache, idx, L: int):
     """Append one token (idx (1, 1), device) to row 0 at host-known position L; returns softcapped logits (1, V).
     Exactly the ops and shapes append_chunked runs for a single token (bit-identical logits), minus its general
-    batching/masking work: slices instead of scatter writes, the step mask built once."""
-    c = model.cfg
-    dev = idx.device
-    H, Hk, D, W = c.n_heads, c.n_kv_heads, c.head_dim, c.swa_window
-    rep = H // Hk
-    dt = cache.gk.dtype
-    rope = model.rope
-    p2 = torch.full((1, 1), L, device=dev, dtype=torch.long)
-    addrs = _engram_addrs(model, cache.tokens[:1], p2[0], idx)
-    cache.tokens[0, L] = idx[0, 0]
-    slot = L % W if W else 0
-    lp = torch.cat([cache.lpos[0], p2[0]])                                     # (W+2,)
-    mask = torch.ones(L + 1, dtype=torch.bool, device=dev)
-    if c.has_local:
-        mask = torch.cat([mask, (lp >= 0) & (lp <= L) & (L - lp < W)])
-    inv = ~mask.view(1, 1, 1, 1, -1)
-    neg = torch.finfo(torch.float32).min / 2
-    scale = 1.0 / math.sqrt(D)
-    eps, qkn = c.norm_eps, _qkn(c)
-    x = model.embed(idx)
-    group = -1
-    for li, blk in enumerate(model.blocks):
-        if blk.engram is not None:
-            x = x + blk.engram(x, addrs[li])
-        a = blk.attn
-        h = rms_norm(x, eps)
-        q = _rope_pos(rope, qkn(a.w_q(h).view(1, 1, H, D).transpose(1, 2)), p2)
-        if a.mode == "full":
-            group += 1
-            k, v = a.w_kv_global(h).view(1, 1, 2, Hk, D).permute(2, 0, 3, 1, 4)
-            k = _rope_pos(rope, qkn(k), p2)
-            cache.gk[group][:, :, L] = k[:, :, 0].to(dt)
-            cache.gv[group][:, :, L] = v[:, :, 0].to(dt)
-            Kg, Vg = cache.gk[group][:, :, :L + 1], cache.gv[group][:, :, :L + 1]
-        q2 = q.to(dt).reshape(1, Hk, rep, D)
-        local = a.w_kv_local is not None
-        s = q2 @ Kg.transpose(-1, -2)
-        if local:
-            kl, vl = a.w_kv_local(h).view(1, 1, 2, Hk, D).permute(2, 0, 3, 1, 4)
-            kl = _rope_pos(rope, qkn(kl), p2).to(cache.lk.dtype)
-            vl = vl.to(cache.lv.dtype)
-            Kl = torch.cat([cache.lk[li][:1], kl], dim=2)
-            Vl = torch.cat([cache.lv[li][:1], vl], dim=2)
-            s = torch.cat([s, q2 @ Kl.transpose(-1, -2)], dim=-1)
-        s = s.float() * scale
-        s = s.view(1, Hk, rep, 1, -1).masked_fill(inv, neg)
-        p = torch.softmax(s, dim=-1).to(Vg.dtype).view(1, Hk, rep, -1)
-        y = p[..., :L + 1] @ Vg + p[..., L + 1:] @ Vl if local else p @ Vg
-        y = y.view(1, H, 1, D).transpose(1, 2).reshape(1, 1, H * D)
-        x = x + a.w_o(y.to(x.dtype))
-        x = x + blk.mlp(rms_norm(x, eps))
-        if local:
-            cache.lk[li][:1, :, slot] = kl[:, :, 0]
-            cache.lv[li][:1, :, slot] = vl[:, :, 0]
-    if W:
-        cache.lpos[0, slot] = L
+    batching/masking work (DecodeView: slices instead of scatter writes, the step mask built once). The eager decode
+    step, and the reference every other step is tested against (engine/steps.py)."""
+    view = DecodeView(model, cache, idx, L)
+    x = model.run_blocks(model.embed(idx), view, view.addrs)
+    if model.cfg.swa_window:
+        cache.lpos[0, view.slot] = L
     cache.lens[0] += 1
     cache.lens_cpu[0] += 1
     return _softcap(model, x[:, 0])
+
+
+class DecodeView(CacheView):
+    """_decode_one's view of one token at position L of row 0: ChunkView's ops and shapes for C = 1, the cache read
+    and written by slices."""
+
+    def __init__(self, model, cache: KVCache, idx, L: int):
+        c = model.cfg
+        dev = idx.device
+        W = c.swa_window
+        self.cache, self.L, self.dt = cache, L, cache.gk.dtype
+        p2 = torch.full((1, 1), L, device=dev, dtype=torch.long)
+        self.addrs = _engram_addrs(model, cache.tokens[:1], p2[0], idx)
+        cache.tokens[0, L] = idx[0, 0]
+        self.slot = L % W if W else 0
+        lp = torch.cat([cache.lpos[0], p2[0]])                                 # (W+2,)
+        mask = torch.ones(L + 1, dtype=torch.bool, device=dev)
+        if c.has_local:
+            mask = torch.cat([mask, (lp >= 0) & (lp <= L) & (L - lp < W)])
+        self.inv = ~mask.view(1, 1, 1, 1, -1)
+        self.neg = torch.finfo(torch.float32).min / 2
+        self.scale = 1.0 / math.sqrt(c.head_dim)
+        rope = model.rope
+        self.rot = lambda t: _rope_pos(rope, t, p2)
+
+    def attend(self, attn, h):
+        cache, L, dt, slot = self.cache, self.L, self.dt, self.slot
+        li, group, H, Hk, D = attn.layer, attn.group, attn.n_heads, attn.n_kv_heads, attn.head_dim
+        rep = H // Hk
+        q, glob, loc = attn.heads(h, self.rot)
+        if glob is not None:
+            k, v = glob
+            cache.gk[group][:, :, L] = k[:, :, 0].to(dt)
+            cache.gv[group][:, :, L] = v[:, :, 0].to(dt)
+            self.Kg, self.Vg = cache.gk[group][:, :, :L + 1], cache.gv[group][:, :, :L + 1]
+        Kg, Vg = self.Kg, self.Vg
+        q2 = q.to(dt).reshape(1, Hk, rep, D)
+        s = q2 @ Kg.transpose(-1, -2)
+        if loc is not None:
+            kl, vl = loc[0].to(cache.lk.dtype), loc[1].to(cache.lv.dtype)
+            Kl = torch.cat([cache.lk[li][:1], kl], dim=2)
+            Vl = torch.cat([cache.lv[li][:1], vl], dim=2)
+            s = torch.cat([s, q2 @ Kl.transpose(-1, -2)], dim=-1)
+        s = s.float() * self.scale
+        s = s.view(1, Hk, rep, 1, -1).masked_fill(self.inv, self.neg)
+        p = torch.softmax(s, dim=-1).to(Vg.dtype).view(1, Hk, rep, -1)
+        y = p[..., :L + 1] @ Vg + p[..., L + 1:] @ Vl if loc is not None else p @ Vg
+        if loc is not None:
+            cache.lk[li][:1, :, slot] = kl[:, :, 0]
+            cache.lv[li][:1, :, slot] = vl[:, :, 0]
+        return y.view(1, H, 1, D).transpose(1, 2).reshape(1, 1, H * D).to(h.dtype)
