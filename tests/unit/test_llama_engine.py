@@ -9,7 +9,6 @@ import torch
 
 from support import LLAMA_OPTIONS, make_llama_model, make_model
 from tinychat.engine import CHUNK, Decoder, KVCache, append, append_chunked, int8_kernel_ok, quantize_cpu
-from tinychat.engine import cpu_step as S
 from tinychat.engine import lean_step as LS
 from tinychat.engine import quant as Q
 from tinychat.engine.cpu_step import CpuStep
@@ -107,8 +106,9 @@ def test_llama_config_lean_cpu_step_without_native_kernels_matches_decode_one(mo
     if mode == "bf16":
         assert CpuStep.build(q, EngineOptions(native=True)).nat is None
     calls = []
-    lean = S._decode_lean
-    monkeypatch.setattr(S, "_decode_lean", lambda *a, **k: calls.append(1) or lean(*a, **k))
+    St = importlib.import_module("tinychat.engine.steps")
+    lean = St._decode_lean
+    monkeypatch.setattr(St, "_decode_lean", lambda *a, **k: calls.append(1) or lean(*a, **k))
     fast, fmode = _walk(q, TOKENS, options=off)
     one, omode = _walk(q, TOKENS, fast=False, options=off)
     assert (fmode, omode) == (f"fast-{mode}", "eager") and len(calls) == TOKENS.size(1) - 10

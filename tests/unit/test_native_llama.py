@@ -72,21 +72,29 @@ class RefStep:
 
 
 def _native_walk(model, nt=1, rescore=True, cache_dtype=torch.float32):
-    step = CpuStep.build(model, EngineOptions(native=True, tune_threads=False))
-    assert isinstance(step.nat, _NativeLlama)
     cache = KVCache(model, 1, 64, "cpu", dtype=cache_dtype)
-    idx = torch.zeros(1, 1, dtype=torch.long)
+    dec = Decoder(model, cache, graph=False, options=EngineOptions(native=True, tune_threads=False))
+    step = dec.cpu_step
+    assert isinstance(step.nat, _NativeLlama) and dec.variant.name == "native-llama"
     if not rescore:
         step.nat.rescore_k = 0
     out = []
     prev = torch.get_num_threads()
     torch.set_num_threads(nt)
     try:
-        for L, t in enumerate(TOKENS[0].tolist()):
-            out.append(step(model, cache, idx, L, t)[0])
+        for t in TOKENS[0].tolist():
+            out.append(dec.step(t)[0])
     finally:
         torch.set_num_threads(prev)
     return torch.stack(out), step, cache
+
+
+def _lean_walk(model, cache_dtype):
+    """The PyTorch lean step (native kernels off) over TOKENS from an empty cache."""
+    dec = Decoder(model, KVCache(model, 1, 64, "cpu", dtype=cache_dtype), graph=False,
+                  options=EngineOptions(native=False))
+    assert dec.cpu_step.nat is None and dec.variant.name == "lean-llama"
+    return torch.stack([dec.step(t)[0] for t in TOKENS[0].tolist()])
 
 
 def _rel(a, b):
@@ -132,11 +140,7 @@ def test_native_llama_step_runs_any_even_head_dim_and_a_bf16_embedding(head_dim)
 def test_native_llama_step_stays_close_to_the_pytorch_lean_step_and_agrees_on_greedy_tokens():
     q = quantize_cpu(make_llama_model(), "int8")
     fast, _, _ = _native_walk(q)
-    lean = CpuStep.build(q, EngineOptions(native=False))
-    assert lean.nat is None
-    cache = KVCache(q, 1, 64, "cpu", dtype=torch.float32)
-    idx = torch.zeros(1, 1, dtype=torch.long)
-    slow = torch.stack([lean(q, cache, idx, L, t)[0] for L, t in enumerate(TOKENS[0].tolist())])
+    slow = _lean_walk(q, torch.float32)
     assert _rel(fast, slow) < 0.02          # int8 activations vs bf16 ones, same int8 weights
     assert (fast.argmax(-1) == slow.argmax(-1)).float().mean() >= 0.9
 
@@ -145,10 +149,7 @@ def test_a_llama_decoder_on_a_cache_the_kernel_cannot_read_runs_the_pytorch_step
     q = quantize_cpu(make_llama_model(), "int8")
     got, step, cache = _native_walk(q, cache_dtype=torch.bfloat16)
     assert step.nat.plan(q, cache) is None
-    lean = CpuStep.build(q, EngineOptions(native=False))
-    c2 = KVCache(q, 1, 64, "cpu", dtype=torch.bfloat16)
-    idx = torch.zeros(1, 1, dtype=torch.long)
-    want = torch.stack([lean(q, c2, idx, L, t)[0] for L, t in enumerate(TOKENS[0].tolist())])
+    want = _lean_walk(q, torch.bfloat16)
     assert torch.equal(got, want)
 
 

@@ -1,9 +1,9 @@
-"""The lean batch-1 CPU decode step of a quantize_cpu model (Decoder.step on a CPU): `CpuStep`, built by the
-Decoder, holds what the step needs besides the model, and runs each token either in PyTorch ops (`_decode_fast`) or,
-for an int8 model where the kernels build, in native kernels (engine/native_step.py's `_decode_native`). Configs
-other than TinyAgentLM's (the llama family: no local ring, no QK-norm, SwiGLU, q/k/v biases, no softcap) run the
-general PyTorch step in engine/lean_step.py (`_decode_lean`), or for an int8 llama in native kernels too
-(engine/native_llama_step.py).
+"""The fast batch-1 CPU decode steps of a quantize_cpu model (Decoder.step on a CPU): `CpuStep`, built by the
+Decoder, holds what they need besides the model; `_decode_fast` is TinyAgentLM's in PyTorch ops (the "lean" variant of
+engine/steps.py's table). The others: an int8 model where the kernels build runs native kernels
+(engine/native_step.py's `_decode_native`); configs other than TinyAgentLM's (the llama family: no local ring, no
+QK-norm, SwiGLU, q/k/v biases, no softcap) run the general PyTorch step in engine/lean_step.py (`_decode_lean`), or
+for an int8 llama native kernels too (engine/native_llama_step.py).
 
 Batch-1 decode on a CPU is dispatch-bound as much as memory-bound: every op costs a few us, about as much as the
 weights take to stream. So the step uses far fewer ops than _decode_one: fused QKV (one weight stream and one
@@ -18,9 +18,8 @@ import torch
 from .append import _engram_addrs
 from .cache import KVCache
 from .fused import fuse_qkv, n_qk_heads, rope_basis, rope_matrix
-from .lean_step import _decode_lean
-from .native_llama_step import _decode_native_llama, _NativeLlama
-from .native_step import _decode_native, _NativeStep
+from .native_llama_step import _NativeLlama
+from .native_step import _NativeStep
 from ..options import EngineOptions
 from .quant import quant_mode
 from .threads import ThreadTuner
@@ -73,20 +72,6 @@ class CpuStep:
     @classmethod
     def build(cls, model, options: EngineOptions) -> "CpuStep | None":
         return None if quant_mode(model) == "none" else cls(model, options)
-
-    def __call__(self, model, cache: KVCache, idx, L: int, tok: int) -> torch.Tensor:
-        """Append the token tok at position L of row 0; returns the logits (1, V). idx: a (1, 1) long buffer (the
-        PyTorch step reads the token from it; the native step needs no tensor of it)."""
-        if self.nat is not None:
-            if self.tinyagent:
-                return _decode_native(model, cache, tok, L, self, self.nat, step_in_c=self.step_in_c)
-            logits = _decode_native_llama(model, cache, tok, L, self, self.nat)
-            if logits is not None:
-                return logits
-        idx.fill_(tok)
-        if not self.tinyagent:
-            return _decode_lean(model, cache, idx, L, self)
-        return _decode_fast(model, cache, idx, L, self)
 
 
 def _decode_fast(model, cache: KVCache, idx, L: int, fs: CpuStep):

@@ -2,7 +2,8 @@
 
 CPU (and graph=False): an eager loop, one host-sampled token per step; each step runs the exact op sequence of
 append_chunked for one token (_decode_one: bit-identical logits) and sample_top_p. A quantize_cpu model steps through
-the lean CPU step the Decoder builds (cpu_step.CpuStep; Decoder.fast = False: _decode_one).
+a fast CPU step (its state: the cpu_step.CpuStep the Decoder builds; Decoder.fast = False: _decode_one). Which step
+runs is engine/steps.py's table (Decoder.variant).
 options: EngineOptions (native kernels, thread tuning; default EngineOptions.from_env()).
 CUDA/XPU (graph=True, the default there; graph="static" runs the same step uncaptured, also on a CPU): one device
 graph per step = append the current token, sample the next one on the device (inverse-CDF draw from a pre-drawn
@@ -16,12 +17,12 @@ import warnings
 
 import torch
 
-from .append import _decode_one
 from .cache import KVCache
 from .cpu_step import CpuStep
 from ..options import EngineOptions
 from .sampling import _phrase_ban_mask, _sample_icdf, sample_top_p
 from .static import _graph_api, _StaticAux, _StaticFeed, _step_static
+from .steps import StepVariant, choose
 
 
 def _ids(mask: torch.Tensor) -> list[int]:
@@ -32,7 +33,8 @@ class Decoder:
     BAN_CAP = 1024  # phrase-ban entries the captured graph holds (grown, with a re-capture, when a turn needs more)
     BAN_K = 2       # context length of the phrase ban (n-gram order 3 - 1)
     ban_graph = True   # False after a capture with the ban ops failed: graphs without them, ban hooks run eagerly
-    fast = True        # CPU speed modes (quantize_cpu): step() runs the lean CPU step; False: _decode_one
+    _fast = True       # CPU speed modes (quantize_cpu): step() runs a fast CPU step; False: _decode_one (see fast)
+    _variant = None
     on_sync = None     # device loop: on_sync(tokens so far) after each read-back (streaming); False ends the turn
     keep_logits = False   # device loop: keep each draw's logits in last_logits (n, V), for sampler traces
     last_logits = None
@@ -60,6 +62,23 @@ class Decoder:
             cache.static_feed = _StaticFeed(model, cache, self._static_aux(), capture=self.capture)
         # the lean CPU step of a quantized model (None: fp32, or a device loop)
         self.cpu_step = CpuStep.build(model, self.options) if self.dev.type == "cpu" and not self.graph else None
+
+    @property
+    def fast(self) -> bool:
+        """CPU speed modes (quantize_cpu): step() runs a fast CPU step (lean or native); False: _decode_one."""
+        return self._fast
+
+    @fast.setter
+    def fast(self, on: bool) -> None:
+        self._fast = bool(on)
+
+    @property
+    def variant(self) -> StepVariant:
+        """The decode step step() runs (engine/steps.py's STEPS), chosen once per (graph, fast)."""
+        v = self._variant
+        if v is None or v[0] != (self.graph, self._fast):
+            v = self._variant = ((self.graph, self._fast), choose(self))
+        return v[1]
 
     @property
     def mode(self) -> str:
@@ -98,21 +117,13 @@ class Decoder:
 
     @torch.no_grad()
     def step(self, tok: int) -> torch.Tensor:
-        """Append one token (host int); returns the logits (1, V) after it. Eager decoders run _decode_one (or the
-        lean CPU step of a quantize_cpu model); device-loop decoders run the loop's static step."""
+        """Append one token (host int); returns the logits (1, V) after it, by the decode step variant chosen for
+        this decoder (engine/steps.py): _decode_one, a fast CPU step of a quantize_cpu model, or the device loop's
+        static step."""
         L = self.cache.length(0)
         if L + 1 > self.cache.max_len:
             raise RuntimeError(f"KV cache full: all {self.cache.max_len} positions are used")
-        if self.cpu_step is not None and self.fast and not self.graph:
-            return self.cpu_step(self.model, self.cache, self._tok, L, int(tok))
-        self._tok.fill_(int(tok))
-        if self.graph:              # the device loop's own step: a replayed turn rounds exactly as the live one
-            if getattr(self, "_one", None) is None:
-                self._one = torch.ones(1, dtype=torch.long, device=self.dev)
-            logits = _step_static(self.model, self.cache, self._tok, self._one, self._static_aux())
-            self.cache.lens_cpu[0] += 1
-            return logits
-        return _decode_one(self.model, self.cache, self._tok, L)
+        return self.variant.step(self, L, int(tok))
 
     def _masks(self, V, pen_ids, ban_ids):
         pm = torch.zeros(V, dtype=torch.bool)
