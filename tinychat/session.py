@@ -1,4 +1,4 @@
-"""Session files: what a chat recorded, on disk (design §5).
+"""Session files: what a chat recorded, on disk (README.md, "What sessions promise").
 
 One session = `<sessions_dir>/<id>.json` (versioned JSON) plus, optionally, `<id>.kv.safetensors` (a KV-cache
 snapshot, session_snapshot.py). This module is the file layer only: the chat runtime restores (re-prefill from token

@@ -228,7 +228,7 @@ class Tokenizer:
         return self._hf.id_to_token(token_id)
 
     # -- ChatML ---------------------------------------------------------------------------------------------
-    # Context layout, as one string (design §4):
+    # Context layout, as one string (ChatML):
     #   <|im_start|>system\n{sys}<|im_end|>\n<|im_start|>user\n{u}<|im_end|>\n<|im_start|>assistant\n
     # Every message renders independently as  header_ids(role) + encode(content) + end_ids(),  so a context
     # is the plain concatenation of its messages' ids (plus the generation prompt). An assistant turn in the

@@ -7,8 +7,9 @@ the quant Linears' mm(), the token's K/V written into the cache first so attenti
 residual stream, norms, softmax and the cache in fp32. Same math as _decode_one up to float rounding.
 
 Threads: like the native step, the count is picked by measurement (threads.ThreadTuner): on a 2-vCPU machine with
-the other core busy, PyTorch's two-thread GEMVs stall at every barrier (SmolLM2-135M int8: ~3 tok/s at 2 threads,
-~30 at 1, measured in one process), so a step runs at the tuner's choice and torch's count is restored after.
+the other core busy, PyTorch's two-thread GEMVs stall at every barrier (ten times slower than one thread:
+docs/benchmarks.md, "Kernel figures moved out of the sources"), so a step runs at the tuner's choice and torch's
+count is restored after.
 
 Why not one step for both: _decode_fast keeps TinyAgentLM's shortcuts (norms as x / |x| with the attention's
 1/sqrt(D) folded into the q-head divisor, ReLU^2 in place, the local ring always present), which this step cannot

@@ -130,9 +130,9 @@ static void attend_all(const float *heads, int64_t H, int64_t Hk, int64_t D, con
                        int64_t gstride, const float *lk, const float *lv, int64_t W, const int64_t *lpos, int64_t L,
                        float *y, float *sc, int nt) {
     int64_t rep = H / Hk, n = L + 1 + W;
-/* heads over the threads from short contexts on: one head at L = 100 is ~2-3 us of work per layer, and the step's
-   workers are still spinning from the GEMV before (interleaved in one process at 2 threads: 5-8 % faster steps at
-   100 tokens of context, 1-4 % at 400, unchanged past 682 where the old 1 << 18 threshold already split them) */
+/* heads over the threads from short contexts on: a head's attention is little work a layer there, but the step's
+   workers are still spinning from the GEMV before, so splitting costs no wake-up (docs/benchmarks.md, "Kernel
+   figures moved out of the sources") */
     int par = (L + 1) * H * D > (1 << 14) ? nt : 1;
 #pragma omp parallel num_threads(par)
     {
@@ -354,8 +354,8 @@ void tc_softcap(float *y, int64_t n, float cap) {
     for (; i < n; i++) y[i] = cap * tanhf(y[i] * r);
 }
 
-/* One whole decode step of batch 1 in one call (the Python step's glue moved here: ~75 us of Python and ctypes
-   argument conversion per token, ~7 % of the demo model's step): the token into the history, ring position and
+/* One whole decode step of batch 1 in one call (the Python step's glue moved here: its Python and ctypes argument
+   conversion per token were a measurable share of a small model's step): the token into the history, ring position and
    lengths; the embedding row; per segment its Engram block (addresses hashed here, as NativeStep.engram_addrs)
    then the first layer's QKV and tc_layers; the head and the softcap into logits. All fields are int64 (pointers as
    integers); native.py builds the same layout with ctypes. */

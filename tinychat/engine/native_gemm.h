@@ -17,9 +17,8 @@
    per call (tc_gemm_quant: a slot of tc_gemm_slot_bytes(K) each); the weights of a TC_GR-row tile are transposed so
    (tc_gemm_pack: shuffles, VNNI: as q ^ 0x80) into a per-thread buffer once per tile and run against all of the
    thread's tokens while that buffer stays in L1; a tile's TC_GR x TC_GT float registers are summed across lanes in
-   one reduction tree (tc_hsum8x). AMD Zen 4, one thread, the full config's four shapes at 200 tokens, against the
-   GEMV's layout: 61.8 -> 106.8 GMAC/s (AVX-512), 64.7 -> 112.2 (256-bit VNNI), 48.7 -> 53.3 (AVX2, still two
-   multiplies a block); docs/benchmarks.md.
+   one reduction tree (tc_hsum8x). On x86 that beats the GEMV's layout at every level, least on plain AVX2 (still
+   two multiplies a block; docs/benchmarks.md, "The int8 prefill GEMM by super-blocks").
    NEON (sdot, or vmull + pairwise adds without the dot-product extension) is checked under qemu only: its speed
    on ARM hardware is not measured yet. Scalar: each (row, token) pair through the GEMV's one-row dot.
 
@@ -326,8 +325,8 @@ static inline void tc_hsum8x(const tc_vf v[8], float o[8]) {
 
 /* One super-block's exact int32 block dots of a row tile (w: its packed steps) against TC_GT tokens (their
    super-block at a[t] + o), into acc. Inlined into tc_tile: a call per super-block made its accumulators go
-   through memory (every vector register is caller-saved); inlined, the whole GEMM ran 8-15 % faster in-cache at
-   every x86 level on Zen 4 (docs/benchmarks.md), the same bits. */
+   through memory (every vector register is caller-saved); inlined, the same bits, faster at every x86 level
+   (docs/benchmarks.md, "Kernel figures moved out of the sources"). */
 static inline __attribute__((always_inline)) void tc_sb_dots(const int8_t *w, const int8_t *const a[TC_GT],
                                                              int64_t o, tc_vi acc[TC_GR][TC_GT]) {
     tc_vi c[TC_GR][TC_GT];

@@ -130,8 +130,9 @@ static inline float tc_dot_ref(const tc_act8 *a, const int8_t *q, int64_t K) {
 
 /* Software prefetch of the weights TC_PF_AHEAD bytes ahead of a four-row group's read position (the group's rows
    are contiguous: at column k its reads are ~4k bytes in), 256 bytes a step. The hardware prefetchers lose track at
-   every row group (four streams of K bytes, K apart); with this the 4-row GEMV streams 15-40 % faster from DRAM /
-   L3 (8-24 KB ahead measured alike). Past the end of a matrix it touches the next one: prefetches never fault. */
+   every row group (four streams of K bytes, K apart); with this the 4-row GEMV streams faster from DRAM / L3
+   (docs/benchmarks.md, "Kernel figures moved out of the sources"). Past the end of a matrix it touches the next
+   one: prefetches never fault. */
 #define TC_PF_AHEAD 16384
 #if defined(TC_AVX2)
 static inline void tc_prefetch4(const int8_t *p) {
@@ -151,8 +152,8 @@ static inline void tc_prefetch4(const int8_t *p) { (void)p; }
 #if defined(TC_512)
 /* int32 lanes of one 64-column chunk, |xq| . (q with xq's sign): vpdpbusd takes unsigned by signed bytes, and
    |xq| <= 127, |q| <= 127, so the dot is exact. ng: the lanes where xq < 0 (a row's q negated there). Against
-   (q + 128) . xq - 128 * sum(xq) (the GEMM's form) it reads no correction terms: the GEMV streamed 1.04-1.08x
-   faster on Zen 4 (docs/benchmarks.md), the same int32 dots. */
+   (q + 128) . xq - 128 * sum(xq) (the GEMM's form) it reads no correction terms: the same int32 dots, streamed
+   faster (docs/benchmarks.md, "The GEMV without correction terms"). */
 #define TC_DOTZ(W, AX, NG) _mm512_dpbusd_epi32(_mm512_setzero_si512(), AX, _mm512_mask_sub_epi8(W, NG, _mm512_setzero_si512(), W))
 
 /* Four rows: four weight streams, each activation chunk (64 columns and their scales) loaded once. */
