@@ -9,7 +9,8 @@ the same models: the shipped one (assets/), a tiny TinyAgentLM (Engram, local ri
 biases, llama3 RoPE scaling; head_dim 16 and 64) built by tests/support.py and saved once. The paths:
 
   fp32     the full forward (and in query blocks), the training loss (bf16 autocast) and its gradients; append and
-           append_chunked (batch 2, ragged, a sub-batch, fp32 and bf16 caches); the eager Decoder (_decode_one: steps,
+           append_chunked (batch 2, ragged, a sub-batch, fp32 and bf16 caches; append padded to stable shapes as on
+           GPUs); the eager Decoder (_decode_one: steps,
            a sampled turn, the cache after it); the static device step (Decoder(graph="static"): its prefill feed,
            steps, a sampled turn)
   bf16     quantize_cpu bf16: prefill, the lean step, the eager step on the quantized model
@@ -122,6 +123,11 @@ def fp32_paths(name, path, prompt, steps, chunks):
                 rec(f"{{tag}}.c", fn(m, cache, two[:, 10:13], [3, 2]))
                 rec(f"{{tag}}.d", fn(m, cache, prompt[:, :1].expand(2, 1), [1, 1]))
                 cache_state(tag, cache)
+            cache = KVCache(m, 2, prompt.size(1) + 8, "cpu", dtype=kv)    # append padded to stable shapes (GPUs)
+            tag = f"{{name}}/append.padded.{{str(kv)[6:]}}"
+            rec(f"{{tag}}.a", append(m, cache, torch.cat([prompt[:, :37], prompt[:, 5:42]]), [37, 30], pad_shapes=True))
+            rec(f"{{tag}}.b", append(m, cache, prompt[:, 50:53].expand(2, 3), [3, 1], pad_shapes=True))
+            cache_state(tag, cache)
     walk(f"{{name}}/eager", path, prompt, steps, chunks)
     walk(f"{{name}}/eager.bf16cache", path, prompt, steps, chunks, kv=torch.bfloat16)
     walk(f"{{name}}/static", path, prompt, steps, chunks, graph="static")
