@@ -79,7 +79,8 @@ def chat(ctx: typer.Context,
     if prompt_file is not None:
         prompt = _file_text(prompt_file)
     if prompt is not None:
-        prompt = _one_shot_text(prompt)
+        from .textin import lf
+        prompt = lf(_one_shot_text(prompt))        # CRLF / CR line breaks as LF, as everywhere text comes in
         plain = True
     from .settings import ChatSettings
     overrides = {k: v for k, v in dict(seed=seed, temperature=temperature, top_p=top_p, penalty=penalty, ban=ban,

@@ -11,6 +11,7 @@ import threading
 from . import commands as C
 from .chat import Chat, ChatError, TurnResult
 from .session import SessionError
+from .textin import lf
 from .textsafe import plural, safe_line, safe_text
 
 class PlainREPL:
@@ -30,22 +31,30 @@ class PlainREPL:
             self.note(f"tinychat · {st['model']} · {st['mode']} · session {st['session']} · /help for commands")
         self._restore_notice()
         _replace_bad_bytes(self.stdin)
+        queued: list[str] = []              # the rest of a read that held lone CRs (each one ends a line too)
         while True:
-            try:
-                if self.interactive:
-                    self.stdout.write("you> ")
-                    self.stdout.flush()
-                line = self.stdin.readline()
-            except KeyboardInterrupt:
-                self.note("")
-                break
-            except UnicodeDecodeError:      # a stream that could not be told to replace bad bytes
-                self.errors += 1
-                self.note("error: input that is not UTF-8 text was skipped")
-                continue
-            if not line:
-                break
-            line = _valid_text(line).rstrip("\r\n")
+            if not queued:
+                try:
+                    if self.interactive:
+                        self.stdout.write("you> ")
+                        self.stdout.flush()
+                    read = self.stdin.readline()
+                except KeyboardInterrupt:
+                    self.note("")
+                    break
+                except UnicodeDecodeError:      # a stream that could not be told to replace bad bytes
+                    self.errors += 1
+                    self.note("error: input that is not UTF-8 text was skipped")
+                    continue
+                if not read:
+                    break
+                # CRLF and a lone CR end a line as LF does (a Windows file, an old Mac one, a pasted CR)
+                queued = lf(_valid_text(read)).split("\n")
+                if queued[-1] == "":
+                    queued.pop()
+                if not queued:
+                    continue
+            line = queued.pop(0)
             if not line.strip():
                 continue
             if line.startswith("/"):

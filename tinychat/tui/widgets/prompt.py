@@ -12,17 +12,19 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Static, TextArea
 
+from ...textin import count_lines, lf
+from ...textsafe import plural
 from .. import commands
 
 PASTE_INLINE_CHARS = 2000       # pastes longer than this (or with more lines) become a placeholder
 PASTE_INLINE_LINES = 40
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter", "ctrl+enter")
-_PLACEHOLDER = re.compile(r"\[paste #(\d+): [\d,]+ chars, [\d,]+ lines\]")
+_PLACEHOLDER = re.compile(r"\[paste #(\d+): [\d,]+ chars?, [\d,]+ lines?\]")
 
 
 def _inline(text: str) -> bool:
     """Whether `text` goes into the editor as it is (else as a paste placeholder)."""
-    return len(text) <= PASTE_INLINE_CHARS and text.count("\n") + 1 <= PASTE_INLINE_LINES
+    return len(text) <= PASTE_INLINE_CHARS and count_lines(text) <= PASTE_INLINE_LINES
 
 
 class PromptArea(TextArea):
@@ -85,7 +87,7 @@ class PromptArea(TextArea):
         """`text` kept as paste #n (the number it has if kept already); its placeholder."""
         n = next((k for k, v in self.pastes.items() if v == text), max(self.pastes, default=0) + 1)
         self.pastes[n] = text
-        return f"[paste #{n}: {len(text):,} chars, {text.count(chr(10)) + 1:,} lines]"
+        return f"[paste #{n}: {plural(len(text), 'char')}, {plural(count_lines(text), 'line')}]"
 
     # -- keys -----------------------------------------------------------------------------------------------
     async def _on_key(self, event: events.Key) -> None:
@@ -135,15 +137,17 @@ class PromptArea(TextArea):
         self._hist_pos = pos
         self.set_input(self.sent[pos])
 
-    # -- big pastes -----------------------------------------------------------------------------------------
+    # -- pastes ---------------------------------------------------------------------------------------------
     async def _on_paste(self, event: events.Paste) -> None:
-        text = event.text
-        if _inline(text):
-            await super()._on_paste(event)
-            return
+        """Every paste is handled here, once: its line breaks as LF (terminals send CR), a big one as a placeholder.
+        Textual runs each class's `_on_paste` along the MRO, so the default is prevented rather than called (calling
+        it, as TextArea's own handler then ran too, inserted every inline paste twice)."""
         event.stop()
         event.prevent_default()
-        result = self._replace_via_keyboard(self._stash(text), *self.selection)
+        if self.read_only:
+            return
+        text = lf(event.text)
+        result = self._replace_via_keyboard(text if _inline(text) else self._stash(text), *self.selection)
         if result:
             self.move_cursor(result.end_location)
         self.focus()
