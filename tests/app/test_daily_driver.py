@@ -4,7 +4,7 @@ them. Each runs at 80x24 (the smallest terminal people use) and wide (160x45) wh
 import pytest
 from textual import events
 
-from app_support import idle, ready
+from app_support import idle, notes, ready, say, start, wait_for  # noqa: F401  (some used further down)
 from tinychat.tui.app import make_app
 
 SIZES = [(80, 24), (160, 45)]
@@ -51,3 +51,44 @@ async def test_pasted_carriage_returns_become_line_breaks(factory, size):
         await idle(pilot)
         sent = app.chat.session.messages[-2]
         assert sent.role == "user" and "\r" not in sent.content and sent.content.count("\n") == 120
+
+
+# -- 3, 11: a reply's figures are its own -------------------------------------------------------------------------
+@pytest.mark.parametrize("size", SIZES)
+async def test_opening_another_session_never_shows_this_chats_figures(factory, chat_model, size):
+    from support import make_chat
+    other = make_chat(model=chat_model, temperature=0.0, max_new=3)
+    other.send("the moon")                               # saved: its reply is message 3, as the app's first will be
+    f = factory(temperature=0.9, max_new=20, seed=1)
+    app = make_app(f, blink=False, inspector=True)
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        await say(pilot, "tell me a story about the cat")
+        [mine] = app.view.replies()
+        assert "tok/s" in mine.meta and mine.stats is not None
+        app.open_session(other.session.id)
+        await idle(pilot)
+        assert app.chat.session.id == other.session.id
+        [shown] = app.view.replies()
+        n = len(shown.tokens)
+        assert shown.meta == f"{n} token{'s' if n != 1 else ''} · cut off at max-new · restored (no trace)" \
+            or shown.meta == f"{n} token{'s' if n != 1 else ''} · restored (no trace)"
+        assert shown.stats is None and not shown.traces
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        line = app.inspector.rendered.plain
+        assert "this turn" not in line
+
+
+async def test_a_reply_written_with_edit_says_so(factory):
+    app = make_app(factory(temperature=0.0, max_new=6), blink=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await say(pilot, "hello")
+        await app.run_command("/edit r1")
+        app.prompt.load_text("I wrote this reply myself.")
+        await pilot.press("enter")
+        await idle(pilot)
+        [r] = app.view.replies()
+        assert "written by hand" in r.meta and "restored" not in r.meta
+        assert app.chat.session.messages[-1].finish == "edited"

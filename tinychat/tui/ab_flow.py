@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from textual import work
 
 from .. import session_tree as T
+from ..textsafe import plural
 from ..commands import CommandError, parse_ab
 from .messages import AbReady
 from .screens.ab import ABScreen
@@ -59,9 +60,10 @@ class ABMixin:
         self._ab_result = msg.result
         for side in (msg.result.a, msg.result.b):       # both replies keep their traces for the rebuilt view
             stats = Counters.from_traces(side.traces)
-            meta = f"{len(side.tokens)} tokens · A/B side {side.name}" + \
+            meta = f"{plural(len(side.tokens), 'token')} · A/B side {side.name}" + \
                 (f" · {side.finish}" if side.finish and side.finish != "stop" else "")
-            self.state.remember(side.message_id, {t.index: t for t in side.traces}, stats, meta)
+            self.state.remember(self.chat.session.id, side.message_id, side.tokens,
+                                {t.index: t for t in side.traces}, stats, meta)
         self._update_status(msg.status, tok_s=None, ttft_ms=None, activity="")
         screen = self.screen
         if isinstance(screen, ABScreen):

@@ -192,9 +192,8 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
                 history.append(m.content)
             elif m.role == "assistant" and self.replay_sess is None:
                 ids = tok.content_ids(m.role, m.token_ids)
-                known = self.state.known.get(m.id)
-                meta = known[2] if known else f"{len(ids)} tokens" + \
-                    (f" · {m.finish}" if m.finish and m.finish != "stop" else "") + " · restored (no trace)"
+                known = self.state.recall(sess.id, m.id, ids)
+                meta = known[2] if known else history_meta(m, len(ids))
                 w = AssistantMessage(m.content, meta=meta, classes="message assistant")
                 w.set_history(ids, [self._piece(t) for t in ids], *(known[:2] if known else ()))
                 if m.fork:
@@ -490,6 +489,15 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         self._stop_replay.set()
         rc = 2 if self.load_error else 0
         self.exit(rc, return_code=rc)
+
+
+def history_meta(m, n_tokens: int) -> str:
+    """The line under a reply shown from the session without this app's record of it (restored from a file, or
+    written by hand with /edit rN)."""
+    if m.finish == "edited":
+        return f"{plural(n_tokens, 'token')} · written by hand (/edit): not sampled, no trace"
+    how = {"length": "cut off at max-new", "cancelled": "stopped"}.get(m.finish or "stop", "")
+    return " · ".join([plural(n_tokens, "token"), *([how] if how else []), "restored (no trace)"])
 
 
 def run_app(model: Path | None = None, quant: str = "none", device: str = "cpu", settings=None,

@@ -69,15 +69,26 @@ class ChatState:
     edit_at: int = 0                                # the edit being sent (read by the worker)
     inspected: tuple[AssistantMessage, int] | None = None   # the reply and token the inspector shows (token view)
     fork_at: tuple[int, int, int | str] | None = None       # the fork running: (reply index, position, token)
-    # replies decoded in this app, by message id: (traces by token index, counters, meta line), so a view rebuilt
-    # from the session (switching alternatives, keeping an A/B side) still shows how their tokens were chosen
-    known: dict[str, tuple[dict, Any, str]] = field(default_factory=dict)
+    # replies decoded in this app: (session id, message id) -> (content token ids, traces by token index, counters,
+    # meta line), so a view rebuilt from the session (switching alternatives, keeping an A/B side) still shows how
+    # their tokens were chosen. Message ids count from 1 in every session, so the session id is part of the key, and
+    # the tokens must match too: a record belongs to one reply, never to a position.
+    known: dict[tuple[str, int], tuple[tuple[int, ...], dict, Any, str]] = field(default_factory=dict)
 
-    def remember(self, message_id: str, traces: dict, stats: Any, meta: str) -> None:
-        """Keep a decoded reply's traces (the last KNOWN_REPLIES of them)."""
-        if not message_id or not traces:
+    def remember(self, session_id: str, message_id: int, tokens, traces: dict, stats: Any, meta: str) -> None:
+        """Keep a decoded reply's figures and traces (the last KNOWN_REPLIES of them)."""
+        if not message_id:
             return
-        self.known.pop(message_id, None)
-        self.known[message_id] = (dict(traces), stats, meta)
+        key = (session_id, message_id)
+        self.known.pop(key, None)
+        self.known[key] = (tuple(tokens), dict(traces), stats, meta)
         while len(self.known) > KNOWN_REPLIES:
             self.known.pop(next(iter(self.known)))
+
+    def recall(self, session_id: str, message_id: int, tokens) -> tuple[dict, Any, str] | None:
+        """(traces, counters, meta) of the reply this app decoded as message_id of session_id with exactly these
+        content tokens; None for any other (a restored reply, a message of another session with the same id)."""
+        rec = self.known.get((session_id, message_id))
+        if rec is None or rec[0] != tuple(tokens):
+            return None
+        return rec[1], rec[2], rec[3]

@@ -217,7 +217,8 @@ class TurnsMixin:
         await m.finish(turn_meta(r))
         if self.replay_sess is None:
             m.index = len(self.chat.session.messages) - 1
-            self.state.remember(self.chat.session.messages[m.index].id, m.traces, m.stats, m.meta)
+            self.state.remember(self.chat.session.id, self.chat.session.messages[m.index].id, m.tokens, m.traces,
+                                m.stats, m.meta)
             m.set_alternatives(*self.chat.alternatives(m.index))
             users = list(self.view.query(UserMessage))
             if users:                       # this turn's message: after an edit, one of several
@@ -339,7 +340,7 @@ class TurnsMixin:
 
 def turn_meta(r: TurnResult) -> str:
     """The line under a finished reply."""
-    parts = [f"{r.n_tokens} tokens", f"{r.decode_tok_s:.0f} tok/s", f"TTFT {r.ttft_ms:.0f} ms"]
+    parts = [plural(r.n_tokens, "token"), f"{r.decode_tok_s:.0f} tok/s", f"TTFT {r.ttft_ms:.0f} ms"]
     if r.finish == "cancelled":
         parts.append("stopped")
     elif r.finish == "length":
@@ -348,7 +349,7 @@ def turn_meta(r: TurnResult) -> str:
     if s.banned_steps:
         parts.append(f"ban fired {s.banned_steps}×")
     if s.lifts:
-        parts.append(f"{s.lifts} lifts")
+        parts.append(plural(s.lifts, "lift"))
     if r.dropped_turns:
-        parts.append(f"dropped {r.dropped_turns} old turns")
+        parts.append(f"dropped {plural(r.dropped_turns, 'old turn')}")
     return " · ".join(parts)

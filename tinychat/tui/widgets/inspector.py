@@ -18,6 +18,7 @@ from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widget import Widget
 
+from ...textsafe import plural
 from .format import token_label
 
 BAR = 9
@@ -62,12 +63,12 @@ class Counters:
     def line(self) -> Text:
         t = Text()
         t.append("this turn ", style="bold")
-        t.append(f"{self.tokens} tokens · ")
-        t.append(f"{self.banned_tokens} banned", style="red" if self.banned_tokens else "")
-        t.append(f" in {self.banned_steps} steps · mass removed {self.banned_mass:.2f} · ")
-        t.append(f"{self.lifts} lifts", style="magenta" if self.lifts else "")
+        t.append(f"{plural(self.tokens, 'token')} · ")
+        t.append(f"{self.banned_tokens:,} banned", style="red" if self.banned_tokens else "")
+        t.append(f" in {plural(self.banned_steps, 'step')} · mass removed {self.banned_mass:.2f} · ")
+        t.append(plural(self.lifts, "lift"), style="magenta" if self.lifts else "")
         if self.penalised is not None:
-            t.append(f" · {self.penalised} ids penalised")
+            t.append(f" · {plural(self.penalised, 'id')} penalised")
         return t
 
 
