@@ -260,11 +260,12 @@ def _list_sessions(json_out: bool, grep: Optional[str]) -> None:
         infos = [i for i in infos if S.matches(i.path, grep)]
     if json_out:
         typer.echo(json.dumps([{"id": i.id, "path": str(i.path), "title": i.title, "updated": i.updated,
-                                "n_turns": i.n_turns} for i in infos]))
+                                "n_turns": i.n_turns, "model": i.model} for i in infos]))
     else:
         for i in infos:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(i.updated))
-            typer.echo(f"{i.id}  {when}  {i.n_turns:3d} {'turn ' if i.n_turns == 1 else 'turns'}  {i.title}")
+            typer.echo(f"{i.id}  {when}  {i.n_turns:3d} {'turn ' if i.n_turns == 1 else 'turns'}  {i.title}"
+                       f"  ({i.model or '?'})")
         if not infos:
             typer.echo("no saved sessions", err=True)
     for e in errors:

@@ -158,6 +158,7 @@ class SessionInfo:
     title: str
     updated: float
     n_turns: int
+    model: str = ""  # the name of the model it was recorded with ("default": the shipped one)
 
 
 # -- ids, titles, paths ---------------------------------------------------------------------------------------
@@ -519,7 +520,7 @@ def list_sessions(dir: str | Path | None = None, errors: list[SessionError] | No
                 errors.append(e)
             continue
         infos.append(SessionInfo(id=s.id, path=path, title=safe_line(s.title) or UNTITLED, updated=s.updated,
-                                 n_turns=s.n_turns))
+                                 n_turns=s.n_turns, model=safe_line(str(s.model.get("name") or ""))))
     infos.sort(key=lambda info: (info.updated, info.id), reverse=True)
     return infos
 

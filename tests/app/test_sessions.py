@@ -59,9 +59,13 @@ async def test_sessions_screen_open_rename_export_delete_and_new(factory, chat_m
         await pilot.press("enter")
         await pilot.pause()
         assert S.load(b.id).title == "Renamed chat"
-        # export it
+        # export it: the path is asked for, the export folder's tinychat-ID.md offered
         await pilot.press("e")
+        await pilot.pause()
         out = tmp_path / f"tinychat-{b.id}.md"
+        assert app.screen.query_one("Input").value == str(out)
+        await pilot.press("enter")
+        await pilot.pause()
         assert out.is_file() and "# Renamed chat" in out.read_text()
         # delete the older one (confirm with y)
         await pilot.press("down", "d")

@@ -1,6 +1,7 @@
 """The CLI as a daily driver (issue 28): line breaks of every entry point, --continue, --no-save, the session id in
 --json, --quant auto, progress of the long commands, and the sessions list naming each session's model."""
 import io
+import json
 
 from typer.testing import CliRunner
 
@@ -45,3 +46,13 @@ def test_plain_stdin_ends_a_line_at_cr_crlf_and_lf():
     assert repl.run() == 0, err.getvalue()
     assert len(out.getvalue().splitlines()) == 3
     assert [m.content for m in chat.session.messages if m.role == "user"] == ["hello", "why the cat?", "the sun"]
+
+
+# -- 4: the sessions list names each session's model --------------------------------------------------------------
+def test_sessions_list_names_the_model_of_each_session(model_dir):
+    r = _run(["--model", model_dir, "-p", "hello", "--max-new", "3"])
+    assert r.exit_code == 0, r.output
+    listed = _run(["sessions"]).stdout
+    assert f"hello  ({model_dir.name})" in listed
+    (info,) = json.loads(_run(["sessions", "--json"]).stdout)
+    assert info["model"] == model_dir.name

@@ -52,6 +52,9 @@ WIDE = 120                  # columns from which the inspector is shown by defau
 class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, App[int]):
     CSS_PATH = Path(__file__).with_name("app.tcss")     # absolute: subclasses elsewhere find it too
     TITLE = "tinychat"
+    # classes on every screen by the terminal's size: dialogs fit an 80x24 terminal (app.tcss)
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-roomy")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
 
     BINDINGS = [
         Binding("escape", "stop", "Stop"),

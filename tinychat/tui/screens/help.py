@@ -1,11 +1,14 @@
 """The help screen: every key and slash command."""
 from __future__ import annotations
 
+from rich import box
+from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Markdown
+from textual.widgets import Footer, Markdown, Static
 
 from ..commands import COMMANDS
 
@@ -33,7 +36,7 @@ KEYS = [
     ("Ctrl+Q", "quit"),
 ]
 
-INSPECTOR = """## The sampler inspector
+INSPECTOR = """**The sampler inspector**
 
 For the token being generated, or the token selected in a finished reply: the top candidates with two bars,
 **raw** (the model's distribution at the set temperature) and **final** (after the repetition penalty and the
@@ -49,19 +52,42 @@ candidate (rank > 0), magenta ones had the ban lifted, red ones differ from the 
 """
 
 
-def help_markdown() -> str:
-    keys = "\n".join(f"| {k} | {v} |" for k, v in KEYS)
-    cmds = "\n".join(f"| `{n} {a}`".rstrip() + f" | {w} |" for n, a, w in COMMANDS)
-    return (f"# tinychat\n\n## Keys\n\n| key | action |\n|---|---|\n{keys}\n\n"
-            f"## Commands\n\n| command | action |\n|---|---|\n{cmds}\n\n{INSPECTOR}")
+def help_table(rows, first: str, second: str) -> Table:
+    """Two columns that wrap to the screen's width (a command's `|` is text here, not a cell border)."""
+    t = Table(box=box.SIMPLE_HEAD, expand=True, show_edge=False, pad_edge=False, header_style="bold")
+    t.add_column(first, style="bold cyan", ratio=2, min_width=14, overflow="fold")
+    t.add_column(second, ratio=5, overflow="fold")
+    for a, b in rows:
+        t.add_row(Text(a), Text(b))
+    return t
+
+
+def help_text() -> str:
+    """Every key and command as plain text (tests, and what the screen shows, less the layout)."""
+    keys = "\n".join(f"{k}  {v}" for k, v in KEYS)
+    cmds = "\n".join(f"{f'{n} {a}'.rstrip()}  {w}" for n, a, w in COMMANDS)
+    return f"Keys\n{keys}\n\nCommands\n{cmds}\n\n{INSPECTOR}"
+
+
+CLOSE = "Esc (F1, q) closes · ↑↓ PgUp PgDn scroll"
 
 
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll(classes="dialog wide", id="help"):
-            yield Markdown(help_markdown())
+        with Vertical(classes="dialog wide", id="help"):
+            yield Static(f"Keys and commands  [dim]{CLOSE}[/dim]", classes="title")
+            with VerticalScroll(id="help-body"):
+                yield Static(Text("Keys", style="bold"))
+                yield Static(help_table(KEYS, "key", "action"))
+                yield Static(Text("Commands", style="bold"))
+                yield Static(help_table([(f"{n} {a}".rstrip(), w) for n, a, w in COMMANDS], "command", "action"))
+                yield Markdown(INSPECTOR)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#help-body").focus()
 
     async def action_dismiss(self, result=None) -> None:
         self.dismiss(None)

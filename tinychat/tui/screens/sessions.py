@@ -1,6 +1,7 @@
-"""The sessions screen: saved chats (title, date, turns) to open, rename, delete and export; a new chat is one
-key away; a filter box (/) keeps the chats whose title or any message (on any branch) holds the text. File
-operations go through tinychat.session (no torch)."""
+"""The sessions screen: saved chats (title, model, date, turns, id) to open, rename, delete and export (to a path it
+asks for); a new chat is one key away; a filter box (/) keeps the chats whose title or any message (on any branch)
+holds the text, ↓ goes from it into the list. The columns fit the screen's width (below 100 columns the id moves to
+the line under the list). File operations go through tinychat.session (no torch)."""
 from __future__ import annotations
 
 import time
@@ -19,8 +20,35 @@ from ...fsutil import atomic_write_bytes
 from .dialogs import ConfirmDialog, TextDialog
 
 
-def when(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+def when(t: float, short: bool = False) -> str:
+    return time.strftime("%m-%d %H:%M" if short else "%Y-%m-%d %H:%M", time.localtime(t))
+
+
+NARROW = 96         # table widths below this show the short date and leave the id to the note line
+
+
+def columns(width: int) -> list[tuple[str, int]]:
+    """(heading, width) of the table's columns for a table `width` cells wide: the title takes what the others
+    leave (each column also takes 2 cells of padding)."""
+    narrow = width < NARROW
+    fixed = [("model", 12 if narrow else 16), ("updated", 11 if narrow else 16), ("turns", 5)]
+    if not narrow:
+        fixed.append(("id", 26))
+    title = max(8, width - sum(w + 2 for _, w in fixed) - 2 - 1)        # -1: the vertical scrollbar
+    return [("title", title), *fixed]
+
+
+def fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:max(0, width - 1)] + "…"
+
+
+class FilterInput(Input):
+    """The filter box: ↓ (or Enter) moves into the list below it."""
+
+    BINDINGS = [Binding("down", "to_list", "To the list", show=False)]
+
+    def action_to_list(self) -> None:
+        self.screen.query_one(DataTable).focus()
 
 
 class SessionsScreen(ModalScreen[tuple | None]):
@@ -50,16 +78,19 @@ class SessionsScreen(ModalScreen[tuple | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="sessions"):
             yield Static("Sessions", classes="title")
-            yield Input(placeholder="/ filter: title or any message", id="sessions-filter")
+            yield FilterInput(placeholder="/ filter: title or any message (↓: to the list)", id="sessions-filter")
             yield DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)
             yield Static("", id="sessions-note", classes="dim")
         yield Footer()
 
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        table.add_columns("title", "updated", "turns", "id")
+        self._layout: list[tuple[str, int]] = []
         self.reload()
-        table.focus()
+        self.query_one(DataTable).focus()
+
+    def on_resize(self) -> None:
+        if self._layout and columns(self.query_one(DataTable).size.width) != self._layout:
+            self.show(keep=getattr(self.selected(), "id", None))
 
     def reload(self, keep: str | None = None) -> None:
         errors: list = []
@@ -78,10 +109,22 @@ class SessionsScreen(ModalScreen[tuple | None]):
         needle = self.query_one("#sessions-filter", Input).value.strip().casefold()
         self.infos = [i for i in self.every if not needle or needle in i.title.casefold() or needle in self._text(i)]
         table = self.query_one(DataTable)
-        table.clear()
+        layout = columns(table.size.width or self.app.size.width - 6)
+        if layout != self._layout:
+            table.clear(columns=True)
+            for heading, width in layout:
+                table.add_column(heading, width=width, key=heading)
+            self._layout = layout
+        else:
+            table.clear()
+        w = dict(layout)
         for info in self.infos:
             mark = "● " if info.id == self.current else "  "
-            table.add_row(mark + info.title, when(info.updated), str(info.n_turns), info.id, key=info.id)
+            row = [fit(mark + info.title, w["title"]), fit(info.model or "?", w["model"]),
+                   when(info.updated, short=w["updated"] < 16), str(info.n_turns)]
+            if "id" in w:
+                row.append(info.id)
+            table.add_row(*row, key=info.id)
         if not self.every:
             note = "no saved sessions yet: press n for a new chat"
         elif needle:
@@ -91,11 +134,23 @@ class SessionsScreen(ModalScreen[tuple | None]):
         if self.errors:
             note += f" · {len(self.errors)} unreadable file(s) skipped: {self.errors[0]}"
         note += " · ● open now"
-        self.query_one("#sessions-note", Static).update(note)
+        self._note = note
         if keep is not None:
             ids = [i.id for i in self.infos]
             if keep in ids:
                 table.move_cursor(row=ids.index(keep))
+        self._show_note()
+
+    def _show_note(self) -> None:
+        """The note line; where the table has no id column, the selected session's id first."""
+        note = getattr(self, "_note", "")
+        info = self.selected()
+        if info is not None and "id" not in dict(self._layout):
+            note = f"id {info.id} · {note}"
+        self.query_one("#sessions-note", Static).update(note)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._show_note()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "sessions-filter":
@@ -166,14 +221,35 @@ class SessionsScreen(ModalScreen[tuple | None]):
         self.app.push_screen(ConfirmDialog(f"Delete “{info.title}”{extra}?"), done)
 
     def action_export(self) -> None:
+        """Export the selected session as markdown to a path the user confirms (default: the export folder or the
+        working folder, tinychat-ID.md); a folder given takes that file name; an existing file is replaced only
+        after a yes."""
         info = self.selected()
         if info is None:
             return
-        try:
-            sess = S.load(info.id, self.sessions_dir)
-            out = (self.export_dir or Path.cwd()) / f"tinychat-{info.id}.md"
-            atomic_write_bytes(out, SE.export_markdown(sess).encode("utf-8"))
-        except (S.SessionError, OSError) as e:
-            self.notify(str(e), severity="error")
-            return
-        self.notify(f"exported to {out}")
+        name = f"tinychat-{info.id}.md"
+        default = (self.export_dir or Path.cwd()) / name
+
+        def write(out: Path) -> None:
+            try:
+                sess = S.load(info.id, self.sessions_dir)
+                atomic_write_bytes(out, SE.export_markdown(sess).encode("utf-8"))
+            except (S.SessionError, OSError) as e:
+                self.notify(f"not exported: {e}", severity="error")
+                return
+            self.notify(f"exported to {out}")
+
+        def chosen(text: str | None) -> None:
+            if not text or not text.strip():
+                return
+            out = Path(text.strip()).expanduser()
+            if out.is_dir():
+                out = out / name
+            if out.exists() and not out.is_file():
+                self.notify(f"not exported: {out} is not a regular file", severity="error")
+                return
+            if out.exists():
+                self.app.push_screen(ConfirmDialog(f"Replace {out}?"), lambda yes: write(out) if yes else None)
+                return
+            write(out)
+        self.app.push_screen(TextDialog(f"Export “{info.title}” as markdown to:", str(default)), chosen)

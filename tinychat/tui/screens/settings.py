@@ -6,7 +6,7 @@ from typing import Callable
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Grid, Horizontal, VerticalScroll
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, Switch
 
@@ -21,7 +21,7 @@ FIELDS: list[tuple[str, str, str]] = [
     ("ban_reply", "Reply ban", "no loop within a reply"),
     ("max_new", "Max new tokens", "per reply"),
     ("seed", "Seed", "empty = random per turn"),
-    ("system_prompt", "System prompt", "a new chat's first message"),
+    ("system_prompt", "System prompt", "opens a new chat"),
 ]
 
 
@@ -35,21 +35,23 @@ class SettingsScreen(ModalScreen[dict | None]):
         self.values, self.check, self.note = dict(values), check, note
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll(classes="dialog", id="settings"):
+        with Vertical(classes="dialog", id="settings"):
             yield Static("Settings", classes="title")
             yield Static("Changes apply from the next turn and are recorded with it in the session.",
                          classes="dim")
-            with Grid(id="settings-grid"):
-                for key, label, help_ in FIELDS:
-                    v = self.values.get(key)
-                    yield Label(label)
-                    if isinstance(v, bool):
-                        yield Switch(v, id=f"set-{key}")
-                    else:
-                        yield Input("" if v is None else str(v), id=f"set-{key}", placeholder=help_, compact=True)
-                    yield Label(help_, classes="dim")
-            if self.note:
-                yield Static(self.note, classes="dim")
+            with VerticalScroll(id="settings-fields"):     # scrolls on a short terminal; the buttons stay in view
+                with Grid(id="settings-grid"):
+                    for key, label, help_ in FIELDS:
+                        v = self.values.get(key)
+                        yield Label(label)
+                        if isinstance(v, bool):
+                            yield Switch(v, id=f"set-{key}")
+                        else:
+                            yield Input("" if v is None else str(v), id=f"set-{key}", placeholder=help_,
+                                        compact=True)
+                        yield Label(help_, classes="dim")
+                if self.note:
+                    yield Static(self.note, classes="dim")
             yield Static("", id="settings-error")
             with Horizontal(classes="buttons"):
                 yield Button("Save (Ctrl+S)", id="save", variant="primary")
