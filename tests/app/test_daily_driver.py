@@ -239,3 +239,48 @@ async def test_the_sessions_list_shows_each_sessions_model(factory, chat_model, 
             assert f"id {app.screen.selected().id}" in note
         else:
             assert "id" in [c.label.plain for c in table.columns.values()]
+
+
+# -- 8: the inspector follows the terminal's width ----------------------------------------------------------------
+async def test_the_inspector_follows_the_width_both_ways_until_toggled(factory):
+    app = make_app(factory(), blink=False)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await ready(pilot)
+        assert app.inspector.display
+        await pilot.resize_terminal(100, 30)
+        await pilot.pause()
+        assert not app.inspector.display
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert not app.inspector.display
+        await pilot.resize_terminal(150, 40)
+        await pilot.pause()
+        assert app.inspector.display
+        await pilot.resize_terminal(90, 24)
+        await pilot.pause()
+        assert not app.inspector.display
+        await pilot.press("f3")                        # by hand: it stays as the user set it
+        assert app.inspector.display
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert app.inspector.display
+
+
+# -- 9: Ctrl+C ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", SIZES)
+async def test_ctrl_c_stops_a_streaming_reply_and_says_how_to_quit_in_plain_words(factory, size):
+    f = factory(temperature=0.0, max_new=300, delay=0.01)
+    app = make_app(f, blink=False)
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+        said = notes(app)[-1]
+        assert "Ctrl+Q" in said and "[" not in said
+        await start(pilot, "hello")
+        await wait_for(pilot, lambda: app.state.current is not None and len(app.state.current.tokens) >= 3,
+                       what="tokens")
+        await pilot.press("ctrl+c")
+        await idle(pilot)
+        assert app.chat.session.messages[-1].finish == "cancelled"
+        assert "Ctrl+Q" in notes(app)[-1] and app.is_running

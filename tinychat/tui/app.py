@@ -330,6 +330,21 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         ins.display = not ins.display
         self.inspector_pref = ins.display
 
+    def on_resize(self, event) -> None:
+        """The inspector follows the terminal's width both ways (shown from WIDE columns) until toggled by hand."""
+        if self.inspector_pref is None:
+            for ins in self.query("#inspector"):            # none before the first compose
+                ins.display = event.size.width >= WIDE
+
+    def action_help_quit(self) -> None:
+        """Ctrl+C (Textual's binding when no selected text is there to copy): stops a reply or a replay, as Esc
+        does, and says how to quit (in plain words: notifications here show no markup)."""
+        if self.busy is not None and self.busy.decoding:
+            self.action_stop()
+            self.notify("stopped the reply (Esc stops it too) · Ctrl+Q quits tinychat")
+        else:
+            self.notify("Ctrl+Q quits tinychat (Ctrl+C stops a reply, or copies selected text)")
+
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
