@@ -186,8 +186,8 @@ class PlainREPL:
             left, right = f"A (current settings): {_mark(r.a)}", f"B ({r.label}): {_mark(r.b)}"
             lines = side_by_side(left, right, width) if self.interactive and width >= 100 else [left, right]
             print("\n".join(lines), file=self.stdout, flush=True)
-        where = "no difference" if r.diff is None else f"first difference at token {r.diff}"
-        self.note(safe_line(f"A/B, seed {r.seed}: {where}: {r.cause}"))
+        where = "" if r.diff is None else f"first difference at token {r.diff}: "    # the cause says "no difference"
+        self.note(safe_line(f"A/B, seed {r.seed}: {where}{r.cause}"))
         pa, pb = place_of(self.chat, r.a), place_of(self.chat, r.b)
         n = self.chat.alternatives()[1]
         sets = "; ".join(f"/set {k.replace('_', '-')} {v}" for k, v in r.changes.items())

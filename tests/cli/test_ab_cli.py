@@ -60,3 +60,10 @@ def test_side_by_side_wraps_both_texts_into_two_columns():
     left = " ".join(line.split(" │")[0].strip() for line in lines)
     assert left == "A: the cat sat on the mat and then it slept" and lines[0].split(" │ ")[1] == "B: the dog"
     assert max(len(line.split(" │")[0]) for line in lines) == 20
+
+
+def test_plain_ab_without_a_difference_says_so_once(model_dir):
+    r = _run(["--model", model_dir, *ARGS], input=f"{Q}\n/ab top-p=0.5\n")      # greedy: top-p changes nothing
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.stderr.splitlines() if x.startswith("A/B, seed 1"))
+    assert line == "A/B, seed 1: no difference: both sides sampled the same tokens"
