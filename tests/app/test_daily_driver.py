@@ -284,3 +284,38 @@ async def test_ctrl_c_stops_a_streaming_reply_and_says_how_to_quit_in_plain_word
         await idle(pilot)
         assert app.chat.session.messages[-1].finish == "cancelled"
         assert "Ctrl+Q" in notes(app)[-1] and app.is_running
+
+
+# -- 11: the status bar while a reply streams -----------------------------------------------------------------
+@pytest.mark.parametrize("size", SIZES)
+async def test_the_status_bar_shows_the_cache_filling_while_the_first_reply_streams(factory, size):
+    f = factory(temperature=0.0, max_new=300, delay=0.02)
+    app = make_app(f, blink=False)
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        assert app.status_bar.values["cache_tokens"] == 0
+        await start(pilot, "hello there, tell me about the cat")
+        await wait_for(pilot, lambda: app.status_bar.values["cache_tokens"] > 0, what="a live cache figure")
+        live = app.status_bar.values["cache_tokens"]
+        assert app.busy is not None                                    # still streaming
+        assert app.status_bar.values["cache_bytes"] > 0
+        await pilot.press("escape")
+        await idle(pilot)
+        assert app.status_bar.values["cache_tokens"] >= live
+
+
+async def test_the_status_bar_shows_the_cache_filling_during_a_replay(factory, chat_model):
+    from support import make_chat
+    chat = make_chat(model=chat_model, temperature=0.0, max_new=20)
+    chat.send("hello there")
+    sess = chat.session
+    rec = sess.messages[-1]
+    import dataclasses
+    sess.messages[-1] = dataclasses.replace(rec, timing_ms=[300.0] * len(rec.timing_ms))   # slow playback
+    app = make_app(factory(), replay=sess, replay_speed=1.0, blink=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.state.current is not None and app.state.current.tokens, what="a token")
+        await wait_for(pilot, lambda: app.status_bar.values.get("cache_tokens", 0) > 0, what="a live cache figure")
+        assert app.replay_summary is None                              # still playing
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.replay_summary is not None, what="the stop")

@@ -52,6 +52,7 @@ class TokensReady(Message):
     """A batch of newly sampled tokens of the running reply."""
     turn_id: int
     items: list[TokenItem]
+    cache: dict | None = None   # the cache's fill as the batch left: {"cache_tokens": n, "cache_bytes": b}
 
 
 @dataclass

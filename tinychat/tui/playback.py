@@ -9,7 +9,7 @@ from textual import work
 
 from ..textsafe import plural
 from .messages import ReplayFinished, ReplayTurnFinished, ReplayTurnStarted, TokensReady
-from .runtime import TokenBatcher
+from .runtime import TokenBatcher, cache_figures
 from .state import LiveFigures
 from .widgets import AssistantMessage, NoticeMessage, UserMessage
 from .widgets.format import token_label
@@ -36,7 +36,8 @@ class PlaybackMixin:
         def start(n: int) -> None:
             user, rec = pairs[n - 1]
             state.update(turn=n, t0=time.perf_counter(), rec=list(rec.timing_ms or []))
-            state["batcher"] = TokenBatcher(lambda items: self.post_message(TokensReady(-n, items)), self.pace)
+            state["batcher"] = TokenBatcher(lambda items: self.post_message(TokensReady(-n, items, cache_figures(chat))),
+                                            self.pace)
             self.post_message(ReplayTurnStarted(n, user.content, tok.content_ids(rec.role, rec.token_ids)))
 
         def on_token(n, idx, token, text, trace, ms):

@@ -113,6 +113,13 @@ class TokenBatcher:
             self.post(items)
 
 
+def cache_figures(chat) -> dict:
+    """The chat's cache fill for the status bar while a reply streams (read on the decode thread, between steps: a
+    CPU-side length and a product of sizes, no device work)."""
+    cache = chat.cache
+    return {"cache_tokens": int(cache.lens_cpu[0]), "cache_bytes": cache.used_bytes()}
+
+
 class Backend:
     """How the app gets chats. `load()` (on a worker) loads the model and opens the first chat: a new one, or
     `session` when given; `open(ref)` opens another session (or a new chat when ref is None) on the same model.

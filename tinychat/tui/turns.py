@@ -13,7 +13,7 @@ from textual import work
 from ..settings import ChatError
 from ..textsafe import plural
 from .messages import ChatOpened, JobDone, TokensReady, TurnFinished
-from .runtime import TokenBatcher
+from .runtime import TokenBatcher, cache_figures
 from .state import Busy, LiveFigures
 from .widgets import AssistantMessage, PromptArea, UserMessage
 from .widgets.inspector import Counters
@@ -124,7 +124,8 @@ class TurnsMixin:
     def _job_turn(self, chat: Chat, kind: Busy, text: str, turn_id: int, trace: bool) -> None:
         """A turn: send `text`, an edit, a fork, or regenerate the last reply; tokens posted in batches, then
         TurnFinished."""
-        batcher = TokenBatcher(lambda items: self.post_message(TokensReady(turn_id, items)), self.pace)
+        batcher = TokenBatcher(lambda items: self.post_message(TokensReady(turn_id, items, cache_figures(chat))),
+                               self.pace)
         if kind is Busy.SEND:
             r = chat.send(text, on_token=batcher, trace=trace)
         elif kind is Busy.EDIT:
@@ -205,7 +206,7 @@ class TurnsMixin:
                                       f"token #{last.index} · live")
         if now - self._status_at >= 0.5:            # live figures twice a second: a full-width line to repaint
             self._status_at = now
-            self.status_bar.update_status(tok_s=live.tok_s, ttft_ms=live.ttft)
+            self.status_bar.update_status(tok_s=live.tok_s, ttft_ms=live.ttft, **(msg.cache or {}))
 
     async def on_turn_finished(self, msg: TurnFinished) -> None:
         if msg.turn_id != self.state.turn_id or self.state.current is None:
