@@ -279,6 +279,19 @@ def test_imported_models_are_listed_and_open_by_name(tmp_path, capsys):
     assert code == 0 and json.loads(out)["family"] == "llama family"
 
 
+@pytest.mark.parametrize("variant", ["llama-tied", "qwen2-bias-untied"])
+def test_models_counts_a_checkpoints_parameters_as_the_checkpoint_holds_them(variant, tmp_path, capsys):
+    """A tied head is one tensor in the checkpoint (SmolLM2-135M: 134.5M), though the stored model has it untied."""
+    cfg = VARIANTS[variant]
+    w = _weights(cfg)
+    src = write_hf(tmp_path / "Counted", cfg, w)
+    assert ("lm_head.weight" in w) is (variant != "llama-tied")
+    code, _, err = _main(["import", src], capsys)
+    assert code == 0, err
+    code, out, _ = _main(["models", "--json"], capsys)
+    assert json.loads(out)[0]["params"] == sum(t.numel() for t in w.values())
+
+
 @pytest.mark.parametrize("flag, want", [([], "You are a tiny test model"), (["--system", "Be brief."], "Be brief."),
                                         (["--system", ""], None)], ids=["template-default", "given", "none"])
 def test_a_new_chat_starts_with_the_checkpoints_own_system_prompt_unless_one_is_given(tmp_path, capsys, flag, want):

@@ -65,6 +65,9 @@ def import_model(src, name: str | None = None, context: int | None = None, dtype
         tok = Tokenizer.from_str(tok_text, source=f"{src} (tokenizer)", chat=CHAT_FORMATS[fmt["format"]])
     except TokenizerError as e:
         raise ImportRefused(str(e)) from None
+    # the checkpoint's own parameter count (what its card says: SmolLM2-135M, 134.5M): a tied head counted once, as
+    # the source holds it (the stored model has it untied, and norm gains folded, so model.num_params() is not it)
+    params = sum(t.numel() for k, t in tensors.items() if not k.endswith("rotary_emb.inv_freq"))
     model = build_model(cfg, tensors, context, name)
     if tok.vocab_size > model.cfg.vocab_size:
         raise ImportRefused(f"tokenizer has {tok.vocab_size} tokens, the model's embedding only {model.cfg.vocab_size}")
@@ -83,7 +86,7 @@ def import_model(src, name: str | None = None, context: int | None = None, dtype
         if template:
             atomic_write(tmp / TEMPLATE_FILE, lambda t: t.write_text(template, encoding="utf-8"))
         meta = {"source": str(src.resolve()), "kind": "gguf" if src.is_file() else "huggingface",
-                "architecture": cfg.get("model_type"), "params": model.num_params(), "dtype": dtype,
+                "architecture": cfg.get("model_type"), "params": params, "dtype": dtype,
                 "chat_format": fmt}
         atomic_write(tmp / IMPORT_FILE, lambda t: t.write_text(json.dumps(meta, indent=2), encoding="utf-8"))
         if dest.exists():
