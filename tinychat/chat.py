@@ -26,7 +26,8 @@ from .engine import Decoder, EngineOptions, KVCache, append, quantize_cpu
 from .engine.quant import effective_mode, quant_mode
 from .identity import model_identity, other_model
 from .model import TinyAgentLM
-from .sampler import Cancelled, TokenTrace, TurnHook, TurnStats, ngram_table, penalty_ids
+from .sampler import (KEEP_REPLY, LIFT_ALL, Cancelled, TokenTrace, TurnHook, TurnStats, ngram_table,
+                      penalty_ids)
 from .settings import ChatError, ChatSettings
 from .tokenizer import StreamDecoder, Tokenizer
 
@@ -373,10 +374,11 @@ class Chat(BranchesMixin):
 
     def _turn(self, user: S.Message, on_token, trace: bool, keep_probs: bool = False,
               context_start: int | None = None, on_reply=None, autosave: bool = True,
-              settings: ChatSettings | None = None, fork: Fork | None = None) -> TurnResult:
+              settings: ChatSettings | None = None, fork: Fork | None = None, dead_end: str = KEEP_REPLY) -> TurnResult:
         """settings: this turn's (recorded with it; the chat's stay as they are). fork: the reply's first tokens are
         given (chat_branches.Fork): stepped one by one after the prefill (the restore rule), then sampling goes on in
-        the eager loop, the sampler seeing them as the reply so far."""
+        the eager loop, the sampler seeing them as the reply so far. dead_end: what the sampler's dead-end guard lifts
+        (sampler.KEEP_REPLY; a replay passes what the recorded turn ran with)."""
         st = settings or self.settings
         self._cancel.clear()
         gen = self.tok.generation_prompt_ids()
@@ -407,7 +409,8 @@ class Chat(BranchesMixin):
 
         given = list(fork.given) if fork is not None else []
         hook = TurnHook(table, st.temperature, st.top_p, st.penalty, pen_ids, self.stop_id, trace=trace,
-                        on_token=emit, cancel=self._cancel, keep_probs=keep_probs, reply=st.ban_reply, given=given)
+                        on_token=emit, cancel=self._cancel, keep_probs=keep_probs, reply=st.ban_reply, given=given,
+                        dead_end=dead_end)
         mark = self.cache.mark()
         if context_start is not None:
             self.cache.reset([0])
@@ -448,7 +451,7 @@ class Chat(BranchesMixin):
         ttft = ((hook.t_first or t1) - t0) * 1000
         n = len(out) - len(given)                # sampled here (a fork's given tokens are not)
         rate = (n - 1) / (t1 - hook.t_first) if hook.t_first and n > 1 and t1 > hook.t_first else 0.0
-        sampler = {**st.sampler(), "seed": seed}
+        sampler = {**st.sampler(), "seed": seed, "dead_end": dead_end}
         if context_start is not None:
             sampler["context_start"] = context_start
         if self.step_name():
@@ -545,7 +548,8 @@ class Chat(BranchesMixin):
         pending, mark = self._pending, self.cache.mark()
         start = (recorded.settings or {}).get("context_start")
         res = self._turn(S.Message("user", user.content, list(user.token_ids)), on_token, True, keep_probs=True,
-                         context_start=start, fork=self.recorded_fork(recorded))
+                         context_start=start, fork=self.recorded_fork(recorded),
+                         dead_end=(recorded.settings or {}).get("dead_end", LIFT_ALL))   # as the turn ran
         del self.session.messages[at:]
         if start is None:
             self.cache.truncate(mark)

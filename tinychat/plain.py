@@ -144,7 +144,8 @@ class PlainREPL:
     def print_trace(self, r: TurnResult) -> None:
         tok = self.chat.tok
         for tr in r.traces:
-            mark = " LIFTED" if tr.lifted else (f" banned {len(tr.banned)}" if tr.banned else "")
+            mark = (" ENDED" if getattr(tr, "ended", False) else "") + (" LIFTED" if tr.lifted else "") + \
+                (f" banned {len(tr.banned)}" if tr.banned else "")
             alts = ", ".join(f"{tok.decode([c.token])!r} {c.p_final:.2f}{'✗' if c.banned_by else ''}"
                              f"{'↓' if c.penalised else ''}" for c in tr.candidates[:4])
             self.note(f"  {tr.index:4d} {tok.decode([tr.token])!r:14} rank {tr.rank:2d} p {tr.p_final:.3f}{mark}"

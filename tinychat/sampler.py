@@ -14,9 +14,11 @@ import numpy
 import torch
 
 from .engine import apply_ban_and_penalty
+from .settings import DEAD_END_RULES, KEEP_REPLY, LIFT_ALL  # noqa: F401  (what a dead end lifts; see there)
 
 BAN_N = 3                 # the phrase ban's n-gram order: a token is banned after the (n-1) tokens that preceded it
-DEAD_END_MIN_MASS = 0.05  # lift the ban for a step when it would leave less than this probability mass
+DEAD_END_MIN_MASS = 0.05  # a dead end: the ban would leave less than this probability mass
+
 TRACE_TOP = 8             # candidates recorded per token
 NUCLEUS_PROBE = 32        # top final probabilities ranked to tell the candidates' nucleus membership
 
@@ -66,7 +68,9 @@ class TokenTrace:
     candidates: list[Candidate]
     banned: list[int] = field(default_factory=list)     # ids banned at this step
     banned_mass: float = 0.0                            # raw probability mass the ban removed
-    lifted: bool = False                                # the dead-end guard lifted the ban for this step
+    lifted: bool = False                                # the dead-end guard lifted (the earlier turns') bans this step
+    ended: bool = False                                 # a dead end with nothing left but the reply's own 3-grams:
+                                                        # the reply ended here (the stop token forced)
     ms: float = 0.0                                     # time since the previous token
 
     def to_dict(self) -> dict:
@@ -80,6 +84,7 @@ class TurnStats:
     banned_tokens: int = 0      # candidates removed, summed over steps
     banned_mass: float = 0.0    # raw probability mass removed, summed over steps
     lifts: int = 0              # dead-end guard lifts
+    ended: int = 0              # replies ended at a dead end of their own 3-grams (0 or 1)
     penalised: int = 0          # ids under the repetition penalty this turn
 
 
@@ -93,8 +98,12 @@ class TurnHook:
 
     def __init__(self, table: dict, temperature: float, top_p: float, pen: float, pen_ids: list[int], stop: int,
                  trace: bool = False, on_token=None, cancel: threading.Event | None = None, guard: bool = True,
-                 keep_probs: bool = False, reply: bool = False, given: list[int] | None = None):
+                 keep_probs: bool = False, reply: bool = False, given: list[int] | None = None,
+                 dead_end: str = KEEP_REPLY):
         self.table, self.k = table, BAN_N - 1
+        if dead_end not in DEAD_END_RULES:
+            raise ValueError(f"dead_end must be one of {', '.join(DEAD_END_RULES)} (got {dead_end!r})")
+        self.keep_reply = dead_end == KEEP_REPLY      # a dead end keeps the reply's own 3-grams banned
         self.given = list(given or ())    # a fork: the reply's tokens before the decoder's own (kept, then forced):
                                           # the ban contexts, the reply's n-grams and the indices count them
         self.reply = reply                # the ban also covers the n-grams of the reply being sampled
@@ -145,7 +154,7 @@ class TurnHook:
             self._finish_trace(out[i])
 
     def _process(self, out: list[int], logits: torch.Tensor) -> torch.Tensor:
-        banned, ctx = self._banned(out)
+        banned, own, ctx = self._banned(out)
         if not banned and not self.trace:
             return logits
         V = logits.size(-1)
@@ -153,41 +162,61 @@ class TurnHook:
         raw = apply_ban_and_penalty(logits, self.pen, pen_mask if self.pen != 1.0 else None,   # penalty only
                                     pen_ix=self._pen_ix)
         T = self.temperature if self.temperature > 0 else 1.0
-        lifted = False
+        lifted = ended = False
         mass = 0.0
         ban_ix = None
         if banned:
             p_pen = torch.softmax(raw / T, dim=-1)[0]
             ban_ix = torch.tensor(banned, dtype=torch.long)       # one index tensor for the mass and both masks
             mass = float(p_pen[ban_ix].sum())
-            if self.guard and 1.0 - mass < DEAD_END_MIN_MASS:
-                lifted = True
-                self.stats.lifts += 1
-            else:
+            if self.guard and 1.0 - mass < DEAD_END_MIN_MASS:     # a dead end (see KEEP_REPLY / LIFT_ALL)
+                keep = [t for t in banned if t in own] if self.keep_reply else []
+                lifted = len(keep) < len(banned)
+                banned = keep
+                if keep:
+                    ban_ix = torch.tensor(keep, dtype=torch.long)
+                    mass = float(p_pen[ban_ix].sum())
+                    rest = raw.clone()
+                    rest[0, ban_ix] = float("-inf")
+                    ended = not bool(torch.isfinite(rest).any())     # nothing left but the reply's own 3-grams
+                else:
+                    mass = 0.0
+                if lifted:
+                    self.stats.lifts += 1
+            if banned and not ended:
                 self.stats.banned_steps += 1
                 self.stats.banned_tokens += len(banned)
                 self.stats.banned_mass += mass
         result = logits
-        if banned and not lifted:
+        if ended:                                   # the reply ends: the stop token is all that can be drawn
+            self.stats.ended += 1
+            result = torch.full_like(logits, float("-inf"))
+            result[0, self.stop] = 0.0
+        elif banned:
             result = logits.clone()
             result[0, ban_ix] = float("-inf")
         if self.trace:
             final = raw
-            if banned and not lifted:
+            if ended:
+                final = result.float()
+            elif banned:
                 final = raw.clone()
                 final[0, ban_ix] = float("-inf")
-            self._pending = self._make_trace(logits, final, banned if not lifted else [], ctx, mass, lifted)
+            self._pending = self._make_trace(logits, final, banned, ctx, mass, lifted, ended)
         return result
 
     def _banned(self, out):
+        """(ids banned after the last k tokens, those of them the reply itself said, the k-token context)."""
         if len(out) < self.k or not (self.table or self.reply):
-            return [], None
+            return [], set(), None
         ctx = tuple(out[-self.k:])
         banned = list(self.table.get(ctx, ()))
+        own: set[int] = set()
         if self.reply:
+            own = set(self._reply_ngrams(out).get(ctx, ()))
             seen = set(banned)
-            banned += [t for t in self._reply_ngrams(out).get(ctx, ()) if t not in seen]
-        return banned, ctx
+            banned += [t for t in own if t not in seen]
+        return banned, own, ctx
 
     def _reply_ngrams(self, out) -> dict:
         """{context: [next ids]} of the n-grams in out (the reply so far), kept up to date as it grows (rebuilt when
@@ -210,7 +239,7 @@ class TurnHook:
             self._pen_set = set(self.pen_ids) if self.pen != 1.0 else set()
         return self._pen_mask
 
-    def _make_trace(self, logits, final, banned, ctx, mass, lifted) -> TokenTrace:
+    def _make_trace(self, logits, final, banned, ctx, mass, lifted, ended=False) -> TokenTrace:
         """final: fp32 logits after the penalty and the (unlifted) ban. Costs O(V) a few times, never a sort of V;
         a dozen tensor ops (each hands the GIL away and back: the app's UI thread shares it), the single values
         read through numpy views of the two distributions."""
@@ -235,7 +264,7 @@ class TurnHook:
                  for t, pr, pfi, nu in zip(top, raw_h[top].tolist(), pf, nucleus)]
         cands.sort(key=lambda c: -c.p_raw)
         tr = TokenTrace(index=len(self.out), token=-1, rank=-1, p_raw=0.0, p_final=0.0, candidates=cands,
-                        banned=banned, banned_mass=mass if not lifted else 0.0, lifted=lifted)
+                        banned=banned, banned_mass=mass, lifted=lifted, ended=ended)
         tr._p_fin, tr._h = p_fin, (raw_h, fin_h)     # kept until the token is known
         return tr
 

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from .jsonfields import is_int, show
-from .settings import ChatSettings
+from .settings import DEAD_END_RULES, ChatSettings
 
 MAX_SEED = 2**63 - 1             # the flags' range (ChatSettings): a file may not hold a seed the chat cannot take
 
@@ -51,6 +51,8 @@ def sampler_problem(d: dict, prefix: str) -> str | None:
         return f"field {prefix}system_prompt must be a string, got {show(d['system_prompt'])}"
     if "step" in d and d["step"] is not None and not isinstance(d["step"], str):
         return f"field {prefix}step must be a string or null, got {show(d['step'])}"
+    if "dead_end" in d and d["dead_end"] not in DEAD_END_RULES:
+        return f"field {prefix}dead_end must be one of {', '.join(DEAD_END_RULES)}, got {show(d['dead_end'])}"
     return None
 
 

@@ -10,6 +10,19 @@ class ChatError(ValueError):
     """A turn or setting the chat cannot take; one line, fit for the user."""
 
 
+# What the sampler's dead-end guard (sampler.TurnHook: the ban would leave under 5 % of the mass) lifts, recorded with
+# each turn (its settings' "dead_end") so that replay samples an old turn as it ran:
+# KEEP_REPLY (turns from this version on): only the bans from earlier turns and the user's message (no-parrot); the
+#   3-grams the reply itself already said stay banned, so a reply never repeats one (it cannot loop). The draw then
+#   takes the best of what is left, however little mass that is; where nothing at all is left (every other logit
+#   -inf) the reply ends there (the stop token).
+# LIFT_ALL (turns recorded without the key): every ban, the reply's own too, which let a low-temperature reply loop
+#   ("la Rivière de la Rivière, la Rivière de la Riv", 29 lifts in 60 tokens).
+KEEP_REPLY = "keep-reply"
+LIFT_ALL = "lift-all"
+DEAD_END_RULES = (KEEP_REPLY, LIFT_ALL)
+
+
 @dataclass(frozen=True)
 class ChatSettings:
     """Sampler and turn settings. Changes apply from the next turn and are recorded with it."""

@@ -37,7 +37,7 @@ def test_render_trace_marks_banned_penalised_and_chosen():
     assert "1 banned in 1 step ·" in plain and "0 lifts" in plain and "mass removed 0.50" in plain and "3 ids penalised" in plain
     lifted = TokenTrace(index=0, token=5, rank=0, p_raw=0.9, p_final=0.9, candidates=[Candidate(5, 0.9, 0.9)],
                         lifted=True)
-    assert "ban lifted" in render_trace(lifted, STRINGS, None).plain
+    assert "bans lifted" in render_trace(lifted, STRINGS, None).plain
 
 
 async def test_inspector_live_then_selected_token_shows_ban_and_penalty(factory):

@@ -44,7 +44,8 @@ phrase ban). A candidate struck through in red was **banned** because the reply 
 assistant already said (shown beside it); **↓** marks a candidate under the repetition penalty; **○** one outside
 the top-p nucleus. The chosen token is marked **▸** with its rank in the final distribution. The bottom line
 counts, for the turn, the banned candidates, the probability mass the ban removed and the dead-end lifts (steps
-where the ban would have removed almost everything, so it was lifted). While the inspector is hidden (F3), replies
+where the ban would have removed almost everything, so the bans of earlier turns were lifted; the 3-grams the reply
+itself already said stay banned, so a reply never loops). While the inspector is hidden (F3), replies
 decode without recording traces, which is faster; their tokens then show no trace.
 
 In a token view, underlined tokens are steps where the ban fired, yellow ones were not the most likely

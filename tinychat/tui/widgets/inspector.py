@@ -50,7 +50,7 @@ class Counters:
             c.tokens += 1
             if tr.lifted:
                 c.lifts += 1
-            elif tr.banned:
+            if tr.banned and not getattr(tr, "ended", False):     # a lift keeps the reply's own 3-grams banned
                 c.banned_steps += 1
                 c.banned_tokens += len(tr.banned)
                 c.banned_mass += tr.banned_mass
@@ -235,9 +235,12 @@ def render_trace(trace: Any, strings: Sequence[str], counters: Counters | None, 
         t.append(" ")
         t.append(f" rank {trace.rank}  p {trace.p_final:.3f}\n", style="bold")
         top = max((max(c.p_raw, c.p_final) for c in trace.candidates), default=1.0) or 1.0
-        if trace.lifted:
-            t.append("⚠ ban lifted: it would have left almost no probability mass\n", style="magenta")
-        elif trace.banned:
+        if getattr(trace, "ended", False):
+            t.append("■ the reply ended here: nothing was left but its own 3-grams\n", style="magenta")
+        elif trace.lifted:
+            t.append("⚠ earlier turns' bans lifted: they would have left almost no probability mass"
+                     + (" (the reply's own 3-grams stay banned)" if trace.banned else "") + "\n", style="magenta")
+        if trace.banned and not getattr(trace, "ended", False):
             t.append(f"✗ {len(trace.banned)} banned · mass {trace.banned_mass:.3f}\n", style="red")
         t.append("\n  token      " + "raw".ljust(BAR + 1) + "final".ljust(BAR + 1) + "  p\n", style="dim")
         for row, c in enumerate(trace.candidates):
