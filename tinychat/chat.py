@@ -28,7 +28,7 @@ from .identity import model_identity, other_model
 from .model import TinyAgentLM
 from .sampler import (KEEP_REPLY, LIFT_ALL, Cancelled, TokenTrace, TurnHook, TurnStats, ngram_table,
                       penalty_ids)
-from .settings import ChatError, ChatSettings
+from .settings import ChatError, ChatSettings, OtherModel
 from .tokenizer import StreamDecoder, Tokenizer
 
 
@@ -184,10 +184,11 @@ class Chat(BranchesMixin):
         snapshot when it matches this model and context exactly (fast), else rebuild the cache by replaying the
         recorded feed schedule (always exact)."""
         sess = session_ref if isinstance(session_ref, S.Session) else S.load(session_ref, kw.get("sessions_dir"))
-        S.check_vocab(sess, model.cfg.vocab_size)
+        kw["model_hash"] = kw.get("model_hash") or model_identity(model)
+        check_model(sess, kw.get("model_name", ""), kw["model_hash"], tokenizer)   # before the ids: another model's
+        S.check_vocab(sess, model.cfg.vocab_size)                                  # are not errors in the file
         settings = kw.pop("settings", None) or settings_from_session(sess)
         chat = cls(model, tokenizer, settings, session=sess, rebuild=False, **kw)
-        chat.check_identity()
         if chat.autosave:                   # one writer per session; never save over a newer copy
             try:
                 chat.hold_lock()
@@ -200,13 +201,6 @@ class Chat(BranchesMixin):
         if not (use_snapshot and chat._load_snapshot()):
             chat._rebuild()
         return chat
-
-    def check_identity(self) -> None:
-        why = other_model(self.session, self.model_name, self.model_hash)
-        if why:
-            raise ChatError(f"{why}; load that model to continue it")
-        if self.session.tokenizer_hash and self.session.tokenizer_hash != self.tok.sha256:
-            raise ChatError(f"session {self.session.id} was recorded with another tokenizer")
 
     def _load_snapshot(self) -> bool:
         """Use the KV snapshot when it is the one the session recorded (its checksum) and fits this chat."""
@@ -565,6 +559,18 @@ class Chat(BranchesMixin):
         return {"model": self.model_name, "mode": self.decoder.mode, "device": self.device.type,
                 "quant": self.quant, "cache_tokens": L, "max_len": self.max_len,
                 "cache_bytes": self.cache.used_bytes(), "session": self.session.id, "turns": self.session.n_turns}
+
+
+def check_model(sess: S.Session, name: str, identity: str, tokenizer: Tokenizer) -> None:
+    """OtherModel when `sess` was recorded with another model (or tokenizer) than (name, identity): checked before
+    anything reads the session's token ids, whose range belongs to the recording model."""
+    why = other_model(sess, name, identity)
+    if why:
+        was = sess.model.get("name") or ""
+        raise OtherModel(f"{why}; load that model to continue it", sess.id, was, same_name=bool(was) and was == name)
+    if sess.tokenizer_hash and sess.tokenizer_hash != tokenizer.sha256:
+        raise OtherModel(f"session {sess.id} was recorded with another tokenizer", sess.id,
+                         sess.model.get("name") or "")
 
 
 def settings_from_session(sess: S.Session) -> ChatSettings:

@@ -132,8 +132,13 @@ def model_for_session(model: Path | None, ref: str) -> Path | None:
 def session_model(sess) -> Path | None:
     """The imported model a loaded session names, when there is one under the models folder; else None (the
     shipped model, or a model that is not here: the replay then says the session was recorded with another)."""
+    return named_model(sess.model.get("name") or "")
+
+
+def named_model(name: str) -> Path | None:
+    """The imported model called `name` (a folder under the models folder), or None ("default", the shipped model's
+    name in sessions, is not an imported one)."""
     from . import paths
-    name = sess.model.get("name") or ""
     if not name or name == "default" or "/" in name or name.startswith("."):
         return None
     p = paths.models_dir() / name

@@ -90,7 +90,7 @@ class ReplayReport:
 def replay(chat: Chat, sess: S.Session, on_turn=None, on_token=None) -> ReplayReport:
     """Replay `sess` with `chat`'s model (a fresh Chat, autosave off). on_turn(TurnReplay) after each turn;
     on_token(turn, index, token, text, trace, ms) while a turn regenerates."""
-    why = other_model(sess, chat.model_name, chat.model_hash)
+    why = other_model(sess, chat.model_name, chat.model_hash)     # before the ids: they are the recording model's
     if why:
         raise ChatError(why)
     S.check_vocab(sess, chat.model.cfg.vocab_size)

@@ -10,6 +10,15 @@ class ChatError(ValueError):
     """A turn or setting the chat cannot take; one line, fit for the user."""
 
 
+class OtherModel(ChatError):
+    """A session recorded with another model (or another version of this one) than the chat's: what the app needs to
+    offer that model instead (the recorded name; "default": the shipped model)."""
+
+    def __init__(self, message: str, session_id: str = "", model_name: str = "", same_name: bool = False):
+        super().__init__(message)
+        self.session_id, self.model_name, self.same_name = session_id, model_name, same_name
+
+
 # What the sampler's dead-end guard (sampler.TurnHook: the ban would leave under 5 % of the mass) lifts, recorded with
 # each turn (its settings' "dead_end") so that replay samples an old turn as it ran:
 # KEEP_REPLY (turns from this version on): only the bans from earlier turns and the user's message (no-parrot); the

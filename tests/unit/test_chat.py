@@ -243,6 +243,26 @@ def test_restore_with_another_model_is_a_clear_error():
         Chat.restore(chat.session.id, other, tokenizer(), max_len=512, model_name="tiny-test")
 
 
+def test_a_session_of_another_model_is_named_as_such_before_its_token_ids_are_checked():
+    """Another model's ids can be outside this one's vocabulary (SmolLM2's 49,152 against the shipped 8,192): that is
+    the model's difference, not a broken file, and the error says which model the session needs."""
+    from support import make_model
+    from tinychat.settings import OtherModel
+    chat = make_chat(max_new=4, seed=1)                  # the 400-token tiny chat model, "tiny-test"
+    chat.send("hello there, tell me about the cat")
+    chat.close()
+    ids = [t for m in chat.session.messages for t in m.token_ids]
+    small = make_model(vocab_size=300)                   # the same tokenizer's first 300 ids only
+    assert max(ids) >= 300
+    with pytest.raises(OtherModel, match=r"recorded with another model \(tiny-test\); load that model") as e:
+        Chat.restore(chat.session.id, small, tokenizer(), max_len=512, model_name="small")
+    assert e.value.model_name == "tiny-test" and e.value.session_id == chat.session.id and not e.value.same_name
+    # the same model by name and identity: then an id outside its vocabulary is a broken file, named as such
+    with pytest.raises(S.SessionError, match=r"token_ids\[\d+\] = \d+ is outside the model's vocabulary"):
+        Chat.restore(chat.session.id, small, tokenizer(), max_len=512, model_name="tiny-test",
+                     model_hash=chat.model_hash)
+
+
 def test_settings_parse_and_validate():
     st = ChatSettings()
     assert st.with_value("temperature", "0.3").temperature == 0.3

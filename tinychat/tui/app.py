@@ -38,7 +38,7 @@ from .forking import ForkMixin
 from .messages import ChatOpened, ReplayFinished, RuntimeReady
 from .playback import PlaybackMixin
 from .runtime import Backend, FactoryBackend, Pace, ReplayBackend
-from .screens import HelpScreen, SessionsScreen, SettingsScreen
+from .screens import ConfirmDialog, HelpScreen, SessionsScreen, SettingsScreen
 from .state import Busy, ChatState
 from .turns import TurnsMixin
 from .widgets import (AssistantMessage, ChatView, Inspector, NoticeMessage, PromptArea, PromptInput, StatusBar,
@@ -281,6 +281,8 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
             self.state.busy = None
             return
         kind = self.busy
+        if kind is Busy.OPEN and self._offer_model(err):
+            return
         self.notify(f"{kind.value if kind else name} failed: {text}", severity="error", timeout=8)
         if name == "replay":
             with self._idle_after():
@@ -482,10 +484,41 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
 
     async def on_chat_opened(self, msg: ChatOpened) -> None:
         self.state.chat = msg.chat
+        if msg.token_strings is not None:
+            self.strings = msg.token_strings
         with self._idle_after():
             await self._show_history(msg.note)
         self._update_status(msg.status, tok_s=None, ttft_ms=None, activity="")
         self.prompt.focus()
+
+    def _offer_model(self, err: BaseException) -> bool:
+        """A session recorded with another model failed to open: offer to switch to that model when it is here (the
+        shipped one, or imported), and open the session on it. False when there is nothing to offer (the caller
+        reports the error)."""
+        from ..settings import OtherModel
+        if not isinstance(err, OtherModel) or err.same_name or not err.model_name:
+            return False
+        where = self.backend.find_model(err.model_name)
+        if where is None:
+            return False
+        self._set_busy(None)
+        self.status_bar.update_status(activity="")
+        sid, name = err.session_id, err.model_name
+        current = self.chat.model_name if self.chat is not None else "the current model"
+
+        def answer(yes: bool | None) -> None:
+            if not yes:
+                self.notify(f"session {sid} stays closed: it needs the model {name!r}")
+                return
+            if not self._can_run("switch models"):
+                return
+            self._set_busy(Busy.OPEN)
+            self.status_bar.update_status(activity=f"loading {name}…")
+            self._job_switch(where, sid)
+        what = "the shipped model" if name == "default" else f"the model {name!r}"
+        self.push_screen(ConfirmDialog(f"Session {sid} was recorded with {what}, not with {current!r}. "
+                                       f"Switch to it and open the session? (this chat stays saved)"), answer)
+        return True
 
     def _freeze_startup_objects(self) -> None:
         """What exists once the model is loaded (torch, the model, Textual: ~300k objects) lives as long as the app:
@@ -533,6 +566,8 @@ def run_replay(sess, model: Path | None = None, device: str = "cpu", speed: floa
     return app.return_code or 0
 
 
-def make_app(factory: Callable[[str | None], Any], session: str | None = None, replay=None, **kw) -> TinyChatApp:
-    """An app over `factory(session_ref | None) -> Chat` (tests, embedding)."""
-    return TinyChatApp(FactoryBackend(factory, session=session, replay=replay), **kw)
+def make_app(factory: Callable[[str | None], Any], session: str | None = None, replay=None, others=None,
+             **kw) -> TinyChatApp:
+    """An app over `factory(session_ref | None) -> Chat` (tests, embedding); others: {model name: factory} the app
+    may switch to for a session recorded with that model."""
+    return TinyChatApp(FactoryBackend(factory, session=session, replay=replay, others=others), **kw)

@@ -45,6 +45,7 @@ class ChatOpened(Message):
     chat: Chat
     note: str = ""
     status: dict = field(default_factory=dict)
+    token_strings: list[str] | None = None      # the new model's, when the chat came with a switch of models
 
 
 @dataclass

@@ -153,6 +153,27 @@ class Backend:
     def token_strings(self) -> list[str]:
         return self.rt.tokenizer.token_strings()
 
+    def find_model(self, name: str):
+        """Where the model a session names is, when it is here and not the one loaded: the shipped model for
+        "default", else an imported model of that name; None otherwise. What `switch` takes."""
+        from ..loading import default_model_path, named_model
+        path = default_model_path() if name == "default" else named_model(name)
+        if path is None:
+            return None
+        loaded = self.model_path if self.model_path is not None else default_model_path()
+        if loaded is not None and Path(path).resolve() == Path(loaded).resolve():
+            return None
+        return path
+
+    def switch(self, where, session_ref: str):
+        """Load the model at `where` (find_model's) and open session_ref on it; the loaded model is replaced only when
+        both worked (a failure leaves the app on the model it had)."""
+        from ..loading import load_runtime, open_chat
+        rt = load_runtime(where, self.quant)
+        chat = open_chat(rt, self.quant, self.device, None, {}, session_ref, self.options)
+        self.rt, self.model_path = rt, where
+        return chat
+
 
 class ReplayBackend(Backend):
     """Loads the model for replaying a recorded session: a fresh chat, autosave off (as `tinychat replay`)."""
@@ -170,11 +191,13 @@ class FactoryBackend(Backend):
     """For tests and embedding: chats from a callable `factory(session_ref | None) -> Chat` (the tokenizer is
     taken from the chat)."""
 
-    def __init__(self, factory: Callable[[str | None], Any], session: str | None = None, replay=None):
+    def __init__(self, factory: Callable[[str | None], Any], session: str | None = None, replay=None,
+                 others: dict[str, Callable[[str | None], Any]] | None = None):
         super().__init__(session=session)
         self.factory = factory
         self.sess = replay
         self._tok = None
+        self.others = dict(others or {})        # other models by name: factories a session may switch the app to
 
     def load(self):
         chat = self.factory(self.session)
@@ -186,3 +209,11 @@ class FactoryBackend(Backend):
 
     def token_strings(self) -> list[str]:
         return self._tok.token_strings()
+
+    def find_model(self, name: str):
+        return name if name in self.others and self.others[name] is not self.factory else None
+
+    def switch(self, where, session_ref: str):
+        chat = self.others[where](session_ref)
+        self.factory, self._tok = self.others[where], chat.tok
+        return chat

@@ -176,6 +176,17 @@ class TurnsMixin:
         self.post_message(ChatOpened(new, note, new.status()))
 
     @work(thread=True, exclusive=True, group="chat", exit_on_error=False, name="chat")
+    def _job_switch(self, where, session_ref: str) -> None:
+        """Load another model (backend.find_model's `where`) and open session_ref on it."""
+        old = self.chat
+        if old is not None:
+            old.close()                     # its session's lock (a failed switch keeps it open but unlocked)
+        new = self.backend.switch(where, session_ref)
+        note = f"switched to {new.model_name or 'the model'} · session {new.session.id}: " \
+               f"{new.session.title or 'untitled'} ({plural(new.session.n_turns, 'turn')})"
+        self.post_message(ChatOpened(new, note, new.status(), self.backend.token_strings()))
+
+    @work(thread=True, exclusive=True, group="chat", exit_on_error=False, name="chat")
     def _job_save(self, chat: Chat, title: str | None) -> None:
         path = chat.save(title)
         self.post_message(JobDone(Busy.SAVE, str(path) if path else None, chat.status()))
