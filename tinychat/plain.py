@@ -28,7 +28,8 @@ class PlainREPL:
     def run(self) -> int:
         if self.interactive:
             st = self.chat.status()
-            self.note(f"tinychat · {st['model']} · {st['mode']} · session {st['session']} · /help for commands")
+            mode = f"{st['mode']} (--quant auto: {st['auto']})" if st.get("auto") else st["mode"]
+            self.note(f"tinychat · {st['model']} · {mode} · session {st['session']} · /help for commands")
         self._restore_notice()
         _replace_bad_bytes(self.stdin)
         queued: list[str] = []              # the rest of a read that held lone CRs (each one ends a line too)
@@ -101,13 +102,15 @@ class PlainREPL:
 
         if stream:
             self.stdout.write("bot> ")
-        threading.Thread(target=work, daemon=True).start()
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
         # an Event, not Thread.join: a join interrupted by Ctrl-C can leave is_alive() False while the turn runs
         while not done.is_set():
             try:
                 done.wait(0.1)
             except KeyboardInterrupt:
                 self.chat.cancel()
+        worker.join()               # the turn is done: let the thread end before the next turn (or the exit) goes on
         if "error" in box:
             if stream:
                 self.stdout.write("\n")
@@ -170,12 +173,14 @@ class PlainREPL:
             finally:
                 done.set()
 
-        threading.Thread(target=work, daemon=True).start()
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
         while not done.is_set():
             try:
                 done.wait(0.1)
             except KeyboardInterrupt:
                 self.chat.cancel()
+        worker.join()               # as in turn(): the thread ends before anything else runs
         if "error" in box:
             self._error(box["error"])
             return
