@@ -86,6 +86,7 @@ class Chat(BranchesMixin):
                                 "again")
             quantize_cpu(model, want, options=self.options)
         self.quant = quant_mode(model)
+        self.quant_auto: str | None = None    # why `--quant auto` chose this mode (None: a mode given by hand)
         self.max_len = min(max_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
         self.cache = KVCache(model, 1, self.max_len, self.device, dtype=dtype)
@@ -557,7 +558,8 @@ class Chat(BranchesMixin):
     def status(self) -> dict:
         L = int(self.cache.lens_cpu[0])
         return {"model": self.model_name, "mode": self.decoder.mode, "device": self.device.type,
-                "quant": self.quant, "cache_tokens": L, "max_len": self.max_len,
+                "quant": self.quant, **({"auto": self.quant_auto} if self.quant_auto else {}),
+                "cache_tokens": L, "max_len": self.max_len,
                 "cache_bytes": self.cache.used_bytes(), "session": self.session.id, "turns": self.session.n_turns}
 
 

@@ -19,4 +19,6 @@ SIZES = {
 }
 
 QUANT_MODES = ("none", "int8", "bf16")      # --quant: full precision, weight-only int8, bf16 weights (CPU modes)
+QUANT_CHOICES = ("auto", *QUANT_MODES)      # a chat's --quant: auto (the default) picks one of QUANT_MODES
+                                            # (loading.resolve_quant); sessions record the mode it picked
 DEVICES = ("auto", "cpu", "cuda")           # --device

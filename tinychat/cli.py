@@ -9,9 +9,9 @@ from typing import Optional
 
 import typer
 
-from .choices import QUANT_MODES, SIZES
+from .choices import QUANT_CHOICES, QUANT_MODES, SIZES
 from .loading import (check_choice, load_model_for, load_runtime, model_for_session, model_path, open_chat,
-                      open_replay_chat, resolve_device, session_model)
+                      open_replay_chat, resolve_device, resolve_quant, session_model)
 
 HELP = """Chat with a small local TinyAgentLM model in the terminal.
 
@@ -44,7 +44,9 @@ def _debug() -> bool:
 @app.callback(invoke_without_command=True)
 def chat(ctx: typer.Context,
          model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_HELP, callback=_model_arg),
-         quant: str = typer.Option("none", "--quant", "-q", help="Weights: none, int8 (the laptop mode) or bf16."),
+         quant: str = typer.Option("auto", "--quant", "-q", help="Weights: auto (the int8 fast step where its "
+                                   "native kernels build, full precision on a GPU or without them; a continued "
+                                   "session keeps its own), none (fp32: the reference), int8 or bf16."),
          device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
          seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed for every turn (default: random, recorded)."),
          temperature: Optional[float] = typer.Option(None, "--temperature", "-t", help="Sampling temperature (0: greedy)."),
@@ -71,7 +73,7 @@ def chat(ctx: typer.Context,
     input line is one turn. Every chat is saved as a session (see `tinychat sessions`)."""
     if ctx.invoked_subcommand is not None:
         return
-    check_choice("--quant", quant, QUANT_MODES)
+    check_choice("--quant", quant, QUANT_CHOICES)
     if json_out and not plain and prompt is None and sys.stdin.isatty() and sys.stdout.isatty():
         raise UsageError("--json goes with --plain or -p")
     if prompt is not None and prompt_file is not None:
@@ -103,12 +105,13 @@ def chat(ctx: typer.Context,
         from .tui.app import run_app
         raise typer.Exit(run_app(model=model, quant=quant, device=dev, settings=settings, overrides=overrides,
                                  session=session, options=options))
-    rt = load_runtime(model, quant)
-    chat_ = open_chat(rt, quant, dev, settings, overrides, session, options)
+    mode, why = resolve_quant(quant, dev, _session_for_auto(quant, session))
+    rt = load_runtime(model, mode)
+    chat_ = open_chat(rt, mode, dev, settings, overrides, session, options, quant_why=why)
     from .plain import PlainREPL
 
     def restore(ref):
-        return open_chat(rt, quant, dev, None, {}, ref, options)
+        return open_chat(rt, mode, dev, None, {}, ref, options, quant_why=why)
 
     repl = PlainREPL(chat_, json_out=json_out, restore=restore)
     if prompt is None:
@@ -116,6 +119,18 @@ def chat(ctx: typer.Context,
     repl.interactive = False                # one reply on stdout, notices on stderr
     r = repl.turn(lambda on_token, on_reply: chat_.send(prompt, on_token=on_token, on_reply=on_reply))
     raise typer.Exit(0 if r is not None and not repl.errors else 2)
+
+
+def _session_for_auto(quant: str, ref: str | None):
+    """The session --quant auto continues (it keeps the session's mode), or None. A ref that does not load is left
+    to open_chat's own load to report."""
+    if quant != "auto" or ref is None:
+        return None
+    from . import session as S
+    try:
+        return S.load(ref)
+    except S.SessionError:
+        return None
 
 
 def _one_shot_text(prompt: str) -> str:
@@ -197,6 +212,8 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_
         "ring_bytes": c.ring_bytes(2),
         "int8_kernels": _int8_kernels(), "int8_prefill": _int8_prefill(), "int8_step": _int8_step(),
     }
+    from .loading import auto_quant
+    facts["quant_auto"], facts["quant_auto_why"] = auto_quant(resolve_device("auto"))
     if json_out:
         import json
         typer.echo(json.dumps(facts))
@@ -214,6 +231,7 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_
     t.add_row("vocab / context", f"{c.vocab_size} / {c.max_seq_len}")
     t.add_row("local window", f"{c.swa_window}")
     t.add_row("Engram", f"layers {list(c.engram_layers)}, orders {list(c.engram_orders)}" if c.has_engram else "none")
+    t.add_row("--quant auto (the default)", f"{facts['quant_auto']}: {facts['quant_auto_why']}")
     t.add_row("int8 kernels (--quant int8)", facts["int8_kernels"])
     t.add_row("int8 step (sessions record)", facts["int8_step"])
     t.add_row("int8 prefill", facts["int8_prefill"])

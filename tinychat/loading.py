@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from .choices import DEVICES, QUANT_MODES, SIZES
+from .choices import DEVICES, QUANT_CHOICES, QUANT_MODES, SIZES
 
 
 class LoadError(ValueError):
@@ -81,6 +81,30 @@ def resolve_device(device: str, resolve: bool = True) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def auto_quant(device: str) -> tuple[str, str]:
+    """What `--quant auto` runs on `device` (cpu or cuda), and why: the int8 fast step on a CPU where the native
+    kernels build (and pass their self-test), the captured graph in full precision on a GPU, fp32 otherwise (the
+    eager loop: the reference path). Builds the kernels on first use (cached)."""
+    if device == "cuda":
+        return "none", "a GPU: full precision through the captured graph"
+    from .engine import native
+    if native.load() is not None:
+        return "int8", f"the native int8 kernels run here ({native.kernel_path()})"
+    return "none", f"no native int8 kernels here ({native.why_not or 'off'}): fp32, the eager loop"
+
+
+def resolve_quant(quant: str, device: str, sess=None) -> tuple[str, str | None]:
+    """(mode, why auto chose it) for a chat's --quant on a resolved device; why is None for a mode given by hand.
+    auto continuing a session `sess` keeps the mode it was recorded with (its turns, snapshot and replay are that
+    mode's) when that mode runs on this device; else auto_quant."""
+    check_choice("--quant", quant, QUANT_CHOICES)
+    if quant != "auto":
+        return quant, None
+    if sess is not None and sess.quant in QUANT_MODES and (device == "cpu" or sess.quant == "none"):
+        return sess.quant, "the mode the session was recorded with"
+    return auto_quant(device)
+
+
 @dataclass
 class Runtime:
     """A loaded chat model: the model, its tokenizer, the name sessions record and its identity hash."""
@@ -146,12 +170,13 @@ def named_model(name: str) -> Path | None:
 
 
 def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Mapping[str, Any] | None = None,
-              session_ref: str | None = None, options=None):
+              session_ref: str | None = None, options=None, quant_why: str | None = None):
     """A Chat on rt: a new one with `settings` (session_ref None), or the saved session session_ref (an id or a
     path, as tinychat.session.load reads it) continued with its recorded settings, `overrides` applied on top
     (all but the system prompt, which belongs to the recorded history). options: EngineOptions (None: defaults).
     A new chat whose overrides name no system prompt starts with the checkpoint's own where its chat template has one
-    (an imported model's: SmolLM2's "You are a helpful AI assistant named SmolLM, ..."), as the template would."""
+    (an imported model's: SmolLM2's "You are a helpful AI assistant named SmolLM, ..."), as the template would.
+    quant: a resolved mode (resolve_quant); quant_why: why `--quant auto` chose it (the chat's status says so)."""
     from . import session as S
     from .chat import Chat, ChatSettings, settings_from_session
     check_choice("--quant", quant, QUANT_MODES)
@@ -160,13 +185,16 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
         own = rt.tokenizer.chat.default_system
         if own is not None and "system_prompt" not in (overrides or {}):
             settings = replace(settings or ChatSettings(), system_prompt=own)
-        return Chat(rt.model, rt.tokenizer, settings, **kw)
-    sess = S.load(session_ref)
-    st = settings_from_session(sess)
-    for k, v in (overrides or {}).items():
-        if k != "system_prompt":
-            st = st.with_value(k, str(v))
-    return Chat.restore(sess, rt.model, rt.tokenizer, settings=st, max_len=sess.model.get("max_len"), **kw)
+        chat = Chat(rt.model, rt.tokenizer, settings, **kw)
+    else:
+        sess = S.load(session_ref)
+        st = settings_from_session(sess)
+        for k, v in (overrides or {}).items():
+            if k != "system_prompt":
+                st = st.with_value(k, str(v))
+        chat = Chat.restore(sess, rt.model, rt.tokenizer, settings=st, max_len=sess.model.get("max_len"), **kw)
+    chat.quant_auto = quant_why
+    return chat
 
 
 def open_replay_chat(rt: Runtime, sess, device: str, options=None):

@@ -425,3 +425,36 @@ async def test_the_real_backend_switches_to_the_imported_model_a_session_names(t
         await idle(pilot)
         assert app.chat.model_name == "other" and app.chat.session.id == chat.session.id
         assert app.backend.model_path == other and not notes(app, "error")
+
+
+# -- --quant auto in the app --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", SIZES)
+async def test_the_status_bar_says_what_auto_chose_and_a_session_keeps_its_mode(tmp_path, size):
+    from support import make_chat_model, tokenizer
+    from tinychat.chat import ChatSettings
+    from tinychat.engine import native
+    from tinychat.loading import load_runtime, open_chat
+    from tinychat.tui.app import TinyChatApp
+    from tinychat.tui.runtime import Backend
+    folder = tmp_path / "m"
+    make_chat_model().save_pretrained(folder)
+    tokenizer().save(folder / "tokenizer.json")
+    fp32 = open_chat(load_runtime(folder), "none", "cpu", ChatSettings(max_new=3), {})   # a session made in fp32
+    fp32.send("hello in fp32")
+    fp32.close()
+    want = "int8" if native.load() is not None else "none"
+    app = TinyChatApp(Backend(model=folder, settings=ChatSettings(max_new=3)), blink=False)
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        assert app.chat.quant == want and app.chat.quant_auto
+        bar = app.status_bar.render().plain
+        assert ("auto → fast-int8" if want == "int8" else "auto → eager fp32") in bar
+        app.open_session(fp32.session.id)
+        await idle(pilot)
+        assert app.chat.session.id == fp32.session.id and app.chat.quant == "none"
+        assert "auto → eager fp32" in app.status_bar.render().plain
+        await say(pilot, "and on")
+        assert app.chat.session.quant == "none" and app.chat.session.messages[-1].settings.get("step") is None
+        await app.run_command("/info")
+        await pilot.pause()
+        assert any("auto: the mode the session was recorded with" in n for n in notes(app))

@@ -257,8 +257,8 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         autosave = "autosave off"
         if self.chat is not None and self.chat.autosave:
             autosave = "autosaved" if st.get("turns") else "autosave on"
-        self.status_bar.update_status(model=st.get("model") or "model", mode=st.get("mode", ""),
-                                      device=st.get("device", ""), cache_tokens=st.get("cache_tokens", 0),
+        self.status_bar.update_status(model=st.get("model") or "model", mode=st.get("mode", ""), auto=st.get("auto"),
+                                      quant=st.get("quant"), device=st.get("device", ""), cache_tokens=st.get("cache_tokens", 0),
                                       max_len=st.get("max_len", 0), cache_bytes=st.get("cache_bytes", 0),
                                       autosave=autosave, **extra)
 
@@ -551,7 +551,7 @@ def history_meta(m, n_tokens: int) -> str:
     return " · ".join([plural(n_tokens, "token"), *([how] if how else []), "restored (no trace)"])
 
 
-def run_app(model: Path | None = None, quant: str = "none", device: str = "cpu", settings=None,
+def run_app(model: Path | None = None, quant: str = "auto", device: str = "cpu", settings=None,
             overrides: dict | None = None, session: str | None = None, options=None) -> int:
     """`tinychat` in a terminal: the app. Returns the exit code. options: the engine's EngineOptions."""
     app = TinyChatApp(Backend(model, quant, device, settings, overrides, session, options))

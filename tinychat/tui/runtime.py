@@ -121,34 +121,55 @@ def cache_figures(chat) -> dict:
 
 
 class Backend:
-    """How the app gets chats. `load()` (on a worker) loads the model and opens the first chat: a new one, or
-    `session` when given; `open(ref)` opens another session (or a new chat when ref is None) on the same model.
-    Chats are built with `tinychat.loading.open_chat`, the same construction as the plain mode."""
+    """How the app gets chats. `load()` (on a worker) resolves the device and opens the first chat: a new one, or
+    `session` when given; `open(ref)` opens another session (or a new chat when ref is None) on the same model,
+    loaded again only when `--quant auto` picks another mode for it (a session keeps the mode it was recorded with);
+    `switch(where, ref)` opens a session on another model. Chats are built with `tinychat.loading.open_chat`, the
+    same construction as the plain mode."""
 
     sess = None             # the recorded session a replay backend plays back (None: a chat)
 
-    def __init__(self, model: Path | None = None, quant: str = "none", device: str = "cpu", settings=None,
+    def __init__(self, model: Path | None = None, quant: str = "auto", device: str = "cpu", settings=None,
                  overrides: dict | None = None, session: str | None = None, options=None):
         self.model_path, self.quant, self.device, self.options = model, quant, device, options
         self.settings, self.overrides, self.session = settings, dict(overrides or {}), session
         self.rt: Runtime | None = None
-
-    def load_runtime(self) -> Runtime:
-        from ..loading import load_runtime, resolve_device
-        self.device = resolve_device(self.device)      # "auto" -> cpu or cuda (imports torch: on the worker)
-        return load_runtime(self.model_path, self.quant)
+        self.rt_mode: str | None = None         # the mode rt's model was loaded for (quantized in place by a chat)
 
     def load(self):
         """The first chat (loads the model)."""
-        if self.rt is None:
-            self.rt = self.load_runtime()
+        from ..loading import resolve_device
+        self.device = resolve_device(self.device)      # "auto" -> cpu or cuda (imports torch: on the worker)
         return self.open(self.session, first=True)
+
+    def mode_for(self, session_ref: str | None) -> tuple[str, str | None]:
+        """(mode, why auto chose it) for a chat on session_ref (None: a new chat); see loading.resolve_quant."""
+        from ..loading import resolve_quant
+        sess = None
+        if self.quant == "auto" and session_ref is not None:
+            from .. import session as S
+            try:
+                sess = S.load(session_ref)
+            except S.SessionError:
+                pass                                    # open_chat's own load reports it
+        return resolve_quant(self.quant, self.device, sess)
+
+    def runtime(self, path: Path | None, mode: str) -> Runtime:
+        """The model at path loaded for mode: the one held when it matches, else loaded anew."""
+        from ..loading import load_runtime
+        if self.rt is not None and self.rt_mode == mode and path == self.model_path:
+            return self.rt
+        return load_runtime(path, mode)
 
     def open(self, session_ref: str | None = None, first: bool = False):
         from ..loading import open_chat
         settings = self.settings if first or session_ref is None else None
         overrides = self.overrides if first else {}
-        return open_chat(self.rt, self.quant, self.device, settings, overrides, session_ref, self.options)
+        mode, why = self.mode_for(session_ref)
+        rt = self.runtime(self.model_path, mode)
+        chat = open_chat(rt, mode, self.device, settings, overrides, session_ref, self.options, quant_why=why)
+        self.rt, self.rt_mode = rt, mode
+        return chat
 
     def token_strings(self) -> list[str]:
         return self.rt.tokenizer.token_strings()
@@ -168,10 +189,11 @@ class Backend:
     def switch(self, where, session_ref: str):
         """Load the model at `where` (find_model's) and open session_ref on it; the loaded model is replaced only when
         both worked (a failure leaves the app on the model it had)."""
-        from ..loading import load_runtime, open_chat
-        rt = load_runtime(where, self.quant)
-        chat = open_chat(rt, self.quant, self.device, None, {}, session_ref, self.options)
-        self.rt, self.model_path = rt, where
+        from ..loading import open_chat
+        mode, why = self.mode_for(session_ref)
+        rt = self.runtime(where, mode)
+        chat = open_chat(rt, mode, self.device, None, {}, session_ref, self.options, quant_why=why)
+        self.rt, self.rt_mode, self.model_path = rt, mode, where
         return chat
 
 
@@ -184,6 +206,7 @@ class ReplayBackend(Backend):
 
     def open(self, session_ref=None, first: bool = False):
         from ..loading import open_replay_chat
+        self.rt, self.rt_mode = self.runtime(self.model_path, self.sess.quant), self.sess.quant
         return open_replay_chat(self.rt, self.sess, self.device)
 
 

@@ -1,4 +1,5 @@
-"""The status bar: model, decode mode, device, tok/s, time to first token, cache fill, autosave state."""
+"""The status bar: model, decode mode (and whether --quant auto chose it), device, tok/s, time to first token, cache
+fill, autosave state."""
 from __future__ import annotations
 
 from textual.reactive import reactive
@@ -13,7 +14,7 @@ class StatusBar(Static):
 
     state: reactive[dict] = reactive(dict, always_update=True)
 
-    FIELDS = ("model", "mode", "device", "quant", "tok_s", "ttft_ms", "cache_tokens", "max_len", "cache_bytes",
+    FIELDS = ("model", "mode", "auto", "device", "quant", "tok_s", "ttft_ms", "cache_tokens", "max_len", "cache_bytes",
               "autosave", "activity")
 
     def on_mount(self) -> None:
@@ -34,6 +35,10 @@ class StatusBar(Static):
         t.append(f" {v.get('model', '')}", style="bold")
         if "mode" in v:
             mode = v["mode"]
+            if mode == "eager" and v.get("quant") == "none":
+                mode = "eager fp32"
+            if v.get("auto"):                  # --quant auto chose it (why: /info)
+                mode = f"auto → {mode}"
             t.append_text(Text.assemble(sep, (mode, "cyan"), sep, (v.get("device", ""), "")))
         if v.get("tok_s") is not None:
             t.append_text(Text.assemble(sep, (f"{v['tok_s']:.0f} tok/s", "green")))
