@@ -58,6 +58,8 @@ def chat(ctx: typer.Context,
          system: Optional[str] = typer.Option(None, "--system", help="System prompt for a new chat."),
          max_new: Optional[int] = typer.Option(None, "--max-new", help="Most tokens per reply."),
          session: Optional[str] = typer.Option(None, "--session", "-s", help="Continue a saved session (id, its unique start, or path), on the imported model it was recorded with unless --model is given."),
+         continue_: bool = typer.Option(False, "--continue", "-c", help="Continue the most recent session (as --session with its id)."),
+         save: Optional[bool] = typer.Option(None, "--save/--no-save", help="Save the chat as a session (default: yes; for -p / -f as the save_one_shots preference says, yes unless set). --no-save writes nothing."),
          plain: bool = typer.Option(False, "--plain", help="Line mode instead of the app (automatic when piped)."),
          json_out: bool = typer.Option(False, "--json", help="With --plain: one JSON object per reply on stdout."),
          prompt: Optional[str] = typer.Option(None, "--prompt", "-p", metavar="TEXT",
@@ -87,8 +89,10 @@ def chat(ctx: typer.Context,
     from .settings import ChatSettings
     overrides = {k: v for k, v in dict(seed=seed, temperature=temperature, top_p=top_p, penalty=penalty, ban=ban,
                                        ban_reply=ban_reply, system_prompt=system, max_new=max_new).items() if v is not None}
-    settings = ChatSettings(**overrides) if session is None else None
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    session, autosave = _session_and_saving(session, continue_, save, one_shot=prompt is not None,
+                                            app=not plain and interactive)
+    settings = ChatSettings(**overrides) if session is None else None
     dev = resolve_device(device, resolve=plain or not interactive)
     tune = {}
     if threads is not None:
@@ -104,14 +108,14 @@ def chat(ctx: typer.Context,
     if not plain and interactive:   # torch and the model load on the app's worker, behind the window
         from .tui.app import run_app
         raise typer.Exit(run_app(model=model, quant=quant, device=dev, settings=settings, overrides=overrides,
-                                 session=session, options=options))
+                                 session=session, options=options, autosave=autosave))
     mode, why = resolve_quant(quant, dev, _session_for_auto(quant, session))
     rt = load_runtime(model, mode)
-    chat_ = open_chat(rt, mode, dev, settings, overrides, session, options, quant_why=why)
+    chat_ = open_chat(rt, mode, dev, settings, overrides, session, options, quant_why=why, autosave=autosave)
     from .plain import PlainREPL
 
     def restore(ref):
-        return open_chat(rt, mode, dev, None, {}, ref, options, quant_why=why)
+        return open_chat(rt, mode, dev, None, {}, ref, options, quant_why=why, autosave=autosave)
 
     repl = PlainREPL(chat_, json_out=json_out, restore=restore)
     if prompt is None:
@@ -119,6 +123,28 @@ def chat(ctx: typer.Context,
     repl.interactive = False                # one reply on stdout, notices on stderr
     r = repl.turn(lambda on_token, on_reply: chat_.send(prompt, on_token=on_token, on_reply=on_reply))
     raise typer.Exit(0 if r is not None and not repl.errors else 2)
+
+
+def _session_and_saving(session: str | None, continue_: bool, save: bool | None, one_shot: bool, app: bool):
+    """(the session to continue or None, whether to save): -c is the most recent session; the app opens it too when
+    the reopen_last preference is on (and no session was named); --save / --no-save, else for one-shots (-p, -f)
+    the save_one_shots preference, else save."""
+    from .loading import latest_session
+    from .prefs import load_prefs
+    prefs, why = load_prefs()
+    if why:
+        print(f"tinychat: note: {why}", file=sys.stderr)
+    if continue_:
+        if session is not None:
+            raise UsageError("give -c (the most recent session) or --session ID, not both")
+        session = latest_session()
+        if session is None:
+            raise UsageError("-c: no saved session to continue yet (every chat is saved; `tinychat sessions` lists "
+                             "them)")
+    elif session is None and app and prefs.reopen_last:
+        session = latest_session()
+    autosave = save if save is not None else (prefs.save_one_shots if one_shot else True)
+    return session, autosave
 
 
 def _session_for_auto(quant: str, ref: str | None):

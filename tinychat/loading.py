@@ -139,6 +139,13 @@ def load_runtime(model: Path | None, quant: str = "none") -> Runtime:
     return Runtime(m, tok, name, cached_identity(Path(path), lambda: model_identity(m)))
 
 
+def latest_session() -> str | None:
+    """The id of the most recently updated saved session (what -c continues), or None when there is none."""
+    from . import session as S
+    infos = S.list_sessions()
+    return infos[0].id if infos else None
+
+
 def model_for_session(model: Path | None, ref: str) -> Path | None:
     """--model for continuing or replaying the saved session ref: the one given; else the imported model the session
     names (`tinychat import` keeps it under the models folder by that name) when there is one; else None (the
@@ -170,17 +177,19 @@ def named_model(name: str) -> Path | None:
 
 
 def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Mapping[str, Any] | None = None,
-              session_ref: str | None = None, options=None, quant_why: str | None = None):
+              session_ref: str | None = None, options=None, quant_why: str | None = None, autosave: bool = True):
     """A Chat on rt: a new one with `settings` (session_ref None), or the saved session session_ref (an id or a
     path, as tinychat.session.load reads it) continued with its recorded settings, `overrides` applied on top
     (all but the system prompt, which belongs to the recorded history). options: EngineOptions (None: defaults).
     A new chat whose overrides name no system prompt starts with the checkpoint's own where its chat template has one
     (an imported model's: SmolLM2's "You are a helpful AI assistant named SmolLM, ..."), as the template would.
-    quant: a resolved mode (resolve_quant); quant_why: why `--quant auto` chose it (the chat's status says so)."""
+    quant: a resolved mode (resolve_quant); quant_why: why `--quant auto` chose it (the chat's status says so).
+    autosave False: nothing is written unless asked (--no-save)."""
     from . import session as S
     from .chat import Chat, ChatSettings, settings_from_session
     check_choice("--quant", quant, QUANT_MODES)
-    kw = dict(quant=quant, device=device, model_name=rt.name, model_hash=rt.identity, options=options)
+    kw = dict(quant=quant, device=device, model_name=rt.name, model_hash=rt.identity, options=options,
+              autosave=autosave)
     if session_ref is None:
         own = rt.tokenizer.chat.default_system
         if own is not None and "system_prompt" not in (overrides or {}):

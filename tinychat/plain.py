@@ -128,7 +128,9 @@ class PlainREPL:
 
     def _show(self, r: TurnResult, stream: bool) -> None:
         if self.json_out:
-            print(json.dumps(r.summary()), file=self.stdout, flush=True)
+            # the session it is saved in (the save follows this line), null with --no-save
+            summary = {**r.summary(), "session": self.chat.session.id if self.chat.autosave else None}
+            print(json.dumps(summary), file=self.stdout, flush=True)
         elif stream:
             self.stdout.write("\n")
             if r.finish != "stop":

@@ -458,3 +458,24 @@ async def test_the_status_bar_says_what_auto_chose_and_a_session_keeps_its_mode(
         await app.run_command("/info")
         await pilot.pause()
         assert any("auto: the mode the session was recorded with" in n for n in notes(app))
+
+
+# -- the app's preferences (reopen the last chat on start; saving one-shots) --------------------------------------
+@pytest.mark.parametrize("size", SIZES)
+async def test_the_preferences_are_set_in_the_settings_screen_and_saved_at_once(factory, size):
+    from tinychat.prefs import load_prefs
+    app = make_app(factory(), blink=False)
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        await pilot.press("f2")
+        await pilot.pause()
+        switch = app.screen.query_one("#pref-reopen_last")
+        switch.scroll_visible(animate=False)
+        await pilot.pause()
+        assert _inside(app, switch) and switch.value is False
+        switch.value = True
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert load_prefs()[0].reopen_last is True and load_prefs()[0].save_one_shots is True
+        assert any("reopen-last = on" in n for n in notes(app))
+        assert app.chat.settings.temperature == 0.7 and not app.state.pending_settings   # settings untouched

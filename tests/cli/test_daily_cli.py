@@ -136,3 +136,83 @@ def test_info_says_what_auto_runs_here(model_dir):
     assert facts["quant_auto"] in ("int8", "none") and facts["quant_auto_why"]
     text = _run(["info", "--model", model_dir]).stdout
     assert "--quant auto (the default)" in text
+
+
+# -- -c / --continue ------------------------------------------------------------------------------------------
+def test_continue_opens_the_most_recent_session(model_dir):
+    import time
+    assert _run(["--model", model_dir, "-p", "first chat", "--max-new", "3"]).exit_code == 0
+    time.sleep(0.02)
+    assert _run(["--model", model_dir, "-p", "second chat", "--max-new", "3"]).exit_code == 0
+    newest = S.list_sessions()[0]
+    r = _run(["--model", model_dir, "-c", "-p", "a follow-up", "--max-new", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["session"] == newest.id
+    assert [m.content for m in S.load(newest.id).messages if m.role == "user"] == ["second chat", "a follow-up"]
+    r = _run(["--model", model_dir, "--plain", "--continue", "--max-new", "3"], input="and one more\n")
+    assert r.exit_code == 0, r.output
+    assert S.load(newest.id).n_turns == 3 and len(S.list_sessions()) == 2
+
+
+def test_continue_without_a_session_or_with_one_named_is_a_one_line_error(model_dir, capsys):
+    """(main() turns the UsageError into one line on stderr and exit 2, as for every flag.)"""
+    from tinychat.cli import UsageError
+    r = _run(["--model", model_dir, "-c", "-p", "hello"])
+    assert isinstance(r.exception, UsageError) and "no saved session to continue" in str(r.exception)
+    _run(["--model", model_dir, "-p", "hello", "--max-new", "3"])
+    r = _run(["--model", model_dir, "-c", "-s", S.list_sessions()[0].id, "-p", "hello"])
+    assert isinstance(r.exception, UsageError) and "not both" in str(r.exception)
+
+
+# -- --no-save, and the session id in --json ------------------------------------------------------------------
+def test_json_carries_the_session_id_it_is_saved_in(model_dir):
+    r = _run(["--model", model_dir, "--plain", "--json", "--max-new", "3"], input="hello\nagain\n")
+    assert r.exit_code == 0, r.output
+    ids = {json.loads(line)["session"] for line in r.stdout.splitlines()}
+    (info,) = S.list_sessions()
+    assert ids == {info.id}
+
+
+def test_no_save_writes_nothing_for_p_f_and_plain(model_dir, tmp_path):
+    f = tmp_path / "msg.txt"
+    f.write_text("hello from a file")
+    for args, stdin in [(["-p", "hello"], None), (["-f", f], None), (["--plain"], "hello\nagain\n")]:
+        r = _run(["--model", model_dir, *args, "--no-save", "--json", "--max-new", "3"], input=stdin)
+        assert r.exit_code == 0, r.output
+        assert all(json.loads(line)["session"] is None for line in r.stdout.splitlines())
+    assert S.list_sessions() == []
+
+
+def test_the_save_one_shots_preference_and_the_flags_over_it(model_dir):
+    from tinychat.prefs import Prefs, save_prefs
+    save_prefs(Prefs(save_one_shots=False))
+    assert _run(["--model", model_dir, "-p", "not kept", "--max-new", "3"]).exit_code == 0
+    assert S.list_sessions() == []
+    assert _run(["--model", model_dir, "-p", "kept", "--save", "--max-new", "3"]).exit_code == 0
+    r = _run(["--model", model_dir, "--plain", "--max-new", "3"], input="a plain chat is saved\n")
+    assert r.exit_code == 0
+    assert sorted(i.title for i in S.list_sessions()) == ["a plain chat is saved", "kept"]
+
+
+def test_an_unreadable_prefs_file_is_one_note_and_the_defaults(model_dir):
+    from tinychat.prefs import load_prefs, prefs_path
+    prefs_path().parent.mkdir(parents=True, exist_ok=True)
+    prefs_path().write_text('{"save_one_shots": "no"}')
+    prefs, why = load_prefs()
+    assert prefs.save_one_shots is True and "save_one_shots must be true or false" in why
+    r = _run(["--model", model_dir, "-p", "hello", "--max-new", "3"])
+    assert r.exit_code == 0 and "note:" in r.stderr and len(S.list_sessions()) == 1
+    prefs_path().write_text("{not json")
+    assert "not read" in load_prefs()[1]
+
+
+def test_the_reopen_last_preference_opens_the_latest_session_in_the_app_only(model_dir):
+    from tinychat.cli import _session_and_saving
+    from tinychat.prefs import Prefs, save_prefs
+    _run(["--model", model_dir, "-p", "hello", "--max-new", "3"])
+    (info,) = S.list_sessions()
+    assert _session_and_saving(None, False, None, one_shot=False, app=True) == (None, True)
+    save_prefs(Prefs(reopen_last=True))
+    assert _session_and_saving(None, False, None, one_shot=False, app=True) == (info.id, True)
+    assert _session_and_saving(None, False, None, one_shot=True, app=False) == (None, True)     # not -p
+    assert _session_and_saving(None, False, False, one_shot=False, app=True) == (info.id, False)

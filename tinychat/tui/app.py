@@ -205,8 +205,9 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
                 w.alts = self.chat.alternatives(i)
                 widgets.append(w)
         if not note and not sess.n_turns and self.replay_sess is None:
+            saved = "every chat is saved" if self.chat.autosave else "--no-save: this chat is not saved; /save saves it"
             note = (f"New chat with {self.chat.model_name or 'the model'}. Enter sends, Ctrl+J adds a line, "
-                    f"F1 lists keys and commands, Ctrl+S the saved chats (every chat is saved).")
+                    f"F1 lists keys and commands, Ctrl+S the saved chats ({saved}).")
         if note:
             widgets.append(NoticeMessage(note, classes="notice"))
         if widgets:
@@ -416,7 +417,9 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
             st = st.with_value(k, v)
         values = dataclasses.asdict(st)
         note = "A new system prompt applies at once while the chat has no turns, else from the next new chat."
-        self.push_screen(SettingsScreen(values, self._check_settings, note), self._settings_done)
+        from ..prefs import load_prefs
+        prefs = dataclasses.asdict(load_prefs()[0])
+        self.push_screen(SettingsScreen(values, self._check_settings, note, prefs=prefs), self._settings_done)
 
     def _check_settings(self, changes: dict) -> str | None:
         st = self.chat.settings
@@ -428,8 +431,24 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         return None
 
     async def _settings_done(self, changes: dict | None) -> None:
+        from .screens.settings import PREF
+        prefs = {k[len(PREF):]: v == "on" for k, v in (changes or {}).items() if k.startswith(PREF)}
+        if prefs:
+            self.save_prefs(prefs)
+        changes = {k: v for k, v in (changes or {}).items() if not k.startswith(PREF)}
         if changes:
             await self.apply_settings(changes)
+
+    def save_prefs(self, changes: dict[str, bool]) -> None:
+        """Write the app's preferences (prefs.json) at once; a failure is one line, the chat goes on."""
+        from ..prefs import load_prefs, save_prefs
+        try:
+            path = save_prefs(dataclasses.replace(load_prefs()[0], **changes))
+        except OSError as e:
+            self.notify(f"preferences not saved: {e}", severity="error")
+            return
+        names = ", ".join(f"{k.replace('_', '-')} = {'on' if v else 'off'}" for k, v in changes.items())
+        self.notify(f"{names} (saved in {path})")
 
     async def apply_settings(self, changes: dict[str, str]) -> None:
         """Change settings from the next turn: at once when idle, else when the running operation ends."""
@@ -552,9 +571,10 @@ def history_meta(m, n_tokens: int) -> str:
 
 
 def run_app(model: Path | None = None, quant: str = "auto", device: str = "cpu", settings=None,
-            overrides: dict | None = None, session: str | None = None, options=None) -> int:
-    """`tinychat` in a terminal: the app. Returns the exit code. options: the engine's EngineOptions."""
-    app = TinyChatApp(Backend(model, quant, device, settings, overrides, session, options))
+            overrides: dict | None = None, session: str | None = None, options=None, autosave: bool = True) -> int:
+    """`tinychat` in a terminal: the app. Returns the exit code. options: the engine's EngineOptions. autosave
+    False: --no-save (the chats are not written unless /save is used)."""
+    app = TinyChatApp(Backend(model, quant, device, settings, overrides, session, options, autosave=autosave))
     app.run()
     return app.return_code or 0
 

@@ -130,8 +130,9 @@ class Backend:
     sess = None             # the recorded session a replay backend plays back (None: a chat)
 
     def __init__(self, model: Path | None = None, quant: str = "auto", device: str = "cpu", settings=None,
-                 overrides: dict | None = None, session: str | None = None, options=None):
+                 overrides: dict | None = None, session: str | None = None, options=None, autosave: bool = True):
         self.model_path, self.quant, self.device, self.options = model, quant, device, options
+        self.autosave = autosave                # False: --no-save
         self.settings, self.overrides, self.session = settings, dict(overrides or {}), session
         self.rt: Runtime | None = None
         self.rt_mode: str | None = None         # the mode rt's model was loaded for (quantized in place by a chat)
@@ -167,7 +168,8 @@ class Backend:
         overrides = self.overrides if first else {}
         mode, why = self.mode_for(session_ref)
         rt = self.runtime(self.model_path, mode)
-        chat = open_chat(rt, mode, self.device, settings, overrides, session_ref, self.options, quant_why=why)
+        chat = open_chat(rt, mode, self.device, settings, overrides, session_ref, self.options, quant_why=why,
+                         autosave=self.autosave)
         self.rt, self.rt_mode = rt, mode
         return chat
 
@@ -192,7 +194,8 @@ class Backend:
         from ..loading import open_chat
         mode, why = self.mode_for(session_ref)
         rt = self.runtime(where, mode)
-        chat = open_chat(rt, mode, self.device, None, {}, session_ref, self.options, quant_why=why)
+        chat = open_chat(rt, mode, self.device, None, {}, session_ref, self.options, quant_why=why,
+                         autosave=self.autosave)
         self.rt, self.rt_mode, self.model_path = rt, mode, where
         return chat
 

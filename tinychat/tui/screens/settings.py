@@ -1,5 +1,7 @@
 """The settings screen: the sampler and turn settings (as `/set`), applied from the next turn and recorded with it
-in the session. Works on plain values: the app validates them against the chat's `ChatSettings`."""
+in the session; below them the app's preferences (tinychat/prefs.py: reopen the last chat on start, save one-shots),
+which apply to every chat and are saved at once. Works on plain values: the app validates the settings against the
+chat's `ChatSettings` and writes the preferences."""
 from __future__ import annotations
 
 from typing import Callable
@@ -25,14 +27,25 @@ FIELDS: list[tuple[str, str, str]] = [
 ]
 
 
+# the app's preferences (tinychat.prefs.Prefs fields): key, label, help
+PREFS: list[tuple[str, str, str]] = [
+    ("reopen_last", "Reopen last chat", "on start, as -c"),
+    ("save_one_shots", "Save one-shots", "-p / -f chats"),
+]
+PREF = "app:"               # the prefix of a preference's key in what the screen dismisses with
+
+
 class SettingsScreen(ModalScreen[dict | None]):
-    """Dismisses with the changed settings as {key: text} (Save, Ctrl+S) or None (Esc)."""
+    """Dismisses with the changes as {key: text} (Save, Ctrl+S) or None (Esc): the settings' keys as /set takes
+    them, the preferences' as "app:NAME" ("on" / "off")."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
 
-    def __init__(self, values: dict, check: Callable[[dict], str | None] | None = None, note: str = ""):
+    def __init__(self, values: dict, check: Callable[[dict], str | None] | None = None, note: str = "",
+                 prefs: dict | None = None):
         super().__init__()
         self.values, self.check, self.note = dict(values), check, note
+        self.prefs = dict(prefs or {})
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog", id="settings"):
@@ -52,6 +65,13 @@ class SettingsScreen(ModalScreen[dict | None]):
                         yield Label(help_, classes="dim")
                 if self.note:
                     yield Static(self.note, classes="dim")
+                if self.prefs:
+                    yield Static("For every chat (saved at once, in prefs.json):", classes="dim settings-group")
+                    with Grid(id="prefs-grid", classes="settings-grid"):
+                        for key, label, help_ in PREFS:
+                            yield Label(label)
+                            yield Switch(bool(self.prefs.get(key)), id=f"pref-{key}")
+                            yield Label(help_, classes="dim")
             yield Static("", id="settings-error")
             with Horizontal(classes="buttons"):
                 yield Button("Save (Ctrl+S)", id="save", variant="primary")
@@ -74,11 +94,16 @@ class SettingsScreen(ModalScreen[dict | None]):
                 text = w.value.strip() if key != "system_prompt" else w.value
                 if text != ("" if old is None else str(old)):
                     out[key] = text
+        for key, _, _ in PREFS if self.prefs else ():
+            on = self.query_one(f"#pref-{key}", Switch).value
+            if on != bool(self.prefs.get(key)):
+                out[PREF + key] = "on" if on else "off"
         return out
 
     def action_save(self) -> None:
         ch = self.changes()
-        err = self.check(ch) if self.check is not None and ch else None
+        settings = {k: v for k, v in ch.items() if not k.startswith(PREF)}
+        err = self.check(settings) if self.check is not None and settings else None
         if err:
             self.query_one("#settings-error", Static).update(err)
             self.query_one("#settings-error").add_class("error")
