@@ -479,3 +479,113 @@ async def test_the_preferences_are_set_in_the_settings_screen_and_saved_at_once(
         assert load_prefs()[0].reopen_last is True and load_prefs()[0].save_one_shots is True
         assert any("reopen-last = on" in n for n in notes(app))
         assert app.chat.settings.temperature == 0.7 and not app.state.pending_settings   # settings untouched
+
+
+# -- errors that stay; Enter while the model loads; the edit mode; replay's footer ------------------------------
+@pytest.mark.parametrize("size", SIZES)
+async def test_a_failed_send_keeps_the_text_and_its_reason_until_the_next_action(factory, size):
+    import asyncio
+    app = make_app(factory(max_new=8), blink=False)
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        long = " ".join(["the cat sees the dog"] * 150)              # beyond the 512-token context
+        await start(pilot, long)
+        await idle(pilot)
+        assert app.prompt.text == long and app.chat.session.n_turns == 0
+        hint = app.input_box.query_one("#hint")
+        reason = _text_of(hint)
+        assert "send failed: message too long" in " ".join(reason.split()) and hint.has_class("error")
+        assert _inside(app, hint)
+        await asyncio.sleep(0.3)
+        await pilot.press("end", "x")                                 # editing the text: the reason stays
+        assert "message too long" in " ".join(_text_of(hint).split())
+        await pilot.press("escape")                                   # the next action clears it
+        await pilot.pause()
+        assert "message too long" not in _text_of(hint) and not hint.has_class("error")
+
+
+async def test_enter_while_the_model_loads_queues_the_message_and_sends_it_when_ready(factory):
+    import time
+    inner = factory(max_new=4, temperature=0.0)
+
+    def slow(ref):
+        time.sleep(1.5)
+        return inner(ref)
+    app = make_app(slow, blink=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.chat is None
+        app.prompt.load_text("hello while loading")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.prompt.text == "" and "queued" in _text_of(app.input_box.query_one("#hint"))
+        await ready(pilot)
+        await wait_for(pilot, lambda: app.chat.session.n_turns == 1 and app.busy is None, what="the queued send")
+        assert app.chat.session.messages[-2].content == "hello while loading"
+        assert "queued" not in _text_of(app.input_box.query_one("#hint"))
+
+
+async def test_esc_takes_a_queued_message_back(factory):
+    import time
+    inner = factory(max_new=4)
+
+    def slow(ref):
+        time.sleep(1.5)
+        return inner(ref)
+    app = make_app(slow, blink=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        app.prompt.load_text("never mind")
+        await pilot.press("enter")
+        await pilot.pause()
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.prompt.text == "never mind" and app.state.queued is None
+        await ready(pilot)
+        await pilot.pause(0.2)
+        assert app.chat.session.n_turns == 0
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_edit_mode_shows_on_the_input_until_it_ends(factory, size):
+    app = make_app(factory(max_new=4, temperature=0.0), blink=False)
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        await say(pilot, "first")
+        await say(pilot, "second")
+        await app.run_command("/edit 1")
+        await pilot.pause()
+        assert "editing your message 1" in app.prompt.border_title and app.prompt.has_class("editing")
+        await pilot.pause(1.0)                                         # lasting, not a toast
+        assert "editing your message 1" in app.prompt.border_title
+        await app.run_command("/edit off")
+        assert not app.prompt.border_title and not app.prompt.has_class("editing")
+        await app.run_command("/edit r2")
+        assert "editing reply 2" in app.prompt.border_title
+        app.prompt.load_text("a reply I wrote")
+        await pilot.press("enter")
+        await idle(pilot)
+        assert not app.prompt.border_title and app.chat.session.messages[-1].content == "a reply I wrote"
+        await app.run_command("/edit 1")
+        await pilot.press("ctrl+n")                                   # a new chat ends it too
+        await idle(pilot)
+        assert not app.prompt.border_title and app.state.edit_index is None
+
+
+async def test_replay_footer_offers_only_what_a_replay_does(factory, chat_model):
+    from support import make_chat
+    chat = make_chat(model=chat_model, temperature=0.0, max_new=6)
+    chat.send("hello there")
+    app = make_app(factory(), replay=chat.session, replay_speed=0, blink=False)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await wait_for(pilot, lambda: app.replay_summary is not None, what="the replay")
+        await pilot.pause()
+        keys = {k.description for k in app.screen.query("FooterKey")}
+        assert {"Stop", "Tokens", "Quit"} <= keys
+        assert not keys & {"Regen", "Undo", "New", "Sessions", "Settings"}
+        await pilot.press("ctrl+r", "ctrl+b")
+        assert app.chat.session.n_turns == 1
+    live = make_app(factory(), blink=False)
+    async with live.run_test(size=(160, 45)) as pilot:
+        await ready(pilot)
+        assert {"Regen", "Undo"} <= {k.description for k in live.screen.query("FooterKey")}

@@ -127,6 +127,16 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         return self.query_one("#prompt", PromptArea)
 
     @property
+    def input_box(self) -> PromptInput:
+        return self.query_one("#input", PromptInput)
+
+    def error_line(self, text: str) -> None:
+        """A failure the user must see: kept under the input until their next action (not a toast that goes), and
+        recorded with the notifications."""
+        self.notices.append(("error", text))
+        self.input_box.show_note(f"✗ {text}  (the next action clears this)")
+
+    @property
     def inspector(self) -> Inspector:
         return self.query_one("#inspector", Inspector)
 
@@ -170,6 +180,10 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
             await self._show_history(msg.note)
         self._update_status(msg.status, activity="")
         self._freeze_startup_objects()
+        if self.state.queued is not None and self.replay_sess is None:    # Enter while the model loaded
+            text, self.state.queued = self.state.queued, None
+            self.input_box.clear_note()
+            await self.send(text)
         if self.replay_sess is not None:
             self._set_busy(Busy.REPLAY)
             self.status_bar.update_status(activity=f"replay ×{self.replay_speed:g}" if self.replay_speed
@@ -181,6 +195,7 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         view = self.view
         await view.clear()
         self.state.current = None
+        self.end_edit()                          # the view (and the messages' places) changed under it
         sess = self.chat.session
         tok = self.chat.tok
         widgets = []
@@ -280,11 +295,18 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
             self.status_bar.update_status(model="no model", activity="load failed")
             self.notify(self.load_error, severity="error", timeout=10)
             self.state.busy = None
+            if self.state.queued is not None:              # a message queued for the model: back to the input
+                self.prompt.restore(self.state.queued)
+                self.state.queued = None
+                self.input_box.clear_note()
             return
         kind = self.busy
         if kind is Busy.OPEN and self._offer_model(err):
             return
-        self.notify(f"{kind.value if kind else name} failed: {text}", severity="error", timeout=8)
+        if name == "replay":
+            self.notify(f"replay failed: {text}", severity="error", timeout=8)
+        else:
+            self.error_line(f"{kind.value if kind else name} failed: {text}")
         if name == "replay":
             with self._idle_after():
                 self.status_bar.update_status(activity="replay failed")
@@ -323,6 +345,7 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         self.notify(f"copied the last reply ({len(text):,} characters)")
 
     def action_new_chat(self) -> None:
+        self.input_box.clear_note()
         if not self._can_run("start a new chat"):
             return
         self._set_busy(Busy.NEW)
@@ -338,6 +361,15 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         if self.inspector_pref is None:
             for ins in self.query("#inspector"):            # none before the first compose
                 ins.display = event.size.width >= WIDE
+
+    REPLAY_OFF = frozenset({"regenerate", "undo", "new_chat", "sessions", "settings", "next_alt", "prev_alt"})
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """A replay's footer and keys leave out what a replay cannot do (regenerate, undo, a new chat, sessions,
+        settings, alternatives): fixed for the app's life, so the footer is composed once."""
+        if self.replay_sess is not None and action in self.REPLAY_OFF:
+            return False
+        return True
 
     def action_help_quit(self) -> None:
         """Ctrl+C (Textual's binding when no selected text is there to copy): stops a reply or a replay, as Esc
@@ -470,6 +502,7 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
 
     # -- sessions -------------------------------------------------------------------------------------------------
     def action_sessions(self) -> None:
+        self.input_box.clear_note()
         if not self._can_run("open the sessions"):
             return
         cur = self.chat.session.id if self.chat.session.n_turns else None
@@ -492,6 +525,7 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
             self.open_session(sid)
 
     def open_session(self, sid: str) -> None:
+        self.input_box.clear_note()
         if not self._can_run("open a session"):
             return
         if self.chat.session.id == sid:

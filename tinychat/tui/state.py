@@ -66,6 +66,7 @@ class ChatState:
     job_text: str = ""                              # the message being sent (back to the input if the turn fails)
     pending_settings: dict[str, str] = field(default_factory=dict)   # applied when the running operation ends
     edit_index: int | None = None                   # /edit: the user message the next send replaces (a new branch)
+    queued: str | None = None                       # a message sent while the model loads: sent once it is ready
     edit_at: int = 0                                # the edit being sent (read by the worker)
     inspected: tuple[AssistantMessage, int] | None = None   # the reply and token the inspector shows (token view)
     fork_at: tuple[int, int, int | str] | None = None       # the fork running: (reply index, position, token)

@@ -30,10 +30,19 @@ class TurnsMixin:
 
     # -- sending --------------------------------------------------------------------------------------------------
     async def on_prompt_area_submitted(self, event: PromptArea.Submitted) -> None:
+        self.input_box.clear_note()
         text = event.text
         if text.lstrip().startswith("/") and "\n" not in text.strip():
             event.area.clear_input()
             await self.run_command(text.strip())
+            return
+        if self.chat is None and not self.load_error and self.replay_sess is None:
+            if self.state.queued is not None:
+                self.notify("a message is already queued: it goes when the model is loaded", severity="warning")
+                return
+            self.state.queued = text                 # Enter while the model loads: sent once it is ready
+            event.area.clear_input()
+            self.input_box.show_note("queued: sent as soon as the model is loaded (Esc takes it back)", error=False)
             return
         if not self._can_run("send"):
             return
@@ -47,7 +56,7 @@ class TurnsMixin:
         """/edit [N]: your Nth message (default the last) into the input; the next send replaces it as a new branch.
         /edit off leaves that mode."""
         if args == ["off"]:
-            self.state.edit_index = None
+            self.end_edit()
             self.notify("editing off: Enter sends a new message")
             return
         if self.chat is not None and self.busy is not None and self.busy.decoding:
@@ -70,15 +79,24 @@ class TurnsMixin:
             return
         self.state.edit_index = at[n - 1]
         self.prompt.set_input(self.chat.session.messages[at[n - 1]].content)
+        self.input_box.set_mode(f" editing your message {n} · Enter: a new branch from it · /edit off cancels "
+                                if not reply else
+                                f" editing reply {n} · Enter keeps it as written · /edit off cancels ")
         self.notify(f"editing message {n}: Enter sends it as a new branch from there (/edit off: cancel)" if not reply
                     else f"editing reply {n}: Enter keeps it as written, a new branch you continue from "
                          f"(/edit off: cancel)")
+
+    def end_edit(self) -> None:
+        """Leave /edit's mode (Enter sends a new message again)."""
+        self.state.edit_index = None
+        self.input_box.set_mode(None)
 
     async def send_edit(self, text: str) -> None:
         """Send `text` in place of the message /edit opened; the view drops that message and what followed it."""
         if not self._can_run("send"):
             return
-        index, self.state.edit_index = self.state.edit_index, None
+        index = self.state.edit_index
+        self.end_edit()
         if self.chat.session.messages[index].role == "assistant":
             self._alt_what = "reply"
             self._set_busy(Busy.ALT)            # no decoding: the view is rebuilt when it is done
@@ -257,6 +275,13 @@ class TurnsMixin:
                 await w.remove()
 
     def action_stop(self) -> None:
+        self.input_box.clear_note()
+        if self.state.queued is not None:              # a message queued while the model loads: back to the input
+            text, self.state.queued = self.state.queued, None
+            if not self.prompt.text:
+                self.prompt.restore(text)
+            self.notify("took the queued message back")
+            return
         if self.busy in (Busy.SEND, Busy.REGEN, Busy.EDIT, Busy.FORK) and self.chat is not None:
             self.chat.cancel()
             self.status_bar.update_status(activity="stopping…")
@@ -265,6 +290,7 @@ class TurnsMixin:
             self.status_bar.update_status(activity="stopping replay…")
 
     async def action_regenerate(self) -> None:
+        self.input_box.clear_note()
         if not self._can_run("regenerate"):
             return
         if not self.chat.session.n_turns:
@@ -285,6 +311,7 @@ class TurnsMixin:
     def switch_alt(self, which: str, index: int | None = None) -> None:
         """Show another alternative of a reply (default: the last one): "next", "prev" or a 1-based number. Checked
         here first, so a bad number or a switch while a reply streams is one line and changes nothing."""
+        self.input_box.clear_note()
         if self.chat is not None and self.busy is not None and self.busy.decoding:
             self.notify("wait for the reply to finish (Esc stops it), then switch alternatives", severity="error")
             return
@@ -309,6 +336,7 @@ class TurnsMixin:
         self._job_alt(self.chat, which, index)
 
     def action_undo(self) -> None:
+        self.input_box.clear_note()
         if not self._can_run("undo"):
             return
         if not self.chat.session.n_turns:
@@ -327,6 +355,7 @@ class TurnsMixin:
     async def _show_job(self, msg: JobDone) -> None:
         """What a finished job (not a turn) changes in the view, and says."""
         if msg.kind is Busy.UNDO:
+            self.end_edit()                         # the message it named may be gone
             await self._trim_to_session()
             if not self.prompt.text:
                 self.prompt.restore(msg.value)

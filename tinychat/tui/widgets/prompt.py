@@ -10,6 +10,7 @@ from textual import events
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.message import Message
+from textual.content import Content
 from textual.widgets import Static, TextArea
 
 from ...textin import count_lines, lf
@@ -154,15 +155,42 @@ class PromptArea(TextArea):
 
 
 class PromptInput(Vertical):
-    """The editor and its hint line."""
+    """The editor and its hint line. The line shows the command hints as the text changes, except while it holds a
+    message that must stay in view until the next action (`show_note`: a failed send's reason, a message queued
+    while the model loads); the editor's border title says when Enter sends an edit (`set_mode`)."""
 
     def compose(self) -> ComposeResult:
         yield PromptArea(id="prompt")
         yield Static(commands.hint(""), id="hint")
 
+    def on_mount(self) -> None:
+        self.note: str | None = None
+
     @property
     def area(self) -> PromptArea:
         return self.query_one(PromptArea)
 
+    def show_note(self, text: str, error: bool = True) -> None:
+        """Keep `text` in the hint line (red when an error) until clear_note()."""
+        self.note = text
+        hint = self.query_one("#hint", Static)
+        hint.update(Content(text))
+        hint.set_class(error, "error")
+        hint.set_class(not error, "queued")
+
+    def clear_note(self) -> None:
+        if getattr(self, "note", None) is None:
+            return
+        self.note = None
+        hint = self.query_one("#hint", Static)
+        hint.remove_class("error", "queued")
+        hint.update(commands.hint(self.area.text))
+
+    def set_mode(self, title: str | None) -> None:
+        """The editor's border title (None: none) and its edit-mode look."""
+        self.area.border_title = title
+        self.area.set_class(title is not None, "editing")
+
     def on_text_area_changed(self, event: TextArea.Changed) -> None:
-        self.query_one("#hint", Static).update(commands.hint(event.text_area.text))
+        if getattr(self, "note", None) is None:
+            self.query_one("#hint", Static).update(commands.hint(event.text_area.text))
