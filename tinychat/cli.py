@@ -2,6 +2,7 @@
 torch, the engine and Textual are imported inside the commands, so `tinychat --help` is instant."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -39,6 +40,37 @@ def _model_arg(value: Optional[Path]) -> Optional[Path]:
 
 def _debug() -> bool:
     return bool(os.environ.get("TINYCHAT_DEBUG"))
+
+
+def _stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+@contextlib.contextmanager
+def _progress(title: str):
+    """A long command's progress: a transient line on stderr (spinner, what runs now, a bar where the total is known,
+    the time so far) while stderr is a terminal; None otherwise (pipes and logs get the results only). Yields
+    update(done, total, what) and, as the second item, echo(line) for stdout lines printed meanwhile (above the bar
+    when stdout is the same terminal)."""
+    if not _stderr_is_terminal():
+        yield None, typer.echo
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True, redirect_stdout=False,
+                  redirect_stderr=False) as bar:
+        task = bar.add_task(title, total=None)
+
+        def update(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total or None, description=f"{title}: {what}")
+
+        def echo(line: str) -> None:
+            if sys.stdout.isatty():
+                bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            else:
+                typer.echo(line)
+        yield update, echo
 
 
 @app.callback(invoke_without_command=True)
@@ -405,11 +437,13 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved s
         runtimes: dict = {}           # each session on the model it names (--model: all on that one), loaded once
 
         def replay_chat(sess):
-            m = model if model is not None else session_model(sess)
+            m = model if model is not None else session_model(sess)     # (loading shows as the session's start)
             if m not in runtimes:
                 runtimes[m] = load_runtime(m)
             return open_replay_chat(runtimes[m], sess, dev)
-        raise typer.Exit(check_folder(Path(ref), replay_chat, typer.echo, json_out))
+        with _progress("replay --check") as (progress, echo):
+            code = check_folder(Path(ref), replay_chat, echo, json_out, progress)
+        raise typer.Exit(code)
     if json_out:
         raise UsageError("--json goes with a folder and --check")
     sess = S.load(ref)
@@ -419,7 +453,6 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved s
         raise typer.Exit(run_replay(sess, model=model, device=dev, speed=speed))
     from .replay import replay_tree
     from .replay_check import branch_lines
-    chat_ = open_replay_chat(load_runtime(model), sess, dev)
     many = bool(sess.branches)
 
     def on_turn(label, t):
@@ -427,7 +460,13 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved s
             status = "exact" if t.divergence is None else "DIVERGES"
             typer.echo(f"{label + ': ' if many else ''}turn {t.turn}: {len(t.recorded)} tokens, {status}")
 
-    results = replay_tree(chat_, sess, on_turn=on_turn)
+    # --check is silent until its report: say how far it is (loading a model and checking a session can take a
+    # minute); without it each turn's line is the progress
+    with _progress("replay --check") if check else contextlib.nullcontext((None, typer.echo)) as (progress, _):
+        if progress is not None:
+            progress(0, 0, "loading the model")
+        chat_ = open_replay_chat(load_runtime(model), sess, dev)
+        results = replay_tree(chat_, sess, on_turn=on_turn, progress=progress)
     from .textsafe import plural, safe_line
     if not many:                            # one path: the report as before
         report = results[0].report
@@ -499,7 +538,8 @@ def import_(src: Path = typer.Argument(..., metavar="SRC", help="A Hugging Face 
     The result goes under the data folder and opens with `tinychat --model NAME`. Mixture-of-experts, sliding-window
     and other architectures the engine cannot run are refused with the reason."""
     from .importer import import_model
-    dest = import_model(src, name=name, context=context, dtype=dtype, force=force)
+    with _progress(f"import {src.name}") as (progress, _):
+        dest = import_model(src, name=name, context=context, dtype=dtype, force=force, progress=progress)
     typer.echo(f"imported {src} as {dest.name} ({dest})\nchat with: tinychat --model {dest.name}")
 
 

@@ -129,14 +129,30 @@ class BranchReplay:
     report: ReplayReport
 
 
-def replay_tree(chat: Chat, sess: S.Session, on_turn=None) -> list[BranchReplay]:
+def replay_tree(chat: Chat, sess: S.Session, on_turn=None, progress=None) -> list[BranchReplay]:
     """Replay every root-to-leaf path of `sess` (the active path first), each as a session of its own on the same
-    chat. on_turn(label, TurnReplay) after each turn."""
+    chat. on_turn(label, TurnReplay) after each turn; progress(done, total, what) before the first turn and after
+    each one, counting the turns of every path (a turn shared by two paths counts in each: each replays it)."""
     out = []
-    for path in T.paths(sess):
+    paths = T.paths(sess)
+    total = sum(sum(m.role == "user" for m in path) for path in paths)
+    done = 0
+
+    def tick(what: str) -> None:
+        if progress is not None:
+            progress(done, total, what)
+    tick("replaying")
+    for i, path in enumerate(paths):
         label = T.describe_path(sess, path)
         one = dataclasses.replace(sess, messages=list(path), branches=[])
-        cb = None if on_turn is None else (lambda t, _label=label: on_turn(_label, t))
+        where = f"branch {i + 1}/{len(paths)}, " if len(paths) > 1 else ""
+
+        def cb(t, _label=label, _where=where):
+            nonlocal done
+            done += 1
+            tick(f"{_where}turn {t.turn}")
+            if on_turn is not None:
+                on_turn(_label, t)
         out.append(BranchReplay(label, replay(chat, one, on_turn=cb)))
     return out
 

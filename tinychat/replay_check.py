@@ -40,17 +40,22 @@ def summary(session_id: str, results: list[BranchReplay]) -> dict:
 
 
 def check_folder(folder: Path, open_chat: Callable[[S.Session], object], echo: Callable[[str], None],
-                 json_out: bool = False) -> int:
-    """Check every session file in `folder` (open_chat(session) -> a fresh replay Chat); returns the exit code."""
+                 json_out: bool = False, progress=None) -> int:
+    """Check every session file in `folder` (open_chat(session) -> a fresh replay Chat); returns the exit code.
+    progress(done, total, what): sessions done of all, what names the session and its turn."""
     code = 0
     files = sorted(p for p in Path(folder).glob("*.json") if not p.name.startswith("."))
     if not files:
         echo(json.dumps({"error": f"{folder}: no session files"}) if json_out else f"{folder}: no session files")
         return 2
-    for path in files:
+    for n, path in enumerate(files):
+        def turns(done, total, what, _n=n, _stem=path.stem):
+            if progress is not None:
+                progress(_n, len(files), f"session {_n + 1}/{len(files)} {_stem}: {what} ({done}/{total} turns)")
         try:
+            turns(0, 0, "loading")
             sess = S.load(path)
-            results = replay_tree(open_chat(sess), sess)
+            results = replay_tree(open_chat(sess), sess, progress=turns)
         except (S.SessionError, ChatError, ValueError, RuntimeError, OSError) as e:
             msg = " ".join(str(e).split()) or type(e).__name__
             echo(json.dumps({"session": path.stem, "error": msg}) if json_out else safe_line(f"{path.stem}: error: {msg}"))
@@ -68,4 +73,6 @@ def check_folder(folder: Path, open_chat: Callable[[S.Session], object], echo: C
             d = s["differs"]
             echo(safe_line(f"{sess.id}: DIFFERS branch {d['branch']}, turn {d['turn']}, token {d['position']}: "
                            f"recorded {d['recorded']}, replayed {d['replayed']}"))
+    if progress is not None:
+        progress(len(files), len(files), "done")
     return code

@@ -216,3 +216,65 @@ def test_the_reopen_last_preference_opens_the_latest_session_in_the_app_only(mod
     assert _session_and_saving(None, False, None, one_shot=False, app=True) == (info.id, True)
     assert _session_and_saving(None, False, None, one_shot=True, app=False) == (None, True)     # not -p
     assert _session_and_saving(None, False, False, one_shot=False, app=True) == (info.id, False)
+
+
+# -- progress of the long commands --------------------------------------------------------------------------------
+def test_replay_tree_reports_progress_per_turn_of_every_branch():
+    from support import make_chat
+    from tinychat.replay import replay_tree
+    chat = make_chat(max_new=5, seed=2)
+    chat.send("hello there")
+    chat.send("why the cat?")
+    chat.regenerate()                                   # two paths: 2 turns each
+    calls = []
+    replay_tree(make_chat(autosave=False), S.load(chat.session.id), progress=lambda *a: calls.append(a))
+    assert [c[:2] for c in calls] == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
+    assert calls[1][2] == "branch 1/2, turn 1" and calls[-1][2] == "branch 2/2, turn 2"
+
+
+def test_check_folder_reports_progress_per_session(tmp_path):
+    from support import make_chat
+    from tinychat.replay_check import check_folder
+    for q in ("hello", "the cat"):
+        make_chat(max_new=4, seed=3).send(q)
+    calls, lines = [], []
+    code = check_folder(S.list_sessions()[0].path.parent, lambda sess: make_chat(autosave=False), lines.append,
+                        progress=lambda *a: calls.append(a))
+    assert code == 0 and len(lines) == 2
+    assert calls[0][:2] == (0, 2) and calls[-1] == (2, 2, "done")
+    assert any("session 2/2" in c[2] and "(1/1 turns)" in c[2] for c in calls)
+
+
+def test_import_reports_its_stages(tmp_path):
+    import sys
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "unit"))
+    from test_llama_import import VARIANTS, _weights, write_hf
+    from tinychat.importer import import_model
+    cfg = VARIANTS["llama-tied"]
+    src = write_hf(tmp_path / "Staged", cfg, _weights(cfg))
+    calls = []
+    import_model(src, progress=lambda *a: calls.append(a))
+    assert [c[0] for c in calls] == [0, 1, 2, 3] and all(c[1] == 3 for c in calls)
+    assert calls[0][2] == "reading the weights" and calls[-1][2] == "done"
+
+
+def test_the_cli_shows_progress_on_a_terminal_for_replay_check_and_import(model_dir, tmp_path, monkeypatch):
+    import contextlib
+
+    import tinychat.cli as cli
+    seen = []
+
+    @contextlib.contextmanager
+    def recording(title):
+        yield (lambda done, total, what: seen.append((title, done, total, what))), cli.typer.echo
+    monkeypatch.setattr(cli, "_progress", recording)
+    _run(["--model", model_dir, "--plain", "--max-new", "4"], input="hello\nthe cat\n")
+    (info,) = S.list_sessions()
+    r = _run(["replay", info.id, "--check", "--model", model_dir])
+    assert r.exit_code == 0, r.output
+    assert [s[1:3] for s in seen] == [(0, 0), (0, 2), (1, 2), (2, 2)] and seen[0][0] == "replay --check"
+    assert seen[0][3] == "loading the model"
+    seen.clear()
+    r = _run(["replay", str(info.path.parent), "--check", "--model", model_dir])
+    assert r.exit_code == 0 and seen[-1][1:] == (1, 1, "done")
+    assert not cli._stderr_is_terminal()                # under test: no bar, nothing but the results on stderr

@@ -40,11 +40,18 @@ def default_name(src: Path) -> str:
     return name[:80]
 
 
+STAGES = ("reading the weights", "converting", "writing the model folder")
+
+
 def import_model(src, name: str | None = None, context: int | None = None, dtype: str = "float32",
-                 force: bool = False) -> Path:
+                 force: bool = False, progress=None) -> Path:
     """Import src as a tinychat model named `name` (default: from the source's file / folder name). Returns its
     folder. ImportRefused (one line) for anything it cannot import; FileExistsError-like refusal when the name is
-    taken (unless force)."""
+    taken (unless force). progress(done, total, what): called as each of STAGES starts and when all are done (an
+    import of SmolLM2-135M's GGUF spends ~10-20 s in each of the first two on a 2-vCPU host)."""
+    def stage(i: int) -> None:
+        if progress is not None:
+            progress(i, len(STAGES), STAGES[i] if i < len(STAGES) else "done")
     src = Path(src).expanduser()
     try:
         name = check_name(name or default_name(src))
@@ -57,6 +64,7 @@ def import_model(src, name: str | None = None, context: int | None = None, dtype
     dest = model_path(name)
     if dest.exists() and not force:
         raise ImportRefused(f"a model named {name!r} exists already ({dest}); pick another --name or add --force")
+    stage(0)
     cfg, tensors, tok_text, template, stops = read_source(src)
     from .llama import build_config, build_model
     build_config(cfg, tensors, context, name)            # refuse unsupported architectures before any heavy work
@@ -68,6 +76,7 @@ def import_model(src, name: str | None = None, context: int | None = None, dtype
     # the checkpoint's own parameter count (what its card says: SmolLM2-135M, 134.5M): a tied head counted once, as
     # the source holds it (the stored model has it untied, and norm gains folded, so model.num_params() is not it)
     params = sum(t.numel() for k, t in tensors.items() if not k.endswith("rotary_emb.inv_freq"))
+    stage(1)
     model = build_model(cfg, tensors, context, name)
     if tok.vocab_size > model.cfg.vocab_size:
         raise ImportRefused(f"tokenizer has {tok.vocab_size} tokens, the model's embedding only {model.cfg.vocab_size}")
@@ -79,6 +88,7 @@ def import_model(src, name: str | None = None, context: int | None = None, dtype
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
+    stage(2)
     try:
         model.save_pretrained(tmp, dtype=DTYPES[dtype])
         atomic_write(tmp / TOKENIZER_FILE, lambda t: t.write_text(tok_text, encoding="utf-8"))
@@ -95,4 +105,5 @@ def import_model(src, name: str | None = None, context: int | None = None, dtype
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    stage(len(STAGES))
     return dest
