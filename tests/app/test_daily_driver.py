@@ -448,11 +448,13 @@ async def test_the_status_bar_says_what_auto_chose_and_a_session_keeps_its_mode(
         await ready(pilot)
         assert app.chat.quant == want and app.chat.quant_auto
         bar = app.status_bar.render().plain
-        assert ("auto → fast-int8" if want == "int8" else "auto → eager fp32") in bar
+        wide = size[0] >= 100                           # the compact line below 100 columns
+        names = {"int8": ("auto → fast-int8", "auto:int8"), "none": ("auto → eager fp32", "auto:eager fp32")}
+        assert names[want][0 if wide else 1] in bar
         app.open_session(fp32.session.id)
         await idle(pilot)
         assert app.chat.session.id == fp32.session.id and app.chat.quant == "none"
-        assert "auto → eager fp32" in app.status_bar.render().plain
+        assert names["none"][0 if wide else 1] in app.status_bar.render().plain
         await say(pilot, "and on")
         assert app.chat.session.quant == "none" and app.chat.session.messages[-1].settings.get("step") is None
         await app.run_command("/info")
@@ -589,3 +591,18 @@ async def test_replay_footer_offers_only_what_a_replay_does(factory, chat_model)
     async with live.run_test(size=(160, 45)) as pilot:
         await ready(pilot)
         assert {"Regen", "Undo"} <= {k.description for k in live.screen.query("FooterKey")}
+
+
+async def test_the_status_bar_keeps_what_matters_within_80_columns(factory):
+    app = make_app(factory(max_new=3), blink=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        app.status_bar.update_status(model="default", mode="fast-int8", auto="the native int8 kernels run here",
+                                     quant="int8", device="cpu", tok_s=84.0, ttft_ms=4732.0, cache_tokens=1170,
+                                     max_len=2048, cache_bytes=3 << 20, autosave="autosaved")
+        await pilot.pause()
+        bar = _text_of(app.status_bar)
+        assert bar.strip() == "default │ auto:int8 │ 84 tok/s │ TTFT 4.7 s │ cache 1170/2048 │ autosaved"
+        app.status_bar.update_status(activity="generating… (Esc stops)")
+        await pilot.pause()
+        assert "generating… (Esc stops)" in _text_of(app.status_bar)

@@ -28,27 +28,41 @@ class StatusBar(Static):
         self.values.update({k: v for k, v in values.items() if k in self.FIELDS})
         self.state = dict(self.values)
 
+    NARROW = 100        # below this many columns: the compact line (no device, no cache bytes, the activity early)
+
     def render(self) -> Text:
         v = self.values
+        narrow = 0 < self.size.width < self.NARROW
         t = Text(no_wrap=True, overflow="ellipsis")
         sep = (" │ ", "dim")
         t.append(f" {v.get('model', '')}", style="bold")
         if "mode" in v:
             mode = v["mode"]
+            if narrow:
+                mode = mode.removeprefix("fast-")            # int8, bf16, eager, graph
             if mode == "eager" and v.get("quant") == "none":
                 mode = "eager fp32"
             if v.get("auto"):                  # --quant auto chose it (why: /info)
-                mode = f"auto → {mode}"
-            t.append_text(Text.assemble(sep, (mode, "cyan"), sep, (v.get("device", ""), "")))
+                mode = f"auto:{mode}" if narrow else f"auto → {mode}"
+            t.append_text(Text.assemble(sep, (mode, "cyan")))
+            if not narrow:
+                t.append_text(Text.assemble(sep, (v.get("device", ""), "")))
+        if narrow and v.get("activity"):        # what runs now matters more than the figures that follow
+            t.append_text(Text.assemble(sep, (v["activity"], "bold yellow")))
         if v.get("tok_s") is not None:
             t.append_text(Text.assemble(sep, (f"{v['tok_s']:.0f} tok/s", "green")))
         if v.get("ttft_ms") is not None:
-            t.append_text(Text.assemble(sep, f"TTFT {v['ttft_ms']:.0f} ms"))
+            ms = v["ttft_ms"]
+            t.append_text(Text.assemble(sep, f"TTFT {ms / 1000:.1f} s" if narrow and ms >= 1000 else
+                                        f"TTFT {ms:.0f} ms"))
         if "cache_tokens" in v:
-            t.append_text(Text.assemble(sep, f"cache {v['cache_tokens']}/{v.get('max_len', '?')} · "
-                                             f"{size(v.get('cache_bytes', 0))}"))
+            fill = f"cache {v['cache_tokens']}/{v.get('max_len', '?')}"
+            t.append_text(Text.assemble(sep, fill if narrow else f"{fill} · {size(v.get('cache_bytes', 0))}"))
         if v.get("autosave"):
             t.append_text(Text.assemble(sep, (v["autosave"], "dim")))
-        if v.get("activity"):
+        if not narrow and v.get("activity"):
             t.append_text(Text.assemble(sep, (v["activity"], "bold yellow")))
         return t
+
+    def on_resize(self) -> None:
+        self.refresh()
