@@ -68,7 +68,9 @@ async def test_opening_another_session_never_shows_this_chats_figures(factory, c
         assert "tok/s" in mine.meta and mine.stats is not None
         app.open_session(other.session.id)
         await idle(pilot)
+        await pilot.pause(0.1)
         assert app.chat.session.id == other.session.id
+        assert app.inspector.rendered.plain.startswith("Send a message")     # not a token of the view's replies
         [shown] = app.view.replies()
         n = len(shown.tokens)
         assert shown.meta == f"{n} token{'s' if n != 1 else ''} · cut off at max-new · restored (no trace)" \

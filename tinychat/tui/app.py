@@ -410,6 +410,8 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         self.switch_alt("next", msg.message.index)
 
     def on_token_view_selected(self, msg: TokenView.Selected) -> None:
+        if not msg.view.display:        # a hidden view's first cursor (every reply mounted from a session posts one)
+            return
         reply = next((r for r in self.view.replies() if r.token_view is msg.view), None)
         if reply is None or not reply.tokens:
             return

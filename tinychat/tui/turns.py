@@ -79,9 +79,8 @@ class TurnsMixin:
             return
         self.state.edit_index = at[n - 1]
         self.prompt.set_input(self.chat.session.messages[at[n - 1]].content)
-        self.input_box.set_mode(f" editing your message {n} · Enter: a new branch from it · /edit off cancels "
-                                if not reply else
-                                f" editing reply {n} · Enter keeps it as written · /edit off cancels ")
+        self.input_box.set_mode(f" editing your message {n} · Enter: new branch · /edit off: cancel "
+                                if not reply else f" editing reply {n} · Enter: keep as written · /edit off: cancel ")
         self.notify(f"editing message {n}: Enter sends it as a new branch from there (/edit off: cancel)" if not reply
                     else f"editing reply {n}: Enter keeps it as written, a new branch you continue from "
                          f"(/edit off: cancel)")
