@@ -163,7 +163,10 @@ async def test_sessions_screen_and_its_delete_confirmation_fit(factory, size):
         assert isinstance(app.screen, ConfirmDialog)
         dialog = app.screen.query_one(".dialog")
         assert _inside(app, dialog)
-        assert "Delete" in _text_of(app.screen.query_one("Label"))
+        question = app.screen.query_one("Label")
+        assert _inside(app, question)
+        shown = " ".join(_text_of(question).split())                  # wrapped, every word of it in view
+        assert shown.startswith("Delete “a chat with a rather long") and shown.endswith("is saved again at its next turn)?")
         for button in ("#yes", "#no"):
             assert _inside(app, app.screen.query_one(button))
 
@@ -359,7 +362,9 @@ async def test_opening_another_models_session_offers_that_model_and_opens_it(fac
         app.prompt.load_text(f"/load {sid}")
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the offer")
-        assert "'smollm2'" in _text_of(app.screen.query_one("Label")) and not notes(app, "error")
+        assert _inside(app, app.screen.query_one("Label"))            # wrapped in the dialog, not cut
+        offer = " ".join(_text_of(app.screen.query_one("Label")).split())
+        assert "'smollm2'" in offer and offer.endswith("(this chat stays saved)") and not notes(app, "error")
         assert _inside(app, app.screen.query_one(".dialog"))
         await pilot.press("y")
         await idle(pilot)

@@ -559,7 +559,11 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         self._set_busy(None)
         self.status_bar.update_status(activity="")
         sid, name = err.session_id, err.model_name
-        current = self.chat.model_name if self.chat is not None else "the current model"
+
+        def called(n: str | None) -> str:
+            return "the shipped model" if n == "default" else f"the model {n!r}" if n else "the current model"
+        current = called(self.chat.model_name if self.chat is not None else None)
+        kept = " (this chat stays saved)" if self.chat is not None and self.chat.session.n_turns else ""
 
         def answer(yes: bool | None) -> None:
             if not yes:
@@ -570,9 +574,8 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
             self._set_busy(Busy.OPEN)
             self.status_bar.update_status(activity=f"loading {name}…")
             self._job_switch(where, sid)
-        what = "the shipped model" if name == "default" else f"the model {name!r}"
-        self.push_screen(ConfirmDialog(f"Session {sid} was recorded with {what}, not with {current!r}. "
-                                       f"Switch to it and open the session? (this chat stays saved)"), answer)
+        self.push_screen(ConfirmDialog(f"Session {sid} was recorded with {called(name)}, not with {current}. "
+                                       f"Switch to it and open the session?{kept}"), answer)
         return True
 
     def _freeze_startup_objects(self) -> None:
