@@ -82,6 +82,18 @@ async def test_opening_another_session_never_shows_this_chats_figures(factory, c
         assert "this turn" not in line
 
 
+def test_a_replys_record_is_recalled_for_that_reply_only():
+    """Message ids count from 1 in every session (a deleted session's reply 3 and a new chat's reply 3): a record
+    answers for its session id, message id and tokens together."""
+    from tinychat.tui.state import ChatState
+    st = ChatState()
+    st.remember("s1", 3, [5, 6, 7], {0: "trace"}, "counters", "80 tokens · 30 tok/s")
+    assert st.recall("s1", 3, [5, 6, 7]) == ({0: "trace"}, "counters", "80 tokens · 30 tok/s")
+    assert st.recall("s2", 3, [5, 6, 7]) is None                  # another session's message 3
+    assert st.recall("s1", 3, [5, 6]) is None                     # the same place, another reply
+    assert st.recall("s1", 5, [5, 6, 7]) is None
+
+
 async def test_a_reply_written_with_edit_says_so(factory):
     app = make_app(factory(temperature=0.0, max_new=6), blink=False)
     async with app.run_test(size=(80, 24)) as pilot:

@@ -99,7 +99,7 @@ def test_continuing_or_renaming_an_older_exported_copy_is_refused_and_the_newer_
 
 def test_plain_mode_shows_every_reply_and_warns_once_per_turn_when_saves_fail(model_dir, tmp_path):
     home = tmp_path / "home"
-    home.mkdir()
+    home.mkdir(exist_ok=True)                                       # (it may hold the shared kernel builds)
     (tmp_path / "a-file").write_text("not a folder")
     (home / "sessions").symlink_to(tmp_path / "a-file")
     rc, out, err = tc("--model", model_dir, "--plain", "--json", "--max-new", "6", "--seed", "3",
