@@ -72,6 +72,7 @@ class Chat(BranchesMixin):
         options: EngineOptions for the decoder and the quantization (default: EngineOptions.from_env())."""
         self.model, self.tok = model, tokenizer
         self.settings = settings or ChatSettings()
+        self.sources: dict[str, str] = {}  # setting -> where its value came from (sampler_defaults.resolve; "/set")
         self.device = torch.device(device)
         self.options = options or EngineOptions.from_env()
         self.model_name = model_name
@@ -294,6 +295,7 @@ class Chat(BranchesMixin):
         """Change one setting from the next turn. A new system prompt replaces the current one while the chat has
         no turns yet; later it applies from the next new chat (the history was prefilled with the old one)."""
         new = self.settings.with_value(key, value)
+        self.sources[ChatSettings.field_name(key)] = "/set"
         if new.system_prompt != self.settings.system_prompt and self.session.n_turns == 0:
             msgs = self.session.messages
             if msgs and msgs[0].role == "system":

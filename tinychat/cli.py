@@ -33,6 +33,14 @@ class UsageError(Exception):
 MODEL_HELP = "Model folder, or the name of an imported model (default: the shipped model)."
 
 
+def _d(text: str, key: str) -> str:
+    """A sampler flag's help with its default: tinychat's value, which a model's sampler.json may change."""
+    from .settings import ChatSettings
+    v = getattr(ChatSettings(), key)
+    v = ("on" if v else "off") if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else v
+    return f"{text} Default: {v} (or the model's own: tinychat info -m NAME)."
+
+
 def _model_arg(value: Optional[Path]) -> Optional[Path]:
     """--model: a folder, or the name of a model imported with `tinychat import` (an existing path wins)."""
     return model_path(value)
@@ -81,14 +89,16 @@ def chat(ctx: typer.Context,
                                    "session keeps its own), none (fp32: the reference), int8 or bf16."),
          device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
          seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed for every turn (default: random, recorded)."),
-         temperature: Optional[float] = typer.Option(None, "--temperature", "-t", help="Sampling temperature (0: greedy)."),
-         top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus mass."),
-         penalty: Optional[float] = typer.Option(None, "--penalty", help="Repetition penalty (1: off)."),
-         ban: Optional[bool] = typer.Option(None, "--ban/--no-ban", help="Ban 3-grams the assistant already said."),
+         temperature: Optional[float] = typer.Option(None, "--temperature", "-t", help=_d("Sampling temperature (0: greedy).", "temperature")),
+         top_p: Optional[float] = typer.Option(None, "--top-p", help=_d("Nucleus mass.", "top_p")),
+         penalty: Optional[float] = typer.Option(None, "--penalty", help=_d("Repetition penalty (1: off).", "penalty")),
+         penalty_window: Optional[int] = typer.Option(None, "--penalty-window", help=_d("The penalty covers the last this-many content tokens.", "penalty_window")),
+         ban: Optional[bool] = typer.Option(None, "--ban/--no-ban", help=_d("Ban 3-grams the assistant already said in earlier turns.", "ban")),
+         no_parrot: Optional[bool] = typer.Option(None, "--no-parrot/--parrot", help=_d("Also ban the 3-grams of the user's message (the reply does not parrot it).", "no_parrot")),
          ban_reply: Optional[bool] = typer.Option(None, "--ban-reply/--no-ban-reply",
-                                                  help="Also ban 3-grams the reply itself already said (no loops)."),
-         system: Optional[str] = typer.Option(None, "--system", help="System prompt for a new chat."),
-         max_new: Optional[int] = typer.Option(None, "--max-new", help="Most tokens per reply."),
+                                                  help=_d("Also ban 3-grams the reply itself already said (no loops).", "ban_reply")),
+         system: Optional[str] = typer.Option(None, "--system", help="System prompt for a new chat (default: the model's chat template's, else \"You are a helpful assistant.\"; \"\": none)."),
+         max_new: Optional[int] = typer.Option(None, "--max-new", help=_d("Most tokens per reply.", "max_new")),
          session: Optional[str] = typer.Option(None, "--session", "-s", help="Continue a saved session (id, its unique start, or path), on the imported model it was recorded with unless --model is given."),
          continue_: bool = typer.Option(False, "--continue", "-c", help="Continue the most recent session (as --session with its id)."),
          save: Optional[bool] = typer.Option(None, "--save/--no-save", help="Save the chat as a session (default: yes; for -p / -f as the save_one_shots preference says, yes unless set). --no-save writes nothing."),
@@ -119,12 +129,14 @@ def chat(ctx: typer.Context,
         prompt = lf(_one_shot_text(prompt))        # CRLF / CR line breaks as LF, as everywhere text comes in
         plain = True
     from .settings import ChatSettings
-    overrides = {k: v for k, v in dict(seed=seed, temperature=temperature, top_p=top_p, penalty=penalty, ban=ban,
+    overrides = {k: v for k, v in dict(seed=seed, temperature=temperature, top_p=top_p, penalty=penalty,
+                                       penalty_window=penalty_window, ban=ban, no_parrot=no_parrot,
                                        ban_reply=ban_reply, system_prompt=system, max_new=max_new).items() if v is not None}
+    ChatSettings(**overrides)       # a bad value stops here, before the model loads
+    settings = None                 # tinychat's defaults < the model's < the session's < these overrides (open_chat)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     session, autosave = _session_and_saving(session, continue_, save, one_shot=prompt is not None,
                                             app=not plain and interactive)
-    settings = ChatSettings(**overrides) if session is None else None
     dev = resolve_device(device, resolve=plain or not interactive)
     tune = {}
     if threads is not None:
@@ -269,6 +281,7 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_
         "kv_bytes_per_token": c.kv_bytes_per_token(2), "gqa_kv_bytes_per_token": c.gqa_kv_bytes_per_token(2),
         "ring_bytes": c.ring_bytes(2),
         "int8_kernels": _int8_kernels(), "int8_prefill": _int8_prefill(), "int8_step": _int8_step(),
+        **_sampler_facts(model, config),
     }
     from .loading import auto_quant
     facts["quant_auto"], facts["quant_auto_why"] = auto_quant(resolve_device("auto"))
@@ -298,6 +311,31 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_
               f"({facts['gqa_kv_bytes_per_token'] / facts['kv_bytes_per_token']:.1f}x)")
     t.add_row("fixed local rings", f"{facts['ring_bytes'] / 1024:,.0f} KiB")
     Console().print(t)
+    s = Table(title="sampler defaults (flags and /set change them; a session keeps its own)")
+    for col in ("setting", "value", "from"):
+        s.add_column(col)
+    for k, v in facts["sampler"].items():
+        val = v["value"]
+        val = ("on" if val else "off") if isinstance(val, bool) else "random" if val is None else f"{val:g}" \
+            if isinstance(val, float) else str(val)
+        s.add_row(k.replace("_", "-"), val, v["from"])
+    for k, v in facts.get("sampler_unused", {}).items():
+        s.add_row(k.replace("_", "-"), str(v), "recommended by the model; tinychat's sampler has no such knob")
+    Console().print(s)
+
+
+def _sampler_facts(model: Optional[Path], config: Optional[str]) -> dict:
+    """{"sampler": {setting: {"value", "from"}}} a new chat on this model starts with (no flags), and what the model
+    recommends that tinychat cannot use ("sampler_unused")."""
+    from .loading import default_model_path, model_defaults
+    from .sampler_defaults import FIELDS, ModelDefaults, resolve
+    folder = model if model is not None else default_model_path() if config is None else None
+    md = model_defaults(Path(folder)) if folder is not None else ModelDefaults()
+    st, src = resolve(md)
+    out = {"sampler": {k: {"value": getattr(st, k), "from": src[k]} for k in FIELDS}}
+    if md.unused:
+        out["sampler_unused"] = md.unused
+    return out
 
 
 sessions_app = typer.Typer(help="Saved chats: list (also plain `tinychat sessions`), show, export, rename, copy, rm.",

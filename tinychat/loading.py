@@ -7,6 +7,7 @@ user; the CLI turns it into its one-line error and exit 2."""
 from __future__ import annotations
 
 
+import dataclasses
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -112,6 +113,7 @@ class Runtime:
     tokenizer: Any
     name: str
     identity: str
+    defaults: Any = None        # sampler_defaults.ModelDefaults: the model's sampler.json (None: none)
 
     def __iter__(self):             # (model, tokenizer, name, identity), as load_runtime returned them before
         return iter((self.model, self.tokenizer, self.name, self.identity))
@@ -136,7 +138,16 @@ def load_runtime(model: Path | None, quant: str = "none") -> Runtime:
     shipped = default_model_path()
     is_default = model is None or (shipped is not None and Path(path).resolve() == shipped.resolve())
     name = "default" if is_default else Path(path).resolve().name
-    return Runtime(m, tok, name, cached_identity(Path(path), lambda: model_identity(m)))
+    return Runtime(m, tok, name, cached_identity(Path(path), lambda: model_identity(m)), model_defaults(Path(path)))
+
+
+def model_defaults(path: Path):
+    """The sampler defaults of the model folder at path (sampler_defaults.read); LoadError for a bad sampler.json."""
+    from .sampler_defaults import SamplerFileError, read
+    try:
+        return read(path)
+    except SamplerFileError as e:
+        raise LoadError(str(e)) from None
 
 
 def latest_session() -> str | None:
@@ -178,30 +189,37 @@ def named_model(name: str) -> Path | None:
 
 def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Mapping[str, Any] | None = None,
               session_ref: str | None = None, options=None, quant_why: str | None = None, autosave: bool = True):
-    """A Chat on rt: a new one with `settings` (session_ref None), or the saved session session_ref (an id or a
-    path, as tinychat.session.load reads it) continued with its recorded settings, `overrides` applied on top
-    (all but the system prompt, which belongs to the recorded history). options: EngineOptions (None: defaults).
+    """A Chat on rt: a new one, or the saved session session_ref (an id or a path, as tinychat.session.load reads
+    it) continued. Settings by layers (sampler_defaults.resolve; chat.sources says where each came from): tinychat's
+    defaults, the model's (rt.defaults: its sampler.json), the session's recorded ones, then `overrides` (flags; all
+    but the system prompt for a session, which belongs to its recorded history). `settings`, when given for a new
+    chat, replaces the first two layers (a caller's exact settings). options: EngineOptions (None: defaults).
     A new chat whose overrides name no system prompt starts with the checkpoint's own where its chat template has one
     (an imported model's: SmolLM2's "You are a helpful AI assistant named SmolLM, ..."), as the template would.
     quant: a resolved mode (resolve_quant); quant_why: why `--quant auto` chose it (the chat's status says so).
     autosave False: nothing is written unless asked (--no-save)."""
     from . import session as S
-    from .chat import Chat, ChatSettings, settings_from_session
+    from .chat import Chat, settings_from_session
+    from .sampler_defaults import ModelDefaults, resolve
     check_choice("--quant", quant, QUANT_MODES)
     kw = dict(quant=quant, device=device, model_name=rt.name, model_hash=rt.identity, options=options,
               autosave=autosave)
+    model = (rt.defaults if settings is None else None) or ModelDefaults()
+    overrides = dict(overrides or {})
     if session_ref is None:
+        st, sources = resolve(model, None, overrides, base=settings)
         own = rt.tokenizer.chat.default_system
-        if own is not None and "system_prompt" not in (overrides or {}):
-            settings = replace(settings or ChatSettings(), system_prompt=own)
-        chat = Chat(rt.model, rt.tokenizer, settings, **kw)
+        if own is not None and "system_prompt" not in overrides:
+            st, sources["system_prompt"] = replace(st, system_prompt=own), "the chat template"
+        chat = Chat(rt.model, rt.tokenizer, st, **kw)
     else:
         sess = S.load(session_ref)
-        st = settings_from_session(sess)
-        for k, v in (overrides or {}).items():
-            if k != "system_prompt":
-                st = st.with_value(k, str(v))
+        recorded = dataclasses.asdict(settings_from_session(sess))     # checked, with the session's id in any error
+        recorded = {k: v for k, v in recorded.items() if k in (sess.settings or {}) or k == "system_prompt"}
+        overrides.pop("system_prompt", None)
+        st, sources = resolve(model, recorded, overrides)
         chat = Chat.restore(sess, rt.model, rt.tokenizer, settings=st, max_len=sess.model.get("max_len"), **kw)
+    chat.sources = sources
     chat.quant_auto = quant_why
     return chat
 

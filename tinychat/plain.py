@@ -10,6 +10,7 @@ import threading
 
 from . import commands as C
 from .chat import Chat, ChatError, TurnResult
+from .sampler_defaults import TINYCHAT
 from .session import SessionError
 from .textin import lf
 from .textsafe import plural, safe_line, safe_text
@@ -234,8 +235,9 @@ class PlainREPL:
             elif cmd == "/set":
                 kv = C.parse_set(args)
                 if kv is None:
+                    from_ = getattr(self.chat, "sources", {})
                     for k, v in vars(self.chat.settings).items():
-                        self.note(f"  {k.replace('_', '-'):15} {v!r}")
+                        self.note(safe_line(f"  {k.replace('_', '-'):15} {v!r:12} {from_.get(k, TINYCHAT)}"))
                 else:
                     st = self.chat.set(*kv)
                     key = kv[0].replace("-", "_")

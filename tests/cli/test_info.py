@@ -73,7 +73,7 @@ sys.argv = ['tinychat', '--temperature', '0.5']
 import tinychat.tui.app as A
 seen = {}
 def fake_run_app(**kw):
-    seen.update(torch='torch' in sys.modules, device=kw['device'], temperature=kw['settings'].temperature)
+    seen.update(torch='torch' in sys.modules, device=kw['device'], temperature=kw['overrides']['temperature'])
     return 0
 A.run_app = fake_run_app
 from tinychat import cli

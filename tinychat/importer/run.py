@@ -13,7 +13,9 @@ from ..fsutil import atomic_write
 from ..model import TOKENIZER_FILE
 from ..tokenizer import CHAT_FORMATS, Tokenizer, TokenizerError
 from . import chat_format
+from ..sampler_defaults import SAMPLER_FILE
 from .errors import ImportRefused
+from .sampler import model_sampler
 from .store import CHAT_FORMAT_FILE, IMPORT_FILE, TEMPLATE_FILE, check_name, model_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -44,11 +46,13 @@ STAGES = ("reading the weights", "converting", "writing the model folder")
 
 
 def import_model(src, name: str | None = None, context: int | None = None, dtype: str = "float32",
-                 force: bool = False, progress=None) -> Path:
+                 force: bool = False, progress=None, origin: dict | None = None) -> Path:
     """Import src as a tinychat model named `name` (default: from the source's file / folder name). Returns its
     folder. ImportRefused (one line) for anything it cannot import; FileExistsError-like refusal when the name is
     taken (unless force). progress(done, total, what): called as each of STAGES starts and when all are done (an
-    import of SmolLM2-135M's GGUF spends ~10-20 s in each of the first two on a 2-vCPU host)."""
+    import of SmolLM2-135M's GGUF spends ~10-20 s in each of the first two on a 2-vCPU host). origin: what
+    import.json records of where src came from, over the defaults (`tinychat pull`: {"source": "REPO@COMMIT
+    (Hugging Face)", "hub": {...}}). The folder gets the model's sampler.json."""
     def stage(i: int) -> None:
         if progress is not None:
             progress(i, len(STAGES), STAGES[i] if i < len(STAGES) else "done")
@@ -97,8 +101,11 @@ def import_model(src, name: str | None = None, context: int | None = None, dtype
             atomic_write(tmp / TEMPLATE_FILE, lambda t: t.write_text(template, encoding="utf-8"))
         meta = {"source": str(src.resolve()), "kind": "gguf" if src.is_file() else "huggingface",
                 "architecture": cfg.get("model_type"), "params": params, "dtype": dtype,
-                "chat_format": fmt}
+                "chat_format": fmt, **(origin or {})}
         atomic_write(tmp / IMPORT_FILE, lambda t: t.write_text(json.dumps(meta, indent=2), encoding="utf-8"))
+        hints = [str((origin or {}).get("hub", {}).get("repo", "")), str(fmt.get("default_system") or "")]
+        sampler = model_sampler(src, hints)
+        atomic_write(tmp / SAMPLER_FILE, lambda t: t.write_text(sampler.to_json(), encoding="utf-8"))
         if dest.exists():
             shutil.rmtree(dest)
         tmp.rename(dest)

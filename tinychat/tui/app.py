@@ -453,7 +453,9 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         note = "A new system prompt applies at once while the chat has no turns, else from the next new chat."
         from ..prefs import load_prefs
         prefs = dataclasses.asdict(load_prefs()[0])
-        self.push_screen(SettingsScreen(values, self._check_settings, note, prefs=prefs), self._settings_done)
+        sources = {**getattr(self.chat, "sources", {}), **{k: "/set" for k in self.state.pending_settings}}
+        self.push_screen(SettingsScreen(values, self._check_settings, note, prefs=prefs, sources=sources),
+                         self._settings_done)
 
     def _check_settings(self, changes: dict) -> str | None:
         st = self.chat.settings

@@ -165,7 +165,7 @@ class Backend:
     def open(self, session_ref: str | None = None, first: bool = False):
         from ..loading import open_chat
         settings = self.settings if first or session_ref is None else None
-        overrides = self.overrides if first else {}
+        overrides = self.overrides if first or session_ref is None else {}     # flags: every new chat, first session
         mode, why = self.mode_for(session_ref)
         rt = self.runtime(self.model_path, mode)
         chat = open_chat(rt, mode, self.device, settings, overrides, session_ref, self.options, quant_why=why,

@@ -12,6 +12,8 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, Switch
 
+from ...sampler_defaults import TINYCHAT
+
 # key, label, help
 FIELDS: list[tuple[str, str, str]] = [
     ("temperature", "Temperature", "0 = greedy"),
@@ -35,6 +37,20 @@ PREFS: list[tuple[str, str, str]] = [
 PREF = "app:"               # the prefix of a preference's key in what the screen dismisses with
 
 
+def sources_line(sources: dict[str, str]) -> str:
+    """Where the values come from, grouped: "Temperature, Top-p: SmolLM2's model card (tinychat's table) · Max new
+    tokens: a command-line flag · the rest: tinychat's defaults" (sampler_defaults.resolve's sources)."""
+    words = {"flag": "a command-line flag", "/set": "changed here or with /set", TINYCHAT: "tinychat's defaults"}
+    groups: dict[str, list[str]] = {}
+    for key, label, _ in FIELDS:
+        src = sources.get(key, TINYCHAT)
+        if src != TINYCHAT:
+            groups.setdefault(words.get(src, src), []).append(label)
+    parts = [f"{', '.join(labels)}: {src}" for src, labels in groups.items()]
+    rest = "the rest: " if parts else "all: "
+    return "Where the values come from: " + " · ".join(parts + [rest + words[TINYCHAT]])
+
+
 class SettingsScreen(ModalScreen[dict | None]):
     """Dismisses with the changes as {key: text} (Save, Ctrl+S) or None (Esc): the settings' keys as /set takes
     them, the preferences' as "app:NAME" ("on" / "off")."""
@@ -42,16 +58,20 @@ class SettingsScreen(ModalScreen[dict | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
 
     def __init__(self, values: dict, check: Callable[[dict], str | None] | None = None, note: str = "",
-                 prefs: dict | None = None):
+                 prefs: dict | None = None, sources: dict[str, str] | None = None):
+        """sources: where each value came from (sampler_defaults.resolve; the app adds "/set"), shown under them."""
         super().__init__()
         self.values, self.check, self.note = dict(values), check, note
         self.prefs = dict(prefs or {})
+        self.sources = dict(sources or {})
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog", id="settings"):
             yield Static("Settings", classes="title")
             yield Static("Changes apply from the next turn and are recorded with it in the session.",
                          classes="dim")
+            if self.sources:
+                yield Static(sources_line(self.sources), classes="dim", id="settings-sources")
             with VerticalScroll(id="settings-fields"):     # scrolls on a short terminal; the buttons stay in view
                 with Grid(id="settings-grid"):
                     for key, label, help_ in FIELDS:
