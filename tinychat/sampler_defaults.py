@@ -124,21 +124,29 @@ def read(folder: str | Path) -> ModelDefaults:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             meta = {}
         hints = [folder.name, str(meta.get("source", "")) if isinstance(meta, dict) else ""]
-        return derive({}, {}, hints)
+        try:
+            context = int(json.loads((folder / "config.json").read_text(encoding="utf-8"))["max_seq_len"])
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+            context = None
+        return derive({}, {}, hints, context=context)
     return ModelDefaults()
 
 
 def derive(checkpoint: dict[str, Any], checkpoint_sources: dict[str, str], hints: list[str],
-           unused: dict[str, Any] | None = None) -> ModelDefaults:
+           unused: dict[str, Any] | None = None, context: int | None = None) -> ModelDefaults:
     """An imported model's defaults: the checkpoint's own values, then the family table (matched on hints: the
-    model's names), then the imported-model base."""
+    model's names), then the imported-model base, its max-new at most a quarter of the model's context (a turn
+    needs room for the prompt and the reply: `import --context 512` gets 128)."""
     d = ModelDefaults(dict(checkpoint), dict(checkpoint_sources), dict(unused or {}))
     text = " ".join(h for h in hints if h)
     for pattern, values, source in FAMILIES:
         if pattern.search(text):
             d = d.merged(values, source)
             break
-    return d.merged(IMPORTED, IMPORTED_SOURCE)
+    base = dict(IMPORTED)
+    if context:
+        base["max_new"] = max(1, min(base["max_new"], context // 4))
+    return d.merged(base, IMPORTED_SOURCE)
 
 
 def from_gguf_fields(fields: dict[str, Any]) -> tuple[dict, dict, dict]:

@@ -48,6 +48,8 @@ def test_an_import_finds_the_checkpoints_values_then_the_family_table_then_the_b
     own = SD.derive({"temperature": 0.5}, {"temperature": "the GGUF's general.sampling.temp"}, ["SmolLM2"])
     assert own.values["temperature"] == 0.5 and own.values["top_p"] == 0.9     # the checkpoint's own value wins
     assert SD.derive({}, {}, ["TinyLlama-1.1B-Chat"]).values == SD.IMPORTED
+    assert SD.derive({}, {}, ["x"], context=512).values["max_new"] == 128      # a reply leaves room for the prompt
+    assert SD.derive({"max_new": 600}, {"max_new": "x"}, ["x"], context=512).values["max_new"] == 600
 
 
 def test_gguf_sampling_keys_map_onto_tinychats_settings():

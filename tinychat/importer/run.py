@@ -104,7 +104,7 @@ def import_model(src, name: str | None = None, context: int | None = None, dtype
                 "chat_format": fmt, **(origin or {})}
         atomic_write(tmp / IMPORT_FILE, lambda t: t.write_text(json.dumps(meta, indent=2), encoding="utf-8"))
         hints = [str((origin or {}).get("hub", {}).get("repo", "")), str(fmt.get("default_system") or "")]
-        sampler = model_sampler(src, hints)
+        sampler = model_sampler(src, hints, model.cfg.max_seq_len)
         atomic_write(tmp / SAMPLER_FILE, lambda t: t.write_text(sampler.to_json(), encoding="utf-8"))
         if dest.exists():
             shutil.rmtree(dest)

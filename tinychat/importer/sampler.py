@@ -10,9 +10,10 @@ from .. import sampler_defaults as SD
 from .errors import ImportRefused
 
 
-def model_sampler(src: Path, hints: list[str]) -> SD.ModelDefaults:
+def model_sampler(src: Path, hints: list[str], context: int | None = None) -> SD.ModelDefaults:
     """The defaults for the model imported from src (a GGUF file or an HF folder). hints: names of the model besides
-    the file's (the repo id, the chat template's default system prompt) that the family table matches."""
+    the file's (the repo id, the chat template's default system prompt) that the family table matches; context: the
+    positions a chat on it may hold."""
     hints = [src.name, *hints]
     values, sources, unused = {}, {}, {}
     if src.is_file():
@@ -30,4 +31,4 @@ def model_sampler(src: Path, hints: list[str]) -> SD.ModelDefaults:
         except (OSError, UnicodeDecodeError, ValueError):
             gen = None
         values, sources, unused = SD.from_generation_config(gen)
-    return SD.derive(values, sources, hints, unused)
+    return SD.derive(values, sources, hints, unused, context)
