@@ -16,3 +16,5 @@ def tiny():
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("TINYCHAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))         # `tinychat models` lists this (empty) HF cache
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)

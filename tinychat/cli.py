@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 
 from .choices import QUANT_CHOICES, QUANT_MODES, SIZES
+from .hub import RECOMMENDED, RECOMMENDED_NAME
 from .loading import (check_choice, load_model_for, load_runtime, model_for_session, model_path, open_chat,
                       open_replay_chat, resolve_device, resolve_quant, session_model)
 
@@ -19,9 +20,13 @@ HELP = """Chat with a small local TinyAgentLM model in the terminal.
 With no command, opens the chat app (a line mode with --plain, or when piped: each input line is one turn).
 Every chat is saved as a session; `tinychat sessions` lists them and `--session ID` continues one.
 
+The shipped model is a 21.7M-parameter demo: fluent, not a source of facts. A real one in one command:
+tinychat pull {RECOMMENDED} (then: tinychat -m {RECOMMENDED_NAME}).
+
 Examples:  tinychat --quant int8  ·  echo "Hi!" | tinychat --plain --json  ·  tinychat replay ID --check
 
-Errors print one line and exit 2; add --debug for the traceback."""
+Errors print one line and exit 2; add --debug for the traceback.""".format(RECOMMENDED=RECOMMENDED,
+                                                                          RECOMMENDED_NAME=RECOMMENDED_NAME)
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, rich_markup_mode="rich", help=HELP,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -564,8 +569,68 @@ def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL
         Console().print(render_table(result))
 
 
+@app.command()
+def pull(ref: str = typer.Argument(..., metavar="REPO[:QUANT][@REVISION]",
+                                   help="A model on the Hugging Face Hub, ORG/NAME; :QUANT picks a GGUF file (default "
+                                        "Q8_0, else the closest); @REVISION a branch, tag or commit."),
+         name: Optional[str] = typer.Option(None, "--name", help="The model's name (default: the repo's name, with the "
+                                            "quant for a GGUF: SmolLM2-360M-Instruct-Q8_0)."),
+         list_: bool = typer.Option(False, "--list", help="Show the repo's GGUF quants and sizes (or the files a "
+                                    "safetensors repo needs); pull nothing."),
+         offline: bool = typer.Option(False, "--offline", help="Use only the Hugging Face cache, no network "
+                                      "(also HF_HUB_OFFLINE=1)."),
+         force: bool = typer.Option(False, "--force", help="Replace a model of the same name pulled from elsewhere.")):
+    """Download a model from the Hugging Face Hub into its standard cache, then import it (`tinychat import`).
+
+    The files go where huggingface_hub keeps them (HF_HOME / HF_HUB_CACHE; llama.cpp, mlx and `hf download` find
+    them there too); the imported model under the data folder. HF_TOKEN opens gated repos, HF_ENDPOINT points at a
+    mirror. The size is shown first, and a disk without room refused. Run an interrupted pull again to finish it."""
+    if offline:     # the whole client offline (read by huggingface_hub when it is imported, just below)
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    from .hub.pull import Interrupted, plan
+    from .hub.pull import pull as run_pull
+    if list_:
+        _list_pull(plan(ref, offline))
+        return
+    from .hub.progress import ConsoleReport
+    report = ConsoleReport()
+    try:
+        r = run_pull(ref, name=name, offline=offline, force=force, report=report)
+    except Interrupted as e:
+        report.close()
+        from .hub.ref import human_bytes
+        typer.echo(f"interrupted at {human_bytes(e.done)} of {human_bytes(e.total)}: `tinychat pull {ref}` resumes "
+                   f"the download (nothing was imported)", err=True)
+        raise typer.Exit(130)
+    finally:
+        report.close()
+    if r.up_to_date:
+        typer.echo(f"{r.name} is up to date ({r.plan.ref.repo} at {r.plan.commit[:12]})\n"
+                   f"chat with: tinychat --model {r.name}")
+    else:
+        typer.echo(f"pulled {r.plan.ref} as {r.name} ({r.path})\nchat with: tinychat --model {r.name}")
+
+
+def _list_pull(p) -> None:
+    from .hub.ref import human_bytes
+    where = " (in the cache)" if p.offline else ""
+    if p.kind == "gguf":
+        typer.echo(f"{p.ref.repo} at {p.commit[:12]}{where}: GGUF files by quant (pull one with "
+                   f"tinychat pull {p.ref.repo}:QUANT)")
+        for c in p.choices:
+            mark = "  (default)" if c is p.choice and not p.ref.quant else ""
+            split = f" (split in {len(c.files)}: not importable)" if c.split else ""
+            typer.echo(f"  {c.quant:10} {human_bytes(c.size):>10}  {c.files[0]}{split}{mark}")
+        return
+    st = sorted(f for f in p.sizes if f.endswith(".safetensors") and "/" not in f)
+    files = [f for f in p.files if not f.endswith(".safetensors")] + st
+    typer.echo(f"{p.ref.repo} at {p.commit[:12]}{where}: safetensors; a pull fetches {', '.join(files)} "
+               f"({human_bytes(sum(p.sizes.get(f, 0) for f in files))})")
+
+
 @app.command("import")
-def import_(src: Path = typer.Argument(..., metavar="SRC", help="A Hugging Face llama-family folder or a .gguf file."),
+def import_(src: Path = typer.Argument(..., metavar="SRC", help="A Hugging Face llama-family folder, a .gguf file, or "
+                                       "the id of a repo in the Hugging Face cache (ORG/NAME[:QUANT])."),
             name: Optional[str] = typer.Option(None, "--name", help="The model's name (default: from SRC)."),
             context: Optional[int] = typer.Option(None, "--context", help="Most positions a chat may hold "
                                                   "(default: 4096, or less when the checkpoint says so)."),
@@ -576,26 +641,69 @@ def import_(src: Path = typer.Argument(..., metavar="SRC", help="A Hugging Face 
     The result goes under the data folder and opens with `tinychat --model NAME`. Mixture-of-experts, sliding-window
     and other architectures the engine cannot run are refused with the reason."""
     from .importer import import_model
+    if not src.exists():
+        from .hub.ref import is_repo_id, parse_ref
+        if is_repo_id(str(src)) and not str(src).lower().endswith(".gguf"):   # from the HF cache, never the network
+            from .hub.cache import hub_cache, snapshot_for
+            from .hub.progress import ConsoleReport
+            from .hub.pull import pull as run_pull
+            if snapshot_for(parse_ref(str(src))) is None:
+                raise UsageError(f"{src}: no such file or folder here, nor a repo in the Hugging Face cache "
+                                 f"({hub_cache()}): tinychat pull {src} downloads it")
+            r = run_pull(str(src), name=name, offline=True, force=force, context=context, dtype=dtype,
+                         report=ConsoleReport())
+            typer.echo(f"imported {r.plan.ref} from the Hugging Face cache as {r.name} ({r.path})\n"
+                       f"chat with: tinychat --model {r.name}")
+            return
     with _progress(f"import {src.name}") as (progress, _):
         dest = import_model(src, name=name, context=context, dtype=dtype, force=force, progress=progress)
     typer.echo(f"imported {src} as {dest.name} ({dest})\nchat with: tinychat --model {dest.name}")
 
 
 @app.command("models")
-def models_(json_out: bool = typer.Option(False, "--json", help="A JSON list.")):
-    """List the imported models (`tinychat import`)."""
+def models_(json_out: bool = typer.Option(False, "--json", help="A JSON list (models in the Hugging Face cache "
+                                           "follow, with \"imported\": false).")):
+    """List the imported models (`tinychat import`, `tinychat pull`), then the models in the Hugging Face cache that
+    could be imported without downloading (`tinychat import REPO`)."""
     from .importer.store import list_models
     rows = list_models()
+    cached = _cached_not_imported(rows)
     if json_out:
         import json
-        typer.echo(json.dumps(rows))
+        typer.echo(json.dumps(rows + cached))
         return
     if not rows:
-        typer.echo("no imported models (add one with: tinychat import SRC)")
-        return
+        typer.echo("no imported models (add one with: tinychat pull ORG/NAME, or tinychat import SRC)")
     for r in rows:
         params = f"{r['params'] / 1e6:.0f}M params" if r.get("params") else "?"
         typer.echo(f"{r['name']}  {params}  {r['bytes'] / 2**20:.0f} MiB  {r['format']}  from {r['source']}")
+    if cached:
+        from .hub.cache import hub_cache
+        typer.echo(f"\nin the Hugging Face cache ({hub_cache()}), to import without downloading:")
+        for c in cached:
+            typer.echo(f"  tinychat import {c['repo']:40}  {c['format']}  {c['bytes'] / 2**20:.0f} MiB"
+                       + (f"  ({', '.join(c['quants'])})" if c["quants"] else ""))
+
+
+def _cached_not_imported(rows: list[dict]) -> list[dict]:
+    """The importable repos of the Hugging Face cache that no imported model was pulled from (at that commit);
+    [] without huggingface_hub."""
+    try:
+        from .hub.cache import cached_repos
+        repos = cached_repos()
+    except Exception:  # noqa: BLE001  no huggingface_hub, an unreadable cache: list the imported models alone
+        return []
+    import json
+    have = set()
+    for r in rows:
+        try:
+            hub = json.loads((Path(r["path"]) / "import.json").read_text(encoding="utf-8")).get("hub") or {}
+            have.add((hub.get("repo"), hub.get("commit")))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return [{"name": None, "repo": c.repo, "imported": False, "path": str(c.snapshot), "source":
+             f"{c.repo}@{c.commit[:12]} (Hugging Face cache)", "format": c.kind, "params": None, "bytes": c.size,
+             "quants": c.quants} for c in repos if (c.repo, c.commit) not in have]
 
 
 def _missing_argument(e: Exception) -> str | None:

@@ -223,6 +223,9 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
             saved = "every chat is saved" if self.chat.autosave else "--no-save: this chat is not saved; /save saves it"
             note = (f"New chat with {self.chat.model_name or 'the model'}. Enter sends, Ctrl+J adds a line, "
                     f"F1 lists keys and commands, Ctrl+S the saved chats ({saved}).")
+            if self.chat.model_name == "default":
+                from ..hub import DEMO_NOTE
+                note += " " + DEMO_NOTE
         if note:
             widgets.append(NoticeMessage(note, classes="notice"))
         if widgets:

@@ -1,0 +1,53 @@
+"""How `tinychat pull` shows itself on stderr: status lines, and while bytes arrive a bar with bytes, rate and time left
+(rich) on a terminal; off a terminal, one line when the download ends (logs stay short)."""
+from __future__ import annotations
+
+import sys
+import time
+
+from .pull import Reporter
+from .ref import human_bytes
+
+
+class ConsoleReport(Reporter):
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.bar = self.task = None
+        self.started = self.last = None
+
+    def line(self, text: str) -> None:
+        self.close()
+        from .. import textsafe
+        print(textsafe.safe_line(text), file=self.stream, flush=True)
+
+    def progress(self, done: int, total: int) -> None:
+        if self.started is None:
+            self.started, self.first = time.monotonic(), done
+        self.last = (done, total)
+        if not self.tty or total <= 0:
+            return
+        if self.bar is None:
+            from rich.console import Console
+            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                                       TransferSpeedColumn)
+            self.bar = Progress(TextColumn("downloading"), BarColumn(), DownloadColumn(binary_units=True),
+                                TransferSpeedColumn(), TimeRemainingColumn(), transient=True,
+                                console=Console(file=self.stream))
+            self.bar.start()
+            self.task = self.bar.add_task("download", total=total, completed=done)
+        self.bar.update(self.task, completed=done, total=total)
+
+    def close(self) -> None:
+        """Stop the bar (if any) and, once, say what the download did."""
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+        if self.started is not None and self.last is not None:
+            done, total = self.last
+            secs = max(time.monotonic() - self.started, 1e-6)
+            got = max(done - self.first, 0)
+            rate = f", {human_bytes(got / secs)}/s" if got else ""
+            print(f"downloaded {human_bytes(done)} of {human_bytes(total)} in {secs:.1f} s{rate}",
+                  file=self.stream, flush=True)
+            self.started = self.last = None
