@@ -597,7 +597,7 @@ def pull(ref: str = typer.Argument(..., metavar="REPO[:QUANT][@REVISION]",
     try:
         r = run_pull(ref, name=name, offline=offline, force=force, report=report)
     except Interrupted as e:
-        report.close()
+        report.close(summary=False)
         from .hub.ref import human_bytes
         typer.echo(f"interrupted at {human_bytes(e.done)} of {human_bytes(e.total)}: `tinychat pull {ref}` resumes "
                    f"the download (nothing was imported)", err=True)

@@ -211,12 +211,3 @@ def resolve(model: ModelDefaults, session: dict[str, Any] | None = None,
         return ChatSettings(**values), sources
     except (ChatError, TypeError) as e:
         raise ChatError(f"unusable settings ({e})") from None
-
-
-def short_source(source: str) -> str:
-    """A source in a word, for narrow places (the settings screen): tinychat, model, session, flag, /set."""
-    if source == TINYCHAT:
-        return "tinychat"
-    if source in ("the session", "flag", "/set"):
-        return source.removeprefix("the ")
-    return "model"

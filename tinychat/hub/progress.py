@@ -29,21 +29,25 @@ class ConsoleReport(Reporter):
             return
         if self.bar is None:
             from rich.console import Console
-            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                       TransferSpeedColumn)
-            self.bar = Progress(TextColumn("downloading"), BarColumn(), DownloadColumn(binary_units=True),
-                                TransferSpeedColumn(), TimeRemainingColumn(), transient=True,
-                                console=Console(file=self.stream))
+            from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+            from rich.text import Text
+
+            class Rate(ProgressColumn):         # rich's TransferSpeedColumn counts in MB, the rest here in MiB
+                def render(self, task):
+                    return Text(f"{human_bytes(task.speed)}/s" if task.speed else "", style="progress.data.speed")
+
+            self.bar = Progress(TextColumn("downloading"), BarColumn(), DownloadColumn(binary_units=True), Rate(),
+                                TimeRemainingColumn(), transient=True, console=Console(file=self.stream))
             self.bar.start()
             self.task = self.bar.add_task("download", total=total, completed=done)
         self.bar.update(self.task, completed=done, total=total)
 
-    def close(self) -> None:
-        """Stop the bar (if any) and, once, say what the download did."""
+    def close(self, summary: bool = True) -> None:
+        """Stop the bar (if any) and, once, say what the download did (unless summary is False)."""
         if self.bar is not None:
             self.bar.stop()
             self.bar = None
-        if self.started is not None and self.last is not None:
+        if summary and self.started is not None and self.last is not None:
             done, total = self.last
             secs = max(time.monotonic() - self.started, 1e-6)
             got = max(done - self.first, 0)

@@ -20,7 +20,7 @@ from .. import paths
 from .cache import constants, hub_cache, hub_module, repo_folder, snapshot_files, snapshot_for
 from .errors import PullError
 from .ref import GgufChoice, RepoRef, gguf_choices, gguf_files, human_bytes, parse_ref, pick_quant
-from .transfer import FileSpec, Interrupted, download, part_bytes
+from .transfer import FileSpec, Interrupted, download, part_bytes, quiet
 
 __all__ = ["Interrupted", "Plan", "PullResult", "plan", "pull"]
 
@@ -213,7 +213,8 @@ def _fetch(p: Plan, files: list[str]) -> Path:
     hub = hub_module()
     for f in files:
         try:
-            hub.hf_hub_download(p.ref.repo, f, revision=p.commit, token=_token(), cache_dir=hub_cache())
+            hub.hf_hub_download(p.ref.repo, f, revision=p.commit, token=_token(), cache_dir=hub_cache(),
+                                **quiet(hub.hf_hub_download))
         except Exception as e:  # noqa: BLE001
             raise _hub_error(e, p.ref, f) from None
     return repo_folder(p.ref.repo, hub_cache()) / "snapshots" / p.commit

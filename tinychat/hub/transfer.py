@@ -41,7 +41,7 @@ class FileSpec:
     etag: str | None            # the blob's name in the cache: an LFS file's sha256, else its git blob id
 
 
-def _quiet(fn) -> dict:
+def quiet(fn) -> dict:
     """{"tqdm_class": a class whose bars never draw} for a hub function that takes one (the pull draws its own bar;
     huggingface_hub before ~1.x had no such parameter and draws its bars itself)."""
     import inspect
@@ -127,7 +127,7 @@ def resume_part(repo: str, spec: FileSpec, commit: str, storage: Path, token=Non
                     headers.pop("authorization", None)  # a signed CDN link: no token there (as the hub does)
                 with open(part, "ab") as f:
                     http_get(location, f, resume_size=have, headers=headers, expected_size=spec.size,
-                             **_quiet(http_get))
+                             **quiet(http_get))
             if _sha256(part) != spec.etag:
                 part.unlink(missing_ok=True)
                 return False
@@ -155,13 +155,13 @@ def download(repo: str, commit: str, specs: list[FileSpec], cache: Path | None =
 
     def work():
         try:
-            quiet = _quiet(hub.hf_hub_download)
+            quiet_bars = quiet(hub.hf_hub_download)
             for s in specs:
                 state["current"] = s
                 if not have(s):
                     state["fetched"] += s.size - part_bytes(storage, [s])
                     resume_part(repo, s, commit, storage, token)
-                hub.hf_hub_download(repo, s.path, revision=commit, cache_dir=cache, token=token, **quiet)
+                hub.hf_hub_download(repo, s.path, revision=commit, cache_dir=cache, token=token, **quiet_bars)
                 state["done"] += s.size
                 state["current"] = None
         except BaseException as e:  # noqa: BLE001  handed to the calling thread, which raises it
