@@ -13,6 +13,13 @@ def test_a_ref_splits_into_repo_quant_and_revision():
     assert parse_ref("hf.co/org/model.v1@" + "a" * 40) == RepoRef("org/model.v1", None, "a" * 40)
     assert parse_ref("https://huggingface.co/org/m:q8_0") == RepoRef("org/m", "q8_0")
     assert str(parse_ref("org/m:Q8_0@v2")) == "org/m:Q8_0@v2"
+    assert parse_ref("org/m@refs/pr/1").revision == "refs/pr/1"
+
+
+@pytest.mark.parametrize("text", ["org/m@../../etc", "org/m@/abs", "org/m@a b", "org/m@x/../y", "org/m@main/"])
+def test_a_revision_cannot_climb_out_of_the_cache(text):
+    with pytest.raises(PullError, match="bad revision"):
+        parse_ref(text)
 
 
 @pytest.mark.parametrize("text", ["gpt2", "a/b/c", "org/", "/m", "org/m:", "org/m@", "org--x/m", "org/m..x",

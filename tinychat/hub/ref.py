@@ -78,9 +78,11 @@ def parse_ref(text: str) -> RepoRef:
     repo, colon, quant = repo.partition(":")
     repo = repo.strip("/")
     if (at and not revision) or (colon and not quant) or not _REPO.match(repo) or "--" in repo or ".." in repo \
-            or repo.endswith((".", "-")) or any(c in revision for c in " \t\n"):
+            or repo.endswith((".", "-")):
         raise PullError(f"{text!r} is not a Hugging Face model: give it as ORG/NAME[:QUANT][@REVISION] "
                         f"(e.g. HuggingFaceTB/SmolLM2-360M-Instruct)")
+    if revision and (not re.fullmatch(r"[\w.-]+(/[\w.-]+)*", revision) or ".." in revision.split("/")):
+        raise PullError(f"{text!r}: bad revision {revision!r} (a branch, tag or commit: main, v1.0, refs/pr/1)")
     if quant and not re.fullmatch(r"[\w.-]{1,64}", quant):
         raise PullError(f"{text!r}: bad quant {quant!r} (e.g. Q8_0, Q4_K_M)")
     return RepoRef(repo, quant or None, revision or None)
