@@ -588,27 +588,47 @@ def pull(ref: str = typer.Argument(..., metavar="REPO[:QUANT][@REVISION]",
     if offline:     # the whole client offline (read by huggingface_hub when it is imported, just below)
         os.environ["HF_HUB_OFFLINE"] = "1"
     from .hub.pull import Interrupted, plan
-    from .hub.pull import pull as run_pull
     if list_:
         _list_pull(plan(ref, offline))
         return
-    from .hub.progress import ConsoleReport
-    report = ConsoleReport()
     try:
-        r = run_pull(ref, name=name, offline=offline, force=force, report=report)
+        r = _run_pull(ref, name=name, offline=offline, force=force)
     except Interrupted as e:
-        report.close(summary=False)
         from .hub.ref import human_bytes
         typer.echo(f"interrupted at {human_bytes(e.done)} of {human_bytes(e.total)}: `tinychat pull {ref}` resumes "
                    f"the download (nothing was imported)", err=True)
         raise typer.Exit(130)
-    finally:
-        report.close()
     if r.up_to_date:
         typer.echo(f"{r.name} is up to date ({r.plan.ref.repo} at {r.plan.commit[:12]})\n"
                    f"chat with: tinychat --model {r.name}")
     else:
         typer.echo(f"pulled {r.plan.ref} as {r.name} ({r.path})\nchat with: tinychat --model {r.name}")
+
+
+def _run_pull(ref: str, **kw):
+    """hub.pull.pull on the console: the download's bar and lines, then the import's progress line (as `tinychat
+    import` shows it)."""
+    from contextlib import ExitStack
+
+    from .hub.progress import ConsoleReport
+    from .hub.pull import Interrupted
+    from .hub.pull import pull as run_pull
+    report = ConsoleReport()
+    with ExitStack() as stack:
+        shown = []
+
+        def import_progress(done: int, total: int, what: str) -> None:
+            if not shown:
+                report.close()              # the download's summary line, before the import's progress line
+                shown.append(stack.enter_context(_progress(f"import {ref}"))[0] or (lambda *a: None))
+            shown[0](done, total, what)
+        try:
+            return run_pull(ref, report=report, import_progress=import_progress, **kw)
+        except Interrupted:
+            report.close(summary=False)
+            raise
+        finally:
+            report.close()
 
 
 def _list_pull(p) -> None:
@@ -645,13 +665,10 @@ def import_(src: Path = typer.Argument(..., metavar="SRC", help="A Hugging Face 
         from .hub.ref import is_repo_id, parse_ref
         if is_repo_id(str(src)) and not str(src).lower().endswith(".gguf"):   # from the HF cache, never the network
             from .hub.cache import hub_cache, snapshot_for
-            from .hub.progress import ConsoleReport
-            from .hub.pull import pull as run_pull
             if snapshot_for(parse_ref(str(src))) is None:
                 raise UsageError(f"{src}: no such file or folder here, nor a repo in the Hugging Face cache "
                                  f"({hub_cache()}): tinychat pull {src} downloads it")
-            r = run_pull(str(src), name=name, offline=True, force=force, context=context, dtype=dtype,
-                         report=ConsoleReport())
+            r = _run_pull(str(src), name=name, offline=True, force=force, context=context, dtype=dtype)
             typer.echo(f"imported {r.plan.ref} from the Hugging Face cache as {r.name} ({r.path})\n"
                        f"chat with: tinychat --model {r.name}")
             return

@@ -51,7 +51,9 @@ class ConsoleReport(Reporter):
             done, total = self.last
             secs = max(time.monotonic() - self.started, 1e-6)
             got = max(done - self.first, 0)
-            rate = f", {human_bytes(got / secs)}/s" if got else ""
-            print(f"downloaded {human_bytes(done)} of {human_bytes(total)} in {secs:.1f} s{rate}",
-                  file=self.stream, flush=True)
+            if got:
+                print(f"downloaded {human_bytes(done)} of {human_bytes(total)} in {secs:.1f} s, "
+                      f"{human_bytes(got / secs)}/s", file=self.stream, flush=True)
+            elif done >= total:
+                print(f"all {human_bytes(total)} in the cache already", file=self.stream, flush=True)
             self.started = self.last = None

@@ -284,9 +284,10 @@ def _pulled(name: str) -> dict | None:
 
 
 def pull(text: str, name: str | None = None, offline: bool = False, force: bool = False, context: int | None = None,
-         dtype: str = "float32", report: Reporter | None = None) -> PullResult:
+         dtype: str = "float32", report: Reporter | None = None, import_progress=None) -> PullResult:
     """Pull text (REPO[:QUANT][@REVISION]) and import it as `name` (default: Plan.default_name). A model of that name
-    pulled from the same repo is updated in place (a no-op at the same commit); one from elsewhere needs force."""
+    pulled from the same repo is updated in place (a no-op at the same commit); one from elsewhere needs force.
+    import_progress(done, total, what): the importer's stages (importer/run.py's progress)."""
     report = report or Reporter()
     p = plan(text, offline)
     from ..importer.store import check_name
@@ -351,7 +352,8 @@ def pull(text: str, name: str | None = None, offline: bool = False, force: bool 
                                             "commit": p.commit, "files": p.files,
                                             "quant": p.choice.quant if p.choice else None}}
     try:
-        dest = import_model(src, name=name, context=context, dtype=dtype, force=replace, origin=origin)
+        dest = import_model(src, name=name, context=context, dtype=dtype, force=replace, origin=origin,
+                            progress=import_progress)
     except ImportRefused as e:
         raise PullError(f"{p.ref}: {e}") from None
     return PullResult(name, dest, p, fetched=fetched)
