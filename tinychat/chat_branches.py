@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from . import session as S
 from . import session_tree as T
+from .numbers import is_count
 from .settings import ChatError, ChatSettings
 
 
@@ -129,7 +130,7 @@ class BranchesMixin:
 
     def _fork_token(self, token: int | str) -> int:
         """A token to force: an id (int, or digits), or text that is exactly one token (" cat")."""
-        if isinstance(token, str) and not token.strip().isdigit():
+        if isinstance(token, str) and not is_count(token.strip()):
             ids = self.tok.encode(token)
             if len(ids) != 1:
                 raise ChatError(f"{token!r} is {len(ids)} tokens, not one: give a token id, or the text of one token")
@@ -220,7 +221,7 @@ class BranchesMixin:
             to = (at + 1) % n
         elif which == "prev":
             to = (at - 1) % n
-        elif isinstance(which, int) or (isinstance(which, str) and which.isdigit()):
+        elif isinstance(which, int) or is_count(which):
             k = int(which)
             if not 1 <= k <= n:
                 raise ChatError(f"no alternative {k}: this {what} has {n} (1..{n})" if n > 1

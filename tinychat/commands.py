@@ -8,6 +8,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from .numbers import is_count
+
 
 @dataclass(frozen=True)
 class Command:
@@ -107,7 +109,7 @@ def parse_trace(args: list[str]) -> bool:
 
 def parse_alt(args: list[str]) -> str:
     """/alt's argument: next, prev or a 1-based number; else CommandError."""
-    if len(args) != 1 or not (args[0] in ("next", "prev") or args[0].isdigit()):
+    if len(args) != 1 or not (args[0] in ("next", "prev") or is_count(args[0])):
         raise CommandError("usage: /alt next|prev|N")
     return args[0]
 
@@ -124,10 +126,12 @@ def parse_ab(args: list[str]) -> dict[str, str]:
     if not out:
         raise CommandError("usage: /ab KEY=VALUE [...] (e.g. /ab top-p=0.5 penalty=1.5)")
     return out
+
+
 def parse_fork(args: list[str]) -> tuple[int, str]:
     """/fork's arguments: a 0-based token position and a token (digits: an id; else the text of one token, which the
     chat resolves); else CommandError."""
-    if len(args) != 2 or not args[0].isdigit() or not args[1]:
+    if len(args) != 2 or not is_count(args[0]) or not args[1]:
         raise CommandError('usage: /fork POSITION TOKEN (TOKEN: an id, or the text of one token: " cat")')
     return int(args[0]), args[1]
 

@@ -55,7 +55,7 @@ def lock_path(folder: Path, session_id: str) -> Path:
 def _holder_pid(path: Path) -> int | None:
     try:
         text = path.read_text(encoding="ascii", errors="replace").strip()
-        return int(text) if text.isdigit() else None
+        return int(text) if text.isascii() and text.isdigit() and len(text) < 20 else None
     except OSError:
         return None
 

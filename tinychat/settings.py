@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .numbers import parse_float, parse_int
+
 
 class ChatError(ValueError):
     """A turn or setting the chat cannot take; one line, fit for the user."""
@@ -78,18 +80,19 @@ class ChatSettings:
         cur = getattr(self, key)
         try:
             if key == "seed":
-                v = None if value.strip().lower() in ("", "none", "random", "off") else int(value)
+                v = None if value.strip().lower() in ("", "none", "random", "off") else parse_int(value)
             elif isinstance(cur, bool):
                 low = value.strip().lower()
                 if low not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
                     raise ValueError
                 v = low in ("on", "true", "1", "yes")
             elif isinstance(cur, int):
-                v = int(value)
+                v = parse_int(value)
             elif isinstance(cur, float):
-                v = float(value)
+                v = parse_float(value)
             else:
                 v = value
         except ValueError:
-            raise ChatError(f"{key.replace('_', '-')}: cannot read {value!r} as {type(cur).__name__}") from None
+            kind = "int" if key == "seed" else type(cur).__name__
+            raise ChatError(f"{key.replace('_', '-')}: cannot read {value!r} as {kind} (digits 0-9)") from None
         return dataclasses.replace(self, **{key: v})

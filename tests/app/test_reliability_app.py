@@ -33,3 +33,19 @@ async def test_a_session_open_in_another_process_is_reported_as_such(factory):
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         assert app.load_error.startswith("could not open the session: session 20260101-000000-000-abcdef is open")
+
+
+async def test_commands_with_non_ascii_digits_are_one_line_errors_and_the_app_goes_on(factory):
+    """Issue #33 item 7: "²".isdigit() is true but int("²") raises; `/edit ²` ended the app with a traceback."""
+    from app_support import start
+    app = make_app(factory(temperature=0.0, max_new=4), blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await say(pilot, "hello there")
+        for line in ("/edit ²", "/edit r²", "/edit ١", "/alt ²", "/alt ١", "/fork ² 5"):
+            await start(pilot, line)
+            await pilot.pause()
+        errors = notes(app, "error")
+        assert sum("usage: /edit" in n for n in errors) == 3 and sum("usage: /alt" in n for n in errors) == 2
+        assert any("usage: /fork" in n for n in errors) and all("\n" not in n for n in errors)
+        assert app.is_running and app.chat.session.n_turns == 1

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from textual import work
 
+from ..numbers import is_count
 from ..settings import ChatError
 from ..textsafe import plural
 from .messages import ChatOpened, JobDone, TokensReady, TurnFinished
@@ -68,7 +69,7 @@ class TurnsMixin:
         num = args[0][1:] if reply else (args[0] if args else "")
         role, what = ("assistant", "reply") if reply else ("user", "message")
         at = [i for i, m in enumerate(self.chat.session.messages) if m.role == role]
-        if len(args) > 1 or (num and not num.isdigit()):
+        if len(args) > 1 or (num and not is_count(num)):
             self.notify("usage: /edit [N] (your Nth message), /edit r[N] (the Nth reply) or /edit off",
                         severity="error")
             return
@@ -324,7 +325,7 @@ class TurnsMixin:
         is_reply = index is None or self.chat.session.messages[index].role == "assistant"
         what, how = ("reply", "Ctrl+R") if is_reply else ("message", "/edit")
         self._alt_what = what
-        if which.isdigit() and not 1 <= int(which) <= n:
+        if is_count(which) and not 1 <= int(which) <= n:
             self.notify(f"no alternative {which}: this {what} has {n} (1..{n})" if n > 1 else
                         f"no alternative {which}: this {what} has no others ({how} makes one)", severity="error")
             return

@@ -20,7 +20,7 @@ from .. import commands
 PASTE_INLINE_CHARS = 2000       # pastes longer than this (or with more lines) become a placeholder
 PASTE_INLINE_LINES = 40
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter", "ctrl+enter")
-_PLACEHOLDER = re.compile(r"\[paste #(\d+): [\d,]+ chars?, [\d,]+ lines?\]")
+_PLACEHOLDER = re.compile(r"\[paste #([0-9]+): [0-9,]+ chars?, [0-9,]+ lines?\]")
 
 
 def _inline(text: str) -> bool:
