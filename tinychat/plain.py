@@ -79,7 +79,7 @@ class PlainREPL:
     def turn(self, fn) -> TurnResult | None:
         """Run a turn in a worker thread so Ctrl-C can stop it cleanly (the cache stays well-formed). `fn(on_token,
         on_reply)`: the reply is shown through on_reply before the chat saves it, so a failed save never hides it."""
-        box: dict = {}
+        shown: dict = {}
         stream = self.interactive and not self.json_out
 
         def on_token(i, tok, text, tr, ms):
@@ -87,31 +87,14 @@ class PlainREPL:
                 self.stdout.write(text)
                 self.stdout.flush()
 
-        done = threading.Event()
-
         def on_reply(r):
-            box["shown"] = True
+            shown["shown"] = True
             self._show(r, stream)
-
-        def work():
-            try:
-                box["result"] = fn(on_token, on_reply)
-            except BaseException as e:  # noqa: BLE001  reported on the main thread
-                box["error"] = e
-            finally:
-                done.set()
 
         if stream:
             self.stdout.write("bot> ")
-        worker = threading.Thread(target=work, daemon=True)
-        worker.start()
-        # an Event, not Thread.join: a join interrupted by Ctrl-C can leave is_alive() False while the turn runs
-        while not done.is_set():
-            try:
-                done.wait(0.1)
-            except KeyboardInterrupt:
-                self.chat.cancel()
-        worker.join()               # the turn is done: let the thread end before the next turn (or the exit) goes on
+        box = self._in_worker(lambda: fn(on_token, on_reply))
+        box.update(shown)
         if "error" in box:
             if stream:
                 self.stdout.write("\n")
@@ -126,6 +109,38 @@ class PlainREPL:
         if self.chat.trace:
             self.print_trace(r)
         return r
+
+    def _in_worker(self, fn) -> dict:
+        """Run fn() on a worker thread, so that Ctrl-C can stop the turn cleanly (chat.cancel: the cache stays
+        well-formed); returns {"result": ...} or {"error": the exception}. The thread is joined before this returns:
+        a worker still unwinding (freeing the turn's tensors releases the GIL) when the interpreter finalizes is
+        ended inside PyTorch's C++ code, which aborts the process ("terminate called without an active exception",
+        exit 134), so no worker may outlive its turn."""
+        box: dict = {}
+        done = threading.Event()
+
+        def work():
+            try:
+                box["result"] = fn()
+            except BaseException as e:  # noqa: BLE001  reported on the main thread
+                box["error"] = e
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=work, name="tinychat-turn")
+        worker.start()
+        # an Event, not Thread.join: a join interrupted by Ctrl-C can leave is_alive() False while the turn runs
+        while not done.is_set():
+            try:
+                done.wait(0.1)
+            except KeyboardInterrupt:
+                self.chat.cancel()
+        while worker.is_alive():            # the turn is over: only the thread's own teardown is left
+            try:
+                worker.join(0.1)
+            except KeyboardInterrupt:
+                pass
+        return box
 
     def _show(self, r: TurnResult, stream: bool) -> None:
         if self.json_out:
@@ -165,25 +180,7 @@ class PlainREPL:
         """/ab KEY=VALUE ...: both replies (side by side on a wide terminal, else one after the other; --json: one
         object), the first differing token (between ⟦ ⟧) and its cause, and how to keep B."""
         from .ab import place_of, run_ab
-        box: dict = {}
-        done = threading.Event()
-
-        def work():
-            try:
-                box["result"] = run_ab(self.chat, changes)
-            except BaseException as e:  # noqa: BLE001  reported on the main thread
-                box["error"] = e
-            finally:
-                done.set()
-
-        worker = threading.Thread(target=work, daemon=True)
-        worker.start()
-        while not done.is_set():
-            try:
-                done.wait(0.1)
-            except KeyboardInterrupt:
-                self.chat.cancel()
-        worker.join()               # as in turn(): the thread ends before anything else runs
+        box = self._in_worker(lambda: run_ab(self.chat, changes))
         if "error" in box:
             self._error(box["error"])
             return
