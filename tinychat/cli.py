@@ -415,9 +415,10 @@ def sessions_export(ref: str = typer.Argument(..., metavar="ID|PATH"),
         from .textsafe import safe_text
         typer.echo(safe_text(text))
     else:
-        from .fsutil import atomic_write
-        atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
-        typer.echo(f"wrote {out}", err=True)
+        from .fsutil import write_out
+        from .textsafe import safe_line
+        write_out(out, text.encode("utf-8"))       # a link is followed, a FIFO or a device written through
+        typer.echo(safe_line(f"wrote {out}"), err=True)
 
 
 @sessions_app.command("rename")

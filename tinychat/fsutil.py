@@ -59,3 +59,42 @@ def file_sha256(path: Path) -> str:
         while block := f.read(1 << 20):
             h.update(block)
     return h.hexdigest()
+
+
+class OutPathError(ValueError):
+    """A path the user named for output that tinychat will not write (a folder, a block device, ...); one line."""
+
+
+def write_out(target: str | Path, data: bytes) -> Path:
+    """Write `data` to a path the user named (`sessions export --out PATH`, the app's export), leaving what is there
+    what it is. Returns the path written.
+
+    - Nothing there, or a regular file: an atomic write (a temp file beside it, renamed over it).
+    - A symbolic link: never replaced; its target is written by these same rules (a link to nothing creates its
+      target, as a shell's `>` does).
+    - A FIFO or a character device (/dev/stdout, /dev/null, a terminal): written through, opened as it is (never
+      replaced by a regular file: as root, replacing /dev/null would break the system).
+    - A folder, a block device, a socket: refused (OutPathError)."""
+    import stat
+
+    target = Path(target)
+    real = Path(os.path.realpath(target)) if target.is_symlink() else target
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise OutPathError(f"{target}: cannot write there ({e.strerror or e})") from None
+    if st is None or stat.S_ISREG(st.st_mode):
+        if not real.parent.is_dir():
+            raise OutPathError(f"{target}: no folder {real.parent}")
+        atomic_write_bytes(real, data)
+        return real
+    if stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode):
+        fd = os.open(real, os.O_WRONLY | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return real
+    kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a block device" if stat.S_ISBLK(st.st_mode) else \
+        "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file"
+    raise OutPathError(f"{target}: {kind}; give the path of a file to write")

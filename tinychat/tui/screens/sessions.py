@@ -16,7 +16,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from ... import session as S
 from ... import session_export as SE
-from ...fsutil import atomic_write_bytes
+from ...fsutil import OutPathError, write_out
 from .dialogs import ConfirmDialog, TextDialog
 
 
@@ -233,8 +233,8 @@ class SessionsScreen(ModalScreen[tuple | None]):
         def write(out: Path) -> None:
             try:
                 sess = S.load(info.id, self.sessions_dir)
-                atomic_write_bytes(out, SE.export_markdown(sess).encode("utf-8"))
-            except (S.SessionError, OSError) as e:
+                write_out(out, SE.export_markdown(sess).encode("utf-8"))     # a link: its target written
+            except (S.SessionError, OutPathError, OSError) as e:
                 self.notify(f"not exported: {e}", severity="error")
                 return
             self.notify(f"exported to {out}")
