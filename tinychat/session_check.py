@@ -56,20 +56,20 @@ def sampler_problem(d: dict, prefix: str) -> str | None:
     return None
 
 
-def order_problem(messages: list) -> str | None:
+def order_problem(messages: list, start: int = 0) -> str | None:
     """Messages (objects with role / settings / seed) in the order a chat writes them: an optional system message
     first, then user, assistant, user, assistant ...; each assistant turn with its settings and seed, and a
-    `context_start` (a shortened context) pointing at an earlier user message."""
-    i = 1 if messages and messages[0].role == "system" else 0
-    if len(messages) == 1 and i == 1:
+    `context_start` (a shortened context) pointing at an earlier user message. start: check from that index on (those
+    before it are known to follow the rules: a save after messages were appended)."""
+    first = 1 if messages and messages[0].role == "system" else 0
+    if len(messages) == 1 and first == 1:
         return None
-    users: set[int] = set()
+    i = first if start <= first else start - (start - first) % 2        # from the turn holding `start`
     while i < len(messages):
         m = messages[i]
         if m.role != "user":
             return f"messages[{i}] is a {m.role} message where a user message must come (a system message may " \
                    f"only come first; turns alternate user, assistant)"
-        users.add(i)
         if i + 1 >= len(messages):
             return f"messages[{i}] is a user message without a reply"
         r = messages[i + 1]
@@ -83,10 +83,10 @@ def order_problem(messages: list) -> str | None:
         problem = sampler_problem(r.settings, where + "settings.")
         if problem:
             return problem
-        start = r.settings.get("context_start")
-        if start is not None and not (is_int(start) and start in users):
+        at = r.settings.get("context_start")     # a user message's index: first, first + 2, ..., up to i
+        if at is not None and not (is_int(at) and first <= at <= i and not (at - first) % 2):
             return f"field {where}settings.context_start must be the index of a user message up to {i}, " \
-                   f"got {show(start)}"
+                   f"got {show(at)}"
         i += 2
     return None
 
@@ -121,40 +121,92 @@ def fork_problem(m: Any) -> str | None:
 
 def tree_problem(messages: list, branches: list) -> str | None:
     """The tree of a version-2 file: unique ids, the active path (`messages`) linked in order, every branch message
-    linked to a message that exists (no cycles), and every path from a root to a leaf in chat order."""
-    where: dict[int, str] = {}
-    for name, msgs in (("messages", messages), ("branches", branches)):
-        for i, m in enumerate(msgs):
-            if m.id in where:
-                return f"field {name}[{i}].id = {m.id} is also the id of {where[m.id]}"
-            where[m.id] = f"{name}[{i}]"
+    linked to a message that exists (no cycles), and every path from a root to a leaf in chat order.
+
+    Linear in the number of messages: one walk down from the roots gives each message its place on its path (its
+    parent's plus one), and a message's rules depend only on that place and on whether its path starts with a system
+    message, so each message is checked once however many paths share it (walking each branch up to the active path
+    was quadratic: a 30,000-message chain took minutes). Only a problem found is described along a whole path."""
+    ids = [m.id for m in messages] + [m.id for m in branches]
+    if len(set(ids)) != len(ids):
+        seen: dict[int, str] = {}
+        for name, msgs in (("messages", messages), ("branches", branches)):
+            for i, m in enumerate(msgs):
+                if m.id in seen:
+                    return f"field {name}[{i}].id = {m.id} is also the id of {seen[m.id]}"
+                seen[m.id] = f"{name}[{i}]"
     prev = None
     for i, m in enumerate(messages):
         if m.parent != prev:
             return f"field messages[{i}].parent must be {show(prev)} (the message before it), got {show(m.parent)}"
         prev = m.id
-    parent = {m.id: m.parent for m in list(messages) + list(branches)}
-    node = {m.id: m for m in list(messages) + list(branches)}
+    known = set(ids)
     for i, m in enumerate(branches):
-        if m.parent is not None and m.parent not in parent:
+        if m.parent is not None and m.parent not in known:
             return f"field branches[{i}].parent = {m.parent} names no message (a broken parent link)"
-    on_path = {m.id for m in messages}
-    has_kids = {p for p in parent.values() if p is not None}
-    for i, m in enumerate(branches):
-        path, seen = [m], {m.id}
-        while path[-1].parent is not None and path[-1].id not in on_path:
-            up = node[path[-1].parent]
-            if up.id in seen:
+    kids: dict[int | None, list] = {}
+    for m in messages:
+        kids.setdefault(m.parent, []).append(m)
+    for m in branches:
+        kids.setdefault(m.parent, []).append(m)
+    # (message, its index on its path, 1 when its path starts with a system message); each message's rule follows
+    # from its index (order_problem's rules, one message at a time)
+    stack = [(m, 0, int(m.role == "system")) for m in kids.get(None, ())]
+    reached = 0
+    while stack:
+        m, i, first = stack.pop()
+        reached += 1
+        below = kids.get(m.id)
+        k = i - first
+        if k >= 0:
+            if not k & 1:
+                if m.role != "user" or not below:
+                    return _describe(m, messages, branches, kids)
+            elif m.role != "assistant" or _reply_problem(m, i, first):
+                return _describe(m, messages, branches, kids)
+        if below:
+            i += 1
+            stack.extend([(c, i, first) for c in below])
+    if reached < len(ids):              # what no root reaches hangs in (or from) a loop of parent links
+        on_tree = _reachable(kids)
+        for i, m in enumerate(branches):
+            if m.id not in on_tree:
                 return f"field branches[{i}].parent: the parent links form a cycle"
-            seen.add(up.id)
-            path.append(up)
-        if m.id in has_kids:
-            continue
-        if path[-1].id in on_path:              # joined the active path: its part up to there comes first
-            k = next(j for j, a in enumerate(messages) if a.id == path[-1].id)
-            full = list(messages[:k]) + path[::-1]
-        else:
-            full = path[::-1]
-        if problem := order_problem(full):
-            return f"the branch ending at branches[{i}]: {problem} (indices along that branch)"
     return None
+
+
+def _reply_problem(m: Any, i: int, first: int) -> bool:
+    """A reply at index i of its path without its settings and seed, or with a context_start that is not a user
+    message before it."""
+    st = m.settings
+    if st is None or m.seed is None or sampler_problem(st, ""):
+        return True
+    start = st.get("context_start")
+    return start is not None and not (is_int(start) and first <= start < i and not (start - first) & 1)
+
+
+def _reachable(kids: dict) -> set:
+    out, todo = set(), list(kids.get(None, ()))
+    while todo:
+        m = todo.pop()
+        out.add(m.id)
+        todo.extend(kids.get(m.id, ()))
+    return out
+
+
+def _describe(bad: Any, messages: list, branches: list, kids: dict) -> str:
+    """The problem at message `bad`, told along the path from a root to a leaf below it (as order_problem tells it)."""
+    leaf = bad
+    while kids.get(leaf.id):
+        leaf = kids[leaf.id][-1]
+    nodes = {m.id: m for m in list(messages) + list(branches)}
+    path = [leaf]
+    while path[-1].parent is not None:
+        path.append(nodes[path[-1].parent])
+    path.reverse()
+    problem = order_problem(path) or f"messages[{path.index(bad)}] breaks the chat order"
+    i = next((j for j, m in enumerate(branches) if m is leaf), None)
+    if i is None:
+        return problem
+    return f"the branch ending at branches[{i}]: {problem} (indices along that branch)"
+

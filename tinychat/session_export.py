@@ -9,7 +9,7 @@ from tinychat import session_tree
 
 def export_json(session: Session) -> str:
     """The session file's exact JSON text (loadable again with `load(path)`)."""
-    return _serialize(session, f"<session {session.id}>")
+    return b"".join(_serialize(session, f"<session {session.id}>")).decode("utf-8")
 
 
 def _when(t: float) -> str:

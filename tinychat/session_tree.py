@@ -7,19 +7,30 @@ Siblings are the messages that share a parent (and so a role): the alternatives 
 ordered by id (the order they were made in). Torch-free; the chat runtime (chat.py) moves the cache along."""
 from __future__ import annotations
 
+import operator
 from typing import Any
+
+_ID = operator.attrgetter("id")
 
 
 def link(session: Any) -> None:
     """Give every message without an id (0) the next free one, and set the active path's parent links."""
-    nodes = list(session.messages) + list(session.branches)
-    nxt = max((m.id for m in nodes), default=0) + 1
-    for m in nodes:
-        if not m.id:
-            m.id, nxt = nxt, nxt + 1
+    lists = (session.messages, session.branches)
+    ids = [list(map(_ID, msgs)) for msgs in lists]
+    if 0 in ids[0] or 0 in ids[1]:      # new messages: found by C-level searches, not a Python loop over the tree
+        nxt = max(max(ids[0], default=0), max(ids[1], default=0)) + 1
+        for msgs, got in zip(lists, ids):
+            i = -1
+            while True:
+                try:
+                    i = got.index(0, i + 1)
+                except ValueError:
+                    break
+                msgs[i].id, nxt = nxt, nxt + 1
     prev = None
     for m in session.messages:
-        m.parent = prev
+        if m.parent != prev:
+            m.parent = prev
         prev = m.id
 
 

@@ -138,7 +138,9 @@ def test_save_keeps_token_id_lists_on_one_line_for_readable_files():
     s = make_session(1)
     text = S.save(s).read_text(encoding="utf-8")
     assert '"token_ids": [1, 14, 20, 21, 2, 5]' in text
-    assert '"temperature": 0.7' in text  # nested objects are indented, not packed
+    assert '"temperature": 0.7' in text
+    assert text.startswith('{\n  "schema": "tinychat.session",\n')        # the session's fields indented for people,
+    assert all(line.startswith('    {"role": ') for line in text.splitlines() if '"role"' in line)   # a message a line
 
 
 def test_save_touches_updated_and_fills_an_empty_title_from_the_first_user_message():
@@ -172,8 +174,9 @@ def test_save_refuses_a_session_that_load_would_reject(home):
         S.save(make_session(1, sid="../escape"))
 
 
-def _half_write_then_fail(self, data):
-    with open(self, "wb") as f:
+def _half_write_then_fail(path, parts):
+    data = b"".join(parts)
+    with open(path, "wb") as f:
         f.write(data[: len(data) // 2])
     raise OSError(28, "No space left on device")
 
@@ -192,7 +195,7 @@ def test_failed_save_leaves_the_previous_file_intact_and_no_temp_files(monkeypat
         if stage == "serialize":
             mp.setattr(S, "_dumps", lambda *a, **k: (_ for _ in ()).throw(TypeError("injected")))
         elif stage == "write":
-            mp.setattr(Path, "write_bytes", _half_write_then_fail)
+            mp.setattr(S, "_write_parts", _half_write_then_fail)
         else:
             mp.setattr(S.os, stage, boom)
         with pytest.raises((OSError, SessionError), match="injected|No space"):

@@ -1,0 +1,179 @@
+"""Issue #33 item 4: big session trees. Validating a tree walked each branch message up to the active path (a chain
+of N messages hung off an early reply: N^2 steps; `tinychat sessions` took 111 s at 30,000 messages), and every
+autosave re-validated and re-encoded the whole tree. Now validation is one walk down from the roots, and a save
+encodes and checks only what changed (session_write.py).
+
+The timing bounds here are functional and generous (a shared, noisy 2-vCPU machine): growth from N to 8N messages
+must stay far below quadratic (64x), and a 20,000-message tree must load, list and save within seconds, not
+minutes. The figures themselves: tests/perf/tree_sessions.py and docs/benchmarks.md."""
+import json
+import random
+import time
+
+import pytest
+from support import make_chat, tokenizer
+
+from tinychat import session as S
+from tinychat import session_check, session_write
+from tinychat.session_check import tree_problem
+
+SETTINGS = {"temperature": 0.8, "top_p": 0.9, "penalty": 1.2, "penalty_window": 64, "ban": True, "no_parrot": True,
+            "ban_reply": True, "max_new": 64, "seed": 1}
+
+
+def _msg(mid, parent, role, rng):
+    ids = [rng.randrange(3, 390) for _ in range(6)]
+    m = {"role": role, "content": "x", "token_ids": ids, "created": 1.0, "settings": None, "seed": None,
+         "finish": None, "timing_ms": None, "id": mid, "parent": parent, "fork": None}
+    if role == "assistant":
+        m.update(settings=dict(SETTINGS), seed=rng.randrange(2 ** 62), finish="stop", timing_ms=[1.5] * 6)
+    return m
+
+
+def tree(n: int, shape: str, seed: int = 0, sid: str = "20261202-000000-000-abcdef") -> dict:
+    """A session dict: system + two turns on the active path, and n branch messages: "deep", a chain off the first
+    reply; "wide", alternatives of the first reply each with a continuation; "bushy", a random tree of turns."""
+    rng = random.Random(seed)
+    msgs = [_msg(1, None, "system", rng)] + [_msg(i, i - 1, r, rng) for i, r in
+                                              zip(range(2, 6), ("user", "assistant", "user", "assistant"))]
+    branches, nxt = [], 6
+    if shape == "deep":
+        parent = 3
+        for i in range(n - n % 2):
+            branches.append(_msg(nxt, parent, "user" if i % 2 == 0 else "assistant", rng))
+            parent, nxt = nxt, nxt + 1
+    elif shape == "wide":
+        for _ in range(n // 3):
+            branches += [_msg(nxt, 2, "assistant", rng), _msg(nxt + 1, nxt, "user", rng),
+                         _msg(nxt + 2, nxt + 1, "assistant", rng)]
+            nxt += 3
+    else:                           # bushy: each new turn hangs off a random earlier reply
+        replies = [3, 5]
+        for _ in range(n // 2):
+            at = rng.choice(replies)
+            branches += [_msg(nxt, at, "user", rng), _msg(nxt + 1, nxt, "assistant", rng)]
+            replies.append(nxt + 1)
+            nxt += 2
+    return {"schema": "tinychat.session", "version": 2, "id": sid, "title": "t", "created": 1.0, "updated": 1.0,
+            "model": {"name": "tiny-test", "hash": ""}, "tokenizer_hash": "", "quant": "none", "device": "cpu",
+            "settings": dict(SETTINGS), "messages": msgs, "branches": branches, "revision": 1, "kv_sha256": ""}
+
+
+def _cpu(fn, repeats: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t)
+    return best
+
+
+@pytest.mark.parametrize("shape", ["deep", "wide", "bushy"])
+def test_loading_a_tree_grows_linearly_with_its_size(tmp_path, shape):
+    times = {}
+    for n in (1500, 12000):
+        path = tmp_path / f"{n}.json"
+        path.write_text(json.dumps(tree(n, shape)))
+        times[n] = _cpu(lambda: S.load(path))
+    ratio = times[12000] / max(times[1500], 1e-4)
+    assert ratio < 24, f"8x the messages took {ratio:.1f}x the time ({times}): not linear"
+
+
+def test_validating_a_deep_chain_is_linear():
+    loaded = {}
+    for n in (2000, 16000):
+        s = S._from_dict(tree(n, "deep"), "<test>")
+        loaded[n] = _cpu(lambda: tree_problem(s.messages, s.branches))
+    assert loaded[16000] / max(loaded[2000], 1e-4) < 24, loaded
+
+
+@pytest.mark.parametrize("shape", ["deep", "wide", "bushy"])
+def test_a_20000_message_tree_lists_loads_and_saves_in_seconds(tmp_path, shape):
+    d = tree(20000, shape)
+    path = tmp_path / f"{d['id']}.json"
+    path.write_text(json.dumps(d))
+    t = time.monotonic()
+    [info] = S.list_sessions(tmp_path)
+    s = S.load(path)
+    S.save(s, tmp_path)
+    s.messages += [S.Message("user", "more", [1, 4, 2]),
+                   S.Message("assistant", "ok", [1, 5, 2], settings=dict(SETTINGS), seed=2)]
+    S.save(s, tmp_path)
+    assert time.monotonic() - t < 60 and info.n_turns == 2          # minutes before, on any host
+    assert S.load(path).n_turns == 3
+
+
+def test_a_save_after_a_turn_checks_and_encodes_only_the_new_messages(tmp_path, monkeypatch):
+    d = tree(3000, "deep")
+    path = tmp_path / f"{d['id']}.json"
+    path.write_text(json.dumps(d))
+    s = S.load(path)
+    S.save(s, tmp_path)                                 # the first save encodes everything once
+    calls = {"tree": 0, "messages": 0}
+
+    def counting_tree(*a):
+        calls["tree"] += 1
+        return tree_problem(*a)
+
+    real_fast = S._message_fast
+
+    def counting_fast(*a):
+        calls["messages"] += 1
+        return real_fast(*a)
+
+    monkeypatch.setattr(session_write, "tree_problem", counting_tree)
+    monkeypatch.setattr(S, "_message_fast", counting_fast)
+    s.messages += [S.Message("user", "more", [1, 4, 2]),
+                   S.Message("assistant", "ok", [1, 5, 2], settings=dict(SETTINGS), seed=2)]
+    S.save(s, tmp_path)
+    assert calls["tree"] == 0                           # appended to the active path: no walk over the tree
+    assert calls["messages"] <= session_write.CHUNK     # only the active path's chunk was encoded again
+    s.branches.append(s.messages.pop())                 # the new reply made an alternative: the tree changed
+    s.messages.append(S.Message("assistant", "other", [1, 6, 2], settings=dict(SETTINGS), seed=3))
+    S.save(s, tmp_path)
+    assert calls["tree"] == 1
+
+
+def test_a_bad_appended_message_is_still_refused_before_it_is_written(tmp_path):
+    d = tree(600, "wide")
+    path = tmp_path / f"{d['id']}.json"
+    path.write_text(json.dumps(d))
+    s = S.load(path)
+    before = path.read_bytes()
+    s.messages.append(S.Message("user", "a user message without a reply", [1, 4, 2]))
+    with pytest.raises(S.SessionError, match="without a reply"):
+        S.save(s, tmp_path)
+    s.messages.append(S.Message("assistant", "ok", [1, 5, 2], settings={"temperature": 9.0}, seed=2))
+    with pytest.raises(S.SessionError, match="temperature must be between"):
+        S.save(s, tmp_path)
+    assert path.read_bytes() == before
+
+
+def _fresh_bytes(session) -> bytes:
+    """What a session object that never saved (no cached chunks) writes for the same tree."""
+    import dataclasses
+    copy = dataclasses.replace(session)
+    return b"".join(S._serialize(copy, "<test>"))
+
+
+def test_what_a_chat_saves_is_what_a_fresh_encoding_gives_after_every_kind_of_change(tmp_path, monkeypatch):
+    monkeypatch.setattr(session_write, "CHUNK", 3)      # many small chunks: every change crosses some
+    chat = make_chat(max_new=3, seed=3, sessions_dir=tmp_path)
+    ops = [lambda: chat.send("hello there"), lambda: chat.send("why the cat?"), chat.regenerate,
+           lambda: chat.switch_alternative("prev"), lambda: chat.send("and the dog"), chat.undo,
+           lambda: chat.send("and the moon"), lambda: chat.switch_alternative("next", 4),
+           lambda: chat.edit_reply(None, "written by hand"), lambda: chat.send("more"), chat.regenerate,
+           lambda: chat.fork(0, tokenizer().im_end)]
+    for i, op in enumerate(ops):
+        op()
+        path = chat.save()
+        assert path.read_bytes() == _fresh_bytes(chat.session), f"after op {i}"
+        assert S.load(path).messages == chat.session.messages
+
+
+def test_a_cycle_and_an_unreached_tail_are_named(tmp_path):
+    d = tree(40, "deep")
+    d["branches"][10]["parent"] = d["branches"][20]["id"]      # 10..20 now loop; 21.. hang from the loop
+    with pytest.raises(S.SessionError, match="cycle"):
+        S._from_dict(d, "<test>")
+    assert session_check.tree_problem([], []) is None
