@@ -22,21 +22,28 @@ from .fsutil import atomic_write
 from .mapped import MappedWeights
 from .nativebuild import cache_dir
 
-SCHEME = 1
+SCHEME = 2      # 2: an identity is only remembered for weights found finite (no NaN / Inf) while hashed
 FILES = ("config.json", "model.safetensors")
 
 
-def model_identity(model) -> str:
-    """sha256 over config + every weight tensor (call before quantizing): what a session ties itself to."""
+def model_identity(model, check_finite: bool = True) -> str:
+    """sha256 over config + every weight tensor (call before quantizing): what a session ties itself to.
+    check_finite: refuse (CheckpointError, naming the tensor) weights holding a NaN or an infinity, found in the same
+    read (a chat's load checks its weights here, once per file version: cached_identity)."""
     h = hashlib.sha256(json.dumps(model.cfg.to_dict(), sort_keys=True).encode())
     mapped = MappedWeights()              # weights still in the mapped file: its pages go back once hashed
     for k, t in sorted(model.state_dict().items()):
         h.update(k.encode())
         v = t.detach().cpu().contiguous()
-        widen = v.is_floating_point() and v.dtype != torch.float32   # Linear weights kept as stored (bf16) hash
+        floating = v.is_floating_point()
+        widen = floating and v.dtype != torch.float32                # Linear weights kept as stored (bf16) hash
         for block in mapped.blocks(v):                                # as the fp32 values they load as; in parts,
             for part in block.reshape(-1).split(1 << 18):             # no whole-tensor copy (the same digest),
-                part = part.float() if widen else part                # a mapped block's pages dropped once read
+                if check_finite and floating and not bool(torch.isfinite(part).all()):  # a mapped block's pages
+                    from .model import CheckpointError                                   # dropped once read
+                    raise CheckpointError(f"{k} holds NaN or infinite values (a damaged or badly converted "
+                                          "checkpoint)")
+                part = part.float() if widen else part
                 h.update(part.view(torch.uint8).numpy())
     return h.hexdigest()
 

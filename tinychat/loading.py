@@ -129,7 +129,8 @@ def load_runtime(model: Path | None, quant: str = "none") -> Runtime:
     if path is None:
         raise LoadError("no model given and no default model is shipped in this install; "
                         "use --model PATH (a folder with config.json, model.safetensors, tokenizer.json)")
-    m = TinyAgentLM.from_pretrained(path, stored_linears=quant in ("int8", "bf16"))
+    # NaN / Inf weights are refused by the identity's hashing (one read of the weights, once per file version)
+    m = TinyAgentLM.from_pretrained(path, stored_linears=quant in ("int8", "bf16"), check_finite=False)
     if not (Path(path) / TOKENIZER_FILE).is_file():
         raise LoadError(f"{path}: no {TOKENIZER_FILE} (a chat model folder needs its tokenizer)")
     tok = Tokenizer.from_file(Path(path) / TOKENIZER_FILE)
@@ -138,7 +139,11 @@ def load_runtime(model: Path | None, quant: str = "none") -> Runtime:
     shipped = default_model_path()
     is_default = model is None or (shipped is not None and Path(path).resolve() == shipped.resolve())
     name = "default" if is_default else Path(path).resolve().name
-    return Runtime(m, tok, name, cached_identity(Path(path), lambda: model_identity(m)), model_defaults(Path(path)))
+    try:
+        identity = cached_identity(Path(path), lambda: model_identity(m))
+    except ValueError as e:             # CheckpointError: a tensor holding NaN / Inf
+        raise LoadError(f"{Path(path) / 'model.safetensors'}: {e}") from None
+    return Runtime(m, tok, name, identity, model_defaults(Path(path)))
 
 
 def model_defaults(path: Path):

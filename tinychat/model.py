@@ -35,6 +35,7 @@ from torch import nn
 from .choices import SIZES
 from .fsutil import atomic_write
 from .mapped import MappedWeights
+from .weights_check import MAX_POSITIONS, check_shapes, first_nonfinite, state_shapes
 
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
 KEEP_MAPPED_BYTES = 1 << 20    # from_pretrained(stored_linears=True): tensors this big, already in the dtype wanted,
@@ -90,6 +91,8 @@ class ModelConfig:
                 p.append(f"{f} must be a {'non-negative' if low == 0 else 'positive'} integer (got {v!r})")
         if p:
             return p
+        if self.max_seq_len > MAX_POSITIONS:
+            p.append(f"max_seq_len must be at most {MAX_POSITIONS:,} (got {self.max_seq_len:,})")
         if self.swa_window == 0 and self.kv_group != 1:
             p.append("swa_window 0 (no local attention) needs kv_group 1 (every layer global)")
         if self.mlp_kind not in MLP_KINDS:
@@ -567,11 +570,14 @@ class TinyAgentLM(nn.Module):
             atomic_write(path / TOKENIZER_FILE, lambda tmp: tmp.write_bytes(data))
 
     @classmethod
-    def from_pretrained(cls, path, dtype: torch.dtype = torch.float32, stored_linears: bool = False) -> "TinyAgentLM":
+    def from_pretrained(cls, path, dtype: torch.dtype = torch.float32, stored_linears: bool = False,
+                        check_finite: bool = True) -> "TinyAgentLM":
         """The model in folder `path`, its tensors in `dtype`. stored_linears: keep the Linear weights in the file's
         own dtype (bf16 for the shipped model), for a model about to be quantized: no fp32 copy of them is ever
         made; a Chat with --quant none converts them (linears_to); tensors of KEEP_MAPPED_BYTES or more already in
-        `dtype` stay where the file lies too. The file is memory-mapped, not read whole."""
+        `dtype` stay where the file lies too. The file is memory-mapped, not read whole. Its tensors' names and shapes
+        are compared with the config's (state_shapes) before anything is built; check_finite: refuse NaN / Inf weights
+        (a chat's load checks them once per file version instead, with its identity: identity.py)."""
         cfg = load_config(path)
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -579,8 +585,11 @@ class TinyAgentLM(nn.Module):
         if not wpath.is_file():
             raise CheckpointError(f"{path}: no {WEIGHTS_FILE}")
         try:
+            check_shapes(wpath, state_shapes(cfg), "config.json", CheckpointError)   # before anything is built
             sd = load_file(str(wpath))
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            if isinstance(e, CheckpointError):
+                raise
             raise CheckpointError(f"{wpath}: unreadable safetensors file ({str(e).splitlines()[0][:120]})") from None
         # the model itself, its random init skipped (not a meta-device copy: that imports ~800 modules, ~75 MB
         # resident for good); the storage torch.empty gave it is never written, and freed once replaced below
@@ -590,16 +599,8 @@ class TinyAgentLM(nn.Module):
         finally:
             _SKIP_INIT.reset(token)
         expected = {k: v for k, v in model.state_dict().items()}
-        missing = sorted(set(expected) - set(sd))
-        extra = sorted(set(sd) - set(expected))
-        if missing or extra:
-            what = (f"missing {', '.join(missing[:3])}" if missing else "") + \
-                   ("; " if missing and extra else "") + (f"unexpected {', '.join(extra[:3])}" if extra else "")
-            raise CheckpointError(f"{wpath}: weights do not match config.json ({what})")
-        for k, v in expected.items():
-            if tuple(sd[k].shape) != tuple(v.shape):
-                raise CheckpointError(f"{wpath}: {k} has shape {tuple(sd[k].shape)}, config.json implies "
-                                      f"{tuple(v.shape)}")
+        if set(expected) != set(sd):        # state_shapes and the model disagree: a bug here, not in the file
+            raise CheckpointError(f"{wpath}: internal error: the model's tensors are not the ones state_shapes names")
         linears = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, nn.Linear)}
         mapped = MappedWeights()
         for k, v in sd.items():             # one tensor at a time: no second whole copy of the weights
@@ -617,6 +618,9 @@ class TinyAgentLM(nn.Module):
                 continue
             sd[k] = mapped.copy_out(v, want)    # block by block, each block's pages handed back
         model.load_state_dict(sd, strict=True, assign=True)   # parameters become the tensors above
+        if check_finite and (bad := first_nonfinite(model)):
+            raise CheckpointError(f"{wpath}: {bad} holds NaN or infinite values (a damaged or badly converted "
+                                  f"checkpoint)")
         if dtype != torch.float32:          # buffers made by __init__ (RoPE tables) follow
             for name, buf in model.named_buffers():
                 if buf.is_floating_point():

@@ -3,6 +3,7 @@ names (with llama.cpp's q/k row permutation undone), a Hugging Face style config
 tokenizer rebuilt from the metadata. Shared by `tinychat import` and the training teacher (training/teacher.py)."""
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 
 import torch
@@ -30,7 +31,12 @@ PRE_TOKENIZERS = {"gpt2": None, "default": None, "smollm": "digits", "starcoder"
 def field(reader, key, default=None):
     """A metadata value (None-safe)."""
     f = reader.fields.get(key)
-    return default if f is None else f.contents()
+    if f is None:
+        return default
+    try:
+        return f.contents()
+    except (UnicodeDecodeError, ValueError, IndexError, TypeError) as e:
+        raise ImportRefused(f"GGUF metadata {key}: unreadable ({' '.join(str(e).split())[:80]})") from None
 
 
 def unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -67,32 +73,40 @@ def open_reader(path):
 
 
 def hf_config(reader) -> dict:
-    """The GGUF metadata as a Hugging Face config.json dict (the keys llama.py reads)."""
+    """The GGUF metadata as a Hugging Face config.json dict (the keys llama.py reads). Each number must be one of the
+    right kind (a count an integer, a base or epsilon a number): ImportRefused naming the key otherwise."""
     arch = field(reader, "general.architecture")
-    g = lambda k, d=None: field(reader, f"{arch}.{k}", d)  # noqa: E731
-    heads = g("attention.head_count")
-    if heads is None or g("embedding_length") is None:
-        raise ImportRefused(f"GGUF architecture {arch!r}: no {arch}.attention.head_count / embedding_length")
-    d = int(g("embedding_length"))
+    if not isinstance(arch, str):
+        raise ImportRefused("GGUF metadata general.architecture is missing or not text")
+
+    def num(key: str, default=None, kind=int):
+        v = field(reader, f"{arch}.{key}", default)
+        ok = isinstance(v, numbers.Integral) if kind is int else isinstance(v, numbers.Real)
+        if v is None or isinstance(v, bool) or not ok:
+            raise ImportRefused(f"GGUF metadata {arch}.{key} is {'missing' if v is None else f'not a number ({v!r:.30})'}")
+        return kind(v)
+
+    heads, d = num("attention.head_count"), num("embedding_length")
+    if heads < 1:
+        raise ImportRefused(f"GGUF metadata {arch}.attention.head_count must be positive, got {heads}")
     cfg = {
         "model_type": {"llama": "llama", "qwen2": "qwen2"}.get(arch, arch),
-        "hidden_size": d, "num_hidden_layers": int(g("block_count")),
-        "num_attention_heads": int(heads), "num_key_value_heads": int(g("attention.head_count_kv", heads)),
-        "head_dim": int(g("attention.key_length", d // int(heads))),
-        "intermediate_size": int(g("feed_forward_length")),
-        "rope_theta": float(g("rope.freq_base", 10000.0)),
-        "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-5)),
-        "max_position_embeddings": int(g("context_length", 2048)),
-        "vocab_size": int(g("vocab_size", len(field(reader, "tokenizer.ggml.tokens") or ()))),
+        "hidden_size": d, "num_hidden_layers": num("block_count"),
+        "num_attention_heads": heads, "num_key_value_heads": num("attention.head_count_kv", heads),
+        "head_dim": num("attention.key_length", d // heads),
+        "intermediate_size": num("feed_forward_length"),
+        "rope_theta": num("rope.freq_base", 10000.0, float),
+        "rms_norm_eps": num("attention.layer_norm_rms_epsilon", 1e-5, float),
+        "max_position_embeddings": num("context_length", 2048),
         "hidden_act": "silu",
     }
-    if g("expert_count"):
-        cfg["num_local_experts"] = int(g("expert_count"))
-    if g("attention.sliding_window"):
-        cfg["sliding_window"], cfg["use_sliding_window"] = int(g("attention.sliding_window")), True
-    kind = g("rope.scaling.type")
+    if field(reader, f"{arch}.expert_count"):
+        cfg["num_local_experts"] = num("expert_count")
+    if field(reader, f"{arch}.attention.sliding_window"):
+        cfg["sliding_window"], cfg["use_sliding_window"] = num("attention.sliding_window"), True
+    kind = field(reader, f"{arch}.rope.scaling.type")
     if kind and kind != "none":
-        cfg["rope_scaling"] = {"rope_type": kind, "factor": float(g("rope.scaling.factor", 1.0))}
+        cfg["rope_scaling"] = {"rope_type": kind, "factor": num("rope.scaling.factor", 1.0, float)}
     return cfg
 
 
@@ -103,7 +117,11 @@ def read_tensors(reader, cfg: dict) -> dict[str, torch.Tensor]:
     out = {}
     for t in reader.tensors:
         parts = t.name.split(".")
-        w = dequantized(t)
+        try:
+            w = dequantized(t)
+        except Exception as e:  # noqa: BLE001  gguf / numpy on a tensor whose data is not what its header says
+            raise ImportRefused(f"GGUF tensor {t.name!r:.60}: unreadable ({' '.join(str(e).split())[:100]})") \
+                from None
         if t.name == "rope_freqs.weight":
             cfg["rope_scaling"] = {"rope_type": "factors", "factors": [float(v) for v in w.flatten()]}
             continue
@@ -132,13 +150,27 @@ def tokenizer_from_gguf(reader):
     model = field(reader, "tokenizer.ggml.model")
     if model != "gpt2":
         raise ImportRefused(f"only byte-level BPE (gpt2) GGUF tokenizers are supported, got {model!r}")
-    tokens = list(field(reader, "tokenizer.ggml.tokens"))
-    merges = [tuple(m.split(" ", 1)) for m in field(reader, "tokenizer.ggml.merges")]
-    types = list(field(reader, "tokenizer.ggml.token_type"))
+    got = {k: field(reader, f"tokenizer.ggml.{k}") for k in ("tokens", "merges", "token_type")}
+    for k, v in got.items():
+        if not isinstance(v, (list, tuple)) or not v:
+            raise ImportRefused(f"GGUF metadata tokenizer.ggml.{k} is missing or not a list")
+    tokens, types = list(got["tokens"]), list(got["token_type"])
+    if not all(isinstance(t, str) for t in tokens) or len(types) != len(tokens):
+        raise ImportRefused("GGUF metadata tokenizer.ggml.tokens / token_type: not one string and one type per token")
+    merges = []
+    for m in got["merges"]:
+        pair = tuple(m.split(" ", 1)) if isinstance(m, str) else ()
+        if len(pair) != 2 or not all(pair):
+            raise ImportRefused(f"GGUF metadata tokenizer.ggml.merges: {m!r:.40} is not two tokens and a space")
+        merges.append(pair)
     pre = field(reader, "tokenizer.ggml.pre", "gpt2")
     if pre not in PRE_TOKENIZERS:
-        raise ImportRefused(f"GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(PRE_TOKENIZERS)})")
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+        raise ImportRefused(f"GGUF pre-tokenizer {pre!r:.40} is not supported (supported: "
+                            f"{', '.join(PRE_TOKENIZERS)})")
+    try:
+        tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    except Exception as e:  # noqa: BLE001  the Rust side raises plain Exception (a merge of unknown tokens, ...)
+        raise ImportRefused(f"GGUF tokenizer: not a usable BPE ({' '.join(str(e).split())[:100]})") from None
     split = PRE_TOKENIZERS[pre]
     if split is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

@@ -70,8 +70,9 @@ def import_model(src, name: str | None = None, context: int | None = None, dtype
         raise ImportRefused(f"a model named {name!r} exists already ({dest}); pick another --name or add --force")
     stage(0)
     cfg, tensors, tok_text, template, stops = read_source(src)
-    from .llama import build_config, build_model
-    build_config(cfg, tensors, context, name)            # refuse unsupported architectures before any heavy work
+    from .llama import build_config, build_model, check_tensors
+    c = build_config(cfg, tensors, context, name)        # refuse unsupported architectures before any heavy work
+    check_tensors(c, cfg, tensors)                       # and tensors the config does not imply, or NaN / Inf
     fmt = chat_format.detect(template, stops)
     try:
         tok = Tokenizer.from_str(tok_text, source=f"{src} (tokenizer)", chat=CHAT_FORMATS[fmt["format"]])
@@ -81,7 +82,7 @@ def import_model(src, name: str | None = None, context: int | None = None, dtype
     # the source holds it (the stored model has it untied, and norm gains folded, so model.num_params() is not it)
     params = sum(t.numel() for k, t in tensors.items() if not k.endswith("rotary_emb.inv_freq"))
     stage(1)
-    model = build_model(cfg, tensors, context, name)
+    model = build_model(cfg, tensors, context, name, checked=True)
     if tok.vocab_size > model.cfg.vocab_size:
         raise ImportRefused(f"tokenizer has {tok.vocab_size} tokens, the model's embedding only {model.cfg.vocab_size}")
     missing = [s for s in fmt["stop_tokens"] if tok.hf.token_to_id(s) is None]
