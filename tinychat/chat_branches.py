@@ -52,6 +52,7 @@ class BranchesMixin:
         msgs = self.session.messages
         if not isinstance(text, str) or not text.strip():
             raise ChatError("empty message")
+        self.check_length(text)
         if not 0 <= index < len(msgs) or msgs[index].role != "user":
             raise ChatError(f"message {index} is not one of your messages")
         T.link(self.session)
@@ -167,6 +168,7 @@ class BranchesMixin:
         ChatError, with nothing changed, for an empty text or one that does not fit the context."""
         if not isinstance(text, str) or not text.strip():
             raise ChatError("empty message")
+        self.check_length(text)
         index = self._reply_index(index)
         msgs = self.session.messages
         old = msgs[index]

@@ -127,11 +127,9 @@ def chat(ctx: typer.Context,
         raise UsageError("--json goes with --plain or -p")
     if prompt is not None and prompt_file is not None:
         raise UsageError("give the message with -p or with -f, not both")
-    if prompt_file is not None:
-        prompt = _file_text(prompt_file)
-    if prompt is not None:
-        from .textin import lf
-        prompt = lf(_one_shot_text(prompt))        # CRLF / CR line breaks as LF, as everywhere text comes in
+    reader = None                           # -p / -f: read once the context is known (it bounds what is read)
+    if prompt is not None or prompt_file is not None:
+        reader = _message_reader(prompt, prompt_file)
         plain = True
     from .settings import ChatSettings
     overrides = {k: v for k, v in dict(seed=seed, temperature=temperature, top_p=top_p, penalty=penalty,
@@ -140,7 +138,7 @@ def chat(ctx: typer.Context,
     ChatSettings(**overrides)       # a bad value stops here, before the model loads
     settings = None                 # tinychat's defaults < the model's < the session's < these overrides (open_chat)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
-    session, autosave = _session_and_saving(session, continue_, save, one_shot=prompt is not None,
+    session, autosave = _session_and_saving(session, continue_, save, one_shot=reader is not None,
                                             app=not plain and interactive)
     dev = resolve_device(device, resolve=plain or not interactive)
     tune = {}
@@ -167,8 +165,10 @@ def chat(ctx: typer.Context,
         return open_chat(rt, mode, dev, None, {}, ref, options, quant_why=why, autosave=autosave)
 
     repl = PlainREPL(chat_, json_out=json_out, restore=restore)
-    if prompt is None:
+    if reader is None:
         raise typer.Exit(repl.run())
+    from .textin import lf
+    prompt = lf(reader(chat_.input_limit()))   # CRLF / CR line breaks as LF, as everywhere text comes in
     repl.interactive = False                # one reply on stdout, notices on stderr
     r = repl.turn(lambda on_token, on_reply: chat_.send(prompt, on_token=on_token, on_reply=on_reply))
     raise typer.Exit(0 if r is not None and not repl.errors else 2)
@@ -208,32 +208,52 @@ def _session_for_auto(quant: str, ref: str | None):
         return None
 
 
-def _one_shot_text(prompt: str) -> str:
-    """-p's message: the text itself, or with '-' all of stdin (not a terminal): one message, not a turn per line."""
+def _message_reader(prompt: str | None, path: Path | None):
+    """-p TEXT, -p - (all of stdin) or -f FILE (UTF-8): checks what it can now (the file opens, stdin is not a
+    terminal, the text is not empty) and returns read(limit) -> the message, which reads at most `limit` characters
+    (Chat.input_limit: more cannot fit the context): `-f /dev/zero` or `-p - </dev/zero` are refused in one line
+    instead of read until memory runs out."""
+    if path is not None:
+        try:
+            f = open(path, "rb")
+        except IsADirectoryError:
+            raise UsageError(f"-f {path}: a folder, not a file") from None
+        except OSError as e:
+            raise UsageError(f"-f {path}: {e.strerror or e}") from None
+        return lambda limit: _file_text(path, f, limit)
     if prompt == "-":
         if sys.stdin.isatty():
             raise UsageError("-p - reads the message from stdin, which is a terminal here: pipe the text in")
-        prompt = sys.stdin.read()
+        return lambda limit: _checked_text(sys.stdin.read(limit + 1), "-p -: the message on stdin", limit)
     if not prompt.strip():
         raise UsageError("-p: the message is empty")
-    return prompt
+    return lambda limit: _checked_text(prompt, "-p: the message", limit)
 
 
-def _file_text(path: Path) -> str:
-    """-f's message: the whole file as UTF-8 text (one message)."""
-    try:
-        data = path.read_bytes()
-    except IsADirectoryError:
-        raise UsageError(f"-f {path}: a folder, not a file") from None
-    except OSError as e:
-        raise UsageError(f"-f {path}: {e.strerror or e}") from None
+def _checked_text(text: str, what: str, limit: int) -> str:
+    if len(text) > limit:
+        raise UsageError(f"{what} is too long: more than {limit:,} characters cannot fit the model's context")
+    if not text.strip():
+        raise UsageError(f"{what} is empty")
+    return text
+
+
+def _file_text(path: Path, f, limit: int) -> str:
+    """-f's message: the file as UTF-8 text (one message), at most `limit` characters (4 bytes each at most)."""
+    with f:
+        try:
+            data = f.read(4 * limit + 1)
+        except OSError as e:
+            raise UsageError(f"-f {path}: {e.strerror or e}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UsageError(f"-f {path}: not UTF-8 text (byte {e.start})") from None
-    if "\x00" in text:
+        if len(data) <= 4 * limit or e.start < len(data) - 4:
+            raise UsageError(f"-f {path}: not UTF-8 text (byte {e.start})") from None
+        text = data[:e.start].decode("utf-8", "replace") + "?"      # cut inside a character: too long anyway
+    if "\0" in text:
         raise UsageError(f"-f {path}: a binary file (it holds NUL bytes)")
-    return text
+    return _checked_text(text, f"-f {path}", limit)
 
 
 def _int8_kernels() -> str:

@@ -15,6 +15,9 @@ from .session import SessionError
 from .textin import lf
 from .textsafe import plural, safe_line, safe_text
 
+ENDLESS = 64 << 20      # characters of one line dropped before the input counts as endless (/dev/zero), not text
+
+
 class PlainREPL:
     def __init__(self, chat: Chat, json_out: bool = False, stdin=None, stdout=None, stderr=None, restore=None):
         self.chat, self.json_out = chat, json_out
@@ -40,7 +43,20 @@ class PlainREPL:
                     if self.interactive:
                         self.stdout.write("you> ")
                         self.stdout.flush()
-                    read = self.stdin.readline()
+                    limit = self.chat.input_limit()
+                    read = self.stdin.readline(limit + 2)       # a line is read with a bound (a pipe of /dev/zero)
+                    if len(read) - read.endswith("\n") > limit:
+                        rest, dropped = read, 0
+                        while rest and not rest.endswith("\n") and dropped < ENDLESS:      # the rest of the line
+                            rest = self.stdin.readline(1 << 16)
+                            dropped += len(rest)
+                        self.errors += 1
+                        self.note(f"error: message too long: more than {limit:,} characters cannot fit the "
+                                  f"{self.chat.max_len:,}-token context (the line was skipped)")
+                        if rest and not rest.endswith("\n"):     # a line without end (/dev/zero): not text
+                            self.note("error: the input is one endless line, not lines of text: stopped reading it")
+                            break
+                        continue
                 except KeyboardInterrupt:
                     self.note("")
                     break

@@ -283,6 +283,13 @@ class Tokenizer:
         text = "".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in messages)
         return text + (f"{IM_START}assistant\n" if add_generation_prompt else "")
 
+    @cached_property
+    def max_token_bytes(self) -> int:
+        """An upper bound of the bytes (and so the characters) one token stands for: its longest vocabulary entry in
+        UTF-8 (a byte-level entry is at least as long as its bytes, a metaspace "▁" longer than its space). A text of
+        more than context x this characters cannot fit the context, which can be told before tokenizing it."""
+        return max((len(t.encode("utf-8")) for t in self._hf.get_vocab()), default=1)
+
     # -- per-token views ------------------------------------------------------------------------------------
 
     @cached_property
