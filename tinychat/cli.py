@@ -695,15 +695,25 @@ def import_(src: Path = typer.Argument(..., metavar="SRC", help="A Hugging Face 
             return
     with _progress(f"import {src.name}") as (progress, _):
         dest = import_model(src, name=name, context=context, dtype=dtype, force=force, progress=progress)
-    typer.echo(f"imported {src} as {dest.name} ({dest})\nchat with: tinychat --model {dest.name}")
+    from .textsafe import safe_line
+    typer.echo(safe_line(f"imported {src} as {dest.name} ({dest})"))
+    typer.echo(f"chat with: tinychat --model {dest.name}")
 
 
-@app.command("models")
-def models_(json_out: bool = typer.Option(False, "--json", help="A JSON list (models in the Hugging Face cache "
-                                           "follow, with \"imported\": false).")):
-    """List the imported models (`tinychat import`, `tinychat pull`), then the models in the Hugging Face cache that
-    could be imported without downloading (`tinychat import REPO`)."""
-    from .importer.store import list_models
+models_app = typer.Typer(help="Imported models: list them (plain `tinychat models`), rm NAME.",
+                         invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback(invoke_without_command=True)
+def models_(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="A JSON list (models in the "
+                                                              "Hugging Face cache follow, with \"imported\": false).")):
+    """List the imported models (`tinychat import`, `tinychat pull`) with their size on disk, then the models in the
+    Hugging Face cache that could be imported without downloading (`tinychat import REPO`)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from .importer.store import human_bytes, list_models
+    from .textsafe import safe_line
     rows = list_models()
     cached = _cached_not_imported(rows)
     if json_out:
@@ -714,13 +724,27 @@ def models_(json_out: bool = typer.Option(False, "--json", help="A JSON list (mo
         typer.echo("no imported models (add one with: tinychat pull ORG/NAME, or tinychat import SRC)")
     for r in rows:
         params = f"{r['params'] / 1e6:.0f}M params" if r.get("params") else "?"
-        typer.echo(f"{r['name']}  {params}  {r['bytes'] / 2**20:.0f} MiB  {r['format']}  from {r['source']}")
+        typer.echo(safe_line(f"{r['name']}  {params}  {human_bytes(r['disk_bytes'])} on disk  {r['format']}  "
+                             f"from {r['source']}"))
+    if rows:
+        total = sum(r["disk_bytes"] for r in rows)
+        typer.echo(safe_line(f"{len(rows)} model{'s' if len(rows) != 1 else ''}, {human_bytes(total)} on disk in "
+                             f"{Path(rows[0]['path']).parent}"), err=True)
     if cached:
         from .hub.cache import hub_cache
-        typer.echo(f"\nin the Hugging Face cache ({hub_cache()}), to import without downloading:")
+        typer.echo(safe_line(f"\nin the Hugging Face cache ({hub_cache()}), to import without downloading:"))
         for c in cached:
-            typer.echo(f"  tinychat import {c['repo']:40}  {c['format']}  {c['bytes'] / 2**20:.0f} MiB"
-                       + (f"  ({', '.join(c['quants'])})" if c["quants"] else ""))
+            typer.echo(safe_line(f"  tinychat import {c['repo']:40}  {c['format']}  {c['bytes'] / 2**20:.0f} MiB"
+                                 + (f"  ({', '.join(c['quants'])})" if c["quants"] else "")))
+
+
+@models_app.command("rm")
+def models_rm(name: str = typer.Argument(..., metavar="NAME", help="An imported model's name (`tinychat models`).")):
+    """Delete an imported model; refused while a chat has it open (or an import writes it)."""
+    from .importer.store import remove_model
+    from .textsafe import safe_line
+    path = remove_model(name)
+    typer.echo(safe_line(f"deleted {name} ({path})"), err=True)
 
 
 def _cached_not_imported(rows: list[dict]) -> list[dict]:

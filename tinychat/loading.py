@@ -129,8 +129,10 @@ def load_runtime(model: Path | None, quant: str = "none") -> Runtime:
     if path is None:
         raise LoadError("no model given and no default model is shipped in this install; "
                         "use --model PATH (a folder with config.json, model.safetensors, tokenizer.json)")
+    lock = hold_model(Path(path))
     # NaN / Inf weights are refused by the identity's hashing (one read of the weights, once per file version)
     m = TinyAgentLM.from_pretrained(path, stored_linears=quant in ("int8", "bf16"), check_finite=False)
+    m._tinychat_lock = lock                 # held (shared) for as long as the model is: rm and import wait for it
     if not (Path(path) / TOKENIZER_FILE).is_file():
         raise LoadError(f"{path}: no {TOKENIZER_FILE} (a chat model folder needs its tokenizer)")
     tok = Tokenizer.from_file(Path(path) / TOKENIZER_FILE)
@@ -160,6 +162,26 @@ def latest_session() -> str | None:
     from . import session as S
     infos = S.list_sessions()
     return infos[0].id if infos else None
+
+
+def hold_model(path: Path):
+    """The shared lock of the imported model at `path` (importer/lock.py: `models rm` and `import` of its name are
+    refused while it is held), or None for a folder outside the models folder (the shipped model, a checkpoint)."""
+    from . import paths
+    from .importer.lock import ModelBusy, acquire
+    folder = paths.models_dir()
+    try:
+        inside = path.resolve().parent == folder.resolve()
+    except OSError:
+        return None
+    if not inside:
+        return None
+    try:
+        return acquire(folder, path.resolve().name, shared=True)
+    except ModelBusy as e:
+        raise LoadError(str(e)) from None
+    except OSError:                         # a models folder that cannot hold a lock file: nothing can write it either
+        return None
 
 
 def model_for_session(model: Path | None, ref: str) -> Path | None:

@@ -15,6 +15,7 @@ from ..tokenizer import CHAT_FORMATS, Tokenizer, TokenizerError
 from . import chat_format
 from ..sampler_defaults import SAMPLER_FILE
 from .errors import ImportRefused
+from .lock import acquire, sweep
 from .sampler import model_sampler
 from .store import CHAT_FORMAT_FILE, IMPORT_FILE, TEMPLATE_FILE, check_name, model_path
 
@@ -68,6 +69,15 @@ def import_model(src, name: str | None = None, context: int | None = None, dtype
     dest = model_path(name)
     if dest.exists() and not force:
         raise ImportRefused(f"a model named {name!r} exists already ({dest}); pick another --name or add --force")
+    sweep(dest.parent)                                   # what killed imports left (their names' locks are free)
+    with acquire(dest.parent, name, shared=False, action="import"):   # no other import of the name, no chat on it
+        if dest.exists() and not force:                  # imported by another process meanwhile
+            raise ImportRefused(f"a model named {name!r} exists already ({dest}); pick another --name or add --force")
+        return _import(src, name, dest, context, dtype, stage)
+
+
+def _import(src: Path, name: str, dest: Path, context: int | None, dtype: str, stage) -> Path:
+    """import_model's work, under the name's exclusive lock."""
     stage(0)
     cfg, tensors, tok_text, template, stops = read_source(src)
     from .llama import build_config, build_model, check_tensors
@@ -107,11 +117,15 @@ def import_model(src, name: str | None = None, context: int | None = None, dtype
         hints = [str((origin or {}).get("hub", {}).get("repo", "")), str(fmt.get("default_system") or "")]
         sampler = model_sampler(src, hints, model.cfg.max_seq_len)
         atomic_write(tmp / SAMPLER_FILE, lambda t: t.write_text(sampler.to_json(), encoding="utf-8"))
+        old = dest.parent / f".{name}.removing"       # --force: the old model out of the way, the new one in
         if dest.exists():
-            shutil.rmtree(dest)
+            if old.exists():
+                shutil.rmtree(old)
+            dest.rename(old)
         tmp.rename(dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    shutil.rmtree(old, ignore_errors=True)
     stage(len(STAGES))
     return dest

@@ -3,10 +3,14 @@ opened by name with `tinychat --model NAME`. No torch here (listing models must 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 
 from .. import paths
+from .errors import ImportRefused
+from .lock import acquire, sweep
 
 IMPORT_FILE = "import.json"      # where the model came from, its chat format and stop tokens
 CHAT_FORMAT_FILE = "chat_format.json"
@@ -37,11 +41,14 @@ def resolve(model: str | Path | None) -> Path | None:
 
 
 def list_models() -> list[dict]:
-    """[{name, path, source, format, params, bytes}] for every imported model folder, by name."""
+    """[{name, path, source, format, params, bytes, disk_bytes}] for every imported model folder, by name. bytes:
+    the files' sizes; disk_bytes: what they take on the disk (allocated blocks, as du counts them). Leftovers of
+    killed imports are swept first (lock.sweep)."""
     root = paths.models_dir()
     out = []
     if not root.is_dir():
         return out
+    sweep(root)
     for d in sorted(root.iterdir()):
         if d.name.startswith(".") or not (d / "config.json").is_file():    # .NAME.importing: an import under way
             continue
@@ -50,8 +57,63 @@ def list_models() -> list[dict]:
             meta = json.loads((d / IMPORT_FILE).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError, UnicodeDecodeError):
             pass
-        size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
-        out.append({"name": d.name, "path": str(d), "source": meta.get("source", "?"),
-                    "format": meta.get("chat_format", {}).get("format", "?"), "params": meta.get("params"),
-                    "bytes": size})
+        if not isinstance(meta, dict):
+            meta = {}
+        fmt = meta.get("chat_format")
+        size, disk = folder_size(d)
+        out.append({"name": d.name, "path": str(d), "source": str(meta.get("source", "?")),
+                    "format": str(fmt.get("format", "?")) if isinstance(fmt, dict) else "?",
+                    "params": meta.get("params") if isinstance(meta.get("params"), int) else None,
+                    "bytes": size, "disk_bytes": disk})
     return out
+
+
+def folder_size(folder: Path) -> tuple[int, int]:
+    """(bytes of the files, bytes allocated on the disk) of a folder and everything under it; links not followed."""
+    size = disk = 0
+    for dirpath, _, files in os.walk(folder):
+        for f in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, f))
+            except OSError:
+                continue
+            size += st.st_size
+            disk += getattr(st, "st_blocks", 0) * 512 or st.st_size
+    return size, disk
+
+
+def human_bytes(n: int) -> str:
+    """1.2 GiB, 623 MiB, 41.5 KiB, 512 B."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            v = n / (1 << shift)
+            return f"{v:.1f} {unit}" if v < 100 else f"{v:.0f} {unit}"
+    return f"{n} B"
+
+
+def remove_model(name: str) -> Path:
+    """Delete the imported model `name` (its folder); ImportRefused when there is none, ModelBusy while a chat has
+    it open or an import writes it. The folder is renamed out of the way first, so it disappears at once and a
+    kill midway leaves a leftover that the next listing sweeps, never half a model."""
+    try:
+        path = model_path(name)
+    except ValueError as e:
+        raise ImportRefused(str(e)) from None
+    root = path.parent
+    lock = acquire(root, name, shared=False, action="rm")
+    try:
+        if not path.is_dir() and not path.is_symlink():
+            raise ImportRefused(f"no imported model named {name!r} (`tinychat models` lists them)")
+        gone = root / f".{name}.removing"
+        if gone.is_dir() and not gone.is_symlink():
+            shutil.rmtree(gone)
+        path.rename(gone)
+        if gone.is_symlink() or not gone.is_dir():
+            gone.unlink()
+        else:
+            shutil.rmtree(gone, ignore_errors=True)
+    except BaseException:
+        lock.release()
+        raise
+    lock.release(remove=True)
+    return path
