@@ -188,7 +188,7 @@ class Chat(BranchesMixin):
         sess = session_ref if isinstance(session_ref, S.Session) else S.load(session_ref, kw.get("sessions_dir"))
         kw["model_hash"] = kw.get("model_hash") or model_identity(model)
         check_model(sess, kw.get("model_name", ""), kw["model_hash"], tokenizer)   # before the ids: another model's
-        S.check_vocab(sess, model.cfg.vocab_size)                                  # are not errors in the file
+        S.check_tokens(sess, model.cfg.vocab_size, tokenizer)                     # are not errors in the file
         settings = kw.pop("settings", None) or settings_from_session(sess)
         chat = cls(model, tokenizer, settings, session=sess, rebuild=False, **kw)
         if chat.autosave:                   # one writer per session; never save over a newer copy

@@ -536,6 +536,8 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved s
         report = results[0].report
         for d in report.divergences:
             typer.echo(safe_line(f"divergence: {d.describe()}"))
+        for line in report.text_problems:
+            typer.echo(safe_line(line))
         if report.step_note():
             typer.echo(safe_line(report.step_note()))
     else:

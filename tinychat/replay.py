@@ -10,6 +10,7 @@ from . import session as S
 from . import session_tree as T
 from .chat import Chat, ChatError, ChatSettings
 from .identity import other_model
+from .session_check import text_matches
 from .chat_branches import turn_settings
 
 
@@ -42,6 +43,7 @@ class TurnReplay:
     traces: list = field(default_factory=list)
     divergence: Divergence | None = None
     step: str | None = None                # the int8 step the turn was recorded with (None: not recorded)
+    text_problem: str | None = None        # the turn's text is not what its tokens hold: not token-exact either
 
 
 @dataclass
@@ -79,8 +81,13 @@ class ReplayReport:
         return None
 
     @property
+    def text_problems(self) -> list[str]:
+        """'turn N: ...' for each turn whose text is not what its tokens hold."""
+        return [f"turn {t.turn}: {t.text_problem}" for t in self.turns if t.text_problem]
+
+    @property
     def ok(self) -> bool:
-        return not self.divergences and not self.step_mismatch
+        return not self.divergences and not self.step_mismatch and not self.text_problems
 
     @property
     def n_tokens(self) -> int:
@@ -93,7 +100,7 @@ def replay(chat: Chat, sess: S.Session, on_turn=None, on_token=None) -> ReplayRe
     why = other_model(sess, chat.model_name, chat.model_hash)     # before the ids: they are the recording model's
     if why:
         raise ChatError(why)
-    S.check_vocab(sess, chat.model.cfg.vocab_size)
+    S.check_tokens(sess, chat.model.cfg.vocab_size, chat.tok, frames_only=True)   # texts: told turn by turn
     msgs = sess.messages
     first = 1 if msgs and msgs[0].role == "system" else 0
     chat.start_replay(sess)
@@ -117,6 +124,10 @@ def replay(chat: Chat, sess: S.Session, on_turn=None, on_token=None) -> ReplayRe
         out = res.token_ids if rec.finish != "cancelled" else res.token_ids[:len(recorded)]
         div = _first_difference(n, recorded, out, res.probs, tok)
         tr = TurnReplay(n, out, recorded, rec.timing_ms, res.traces, div, step=(rec.settings or {}).get("step"))
+        if not text_matches(rec, tok):
+            tr.text_problem = "the reply's text is not what its recorded tokens decode to (edited by hand?)"
+        elif not text_matches(user, tok):
+            tr.text_problem = "the user message's text is not what its recorded tokens hold (edited by hand?)"
         turns.append(tr)
         if on_turn is not None:
             on_turn(tr)

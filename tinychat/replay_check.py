@@ -23,6 +23,8 @@ def branch_lines(results: list[BranchReplay]) -> list[str]:
     for b in results:
         for d in b.report.divergences:
             lines.append(safe_line(f"branch {b.label}: divergence: {d.describe()}"))
+        for problem in b.report.text_problems:
+            lines.append(safe_line(f"branch {b.label}: {problem}"))
         if b.report.step_note():
             lines.append(safe_line(f"branch {b.label}: {b.report.step_note()}"))
     return lines
@@ -31,12 +33,14 @@ def branch_lines(results: list[BranchReplay]) -> list[str]:
 def summary(session_id: str, results: list[BranchReplay]) -> dict:
     """One session's result as a JSON-able object."""
     first = next(((b, b.report.divergences[0]) for b in results if b.report.divergences), None)
+    text = next((f"branch {b.label}: {p}" for b in results for p in b.report.text_problems), None)
     return {"session": session_id, "ok": all(b.report.ok for b in results), "branches": len(results),
             "turns": sum(len(b.report.turns) for b in results),
             "tokens": sum(b.report.n_tokens for b in results),
             "differs": None if first is None else {
                 "branch": first[0].label, "turn": first[1].turn, "position": first[1].position,
-                "recorded": first[1].recorded, "replayed": first[1].replayed}}
+                "recorded": first[1].recorded, "replayed": first[1].replayed},
+            "text": text}
 
 
 def check_folder(folder: Path, open_chat: Callable[[S.Session], object], echo: Callable[[str], None],
@@ -69,10 +73,14 @@ def check_folder(folder: Path, open_chat: Callable[[S.Session], object], echo: C
         elif s["ok"]:
             echo(f"{sess.id}: token-exact ({plural(s['branches'], 'branch', 'branches')}, {plural(s['turns'], 'turn')}, "
                  f"{plural(s['tokens'], 'token')})")
-        else:
+        elif s["differs"] is not None:
             d = s["differs"]
             echo(safe_line(f"{sess.id}: DIFFERS branch {d['branch']}, turn {d['turn']}, token {d['position']}: "
                            f"recorded {d['recorded']}, replayed {d['replayed']}"))
+        elif s["text"] is not None:
+            echo(safe_line(f"{sess.id}: DIFFERS {s['text']}"))
+        else:
+            echo(safe_line(f"{sess.id}: DIFFERS (see `tinychat replay {sess.id} --check`)"))
     if progress is not None:
         progress(len(files), len(files), "done")
     return code

@@ -41,7 +41,8 @@ from typing import Any
 from tinychat import paths, session_lock, session_tree, session_write
 from tinychat.fsutil import atomic_write
 from tinychat.jsonfields import Fields, is_int, is_obj, is_str, is_time, jtype, one_line, show
-from tinychat.session_check import fork_ok, fork_problem, order_problem, sampler_problem, seed_ok, tree_problem, vocab_problem
+from tinychat.session_check import (fork_ok, fork_problem, order_problem, sampler_problem, seed_ok, text_problem,
+                                    tree_problem, vocab_problem)
 from tinychat.textsafe import safe_line, strip_controls
 
 SCHEMA = "tinychat.session"
@@ -637,4 +638,17 @@ def check_vocab(session: Session, vocab_size: int) -> None:
     """SessionError naming the file, message and position of the first token id outside `vocab_size`."""
     if problem := vocab_problem(session.messages, vocab_size) or vocab_problem(session.branches, vocab_size,
                                                                                 "branches"):
+        raise SessionError(f"{getattr(session, 'source', None) or f'session {session.id}'}: {problem}")
+
+
+def check_tokens(session: Session, vocab_size: int, tok: Any, frames_only: bool = False) -> None:
+    """check_vocab, then that every message's text is what its token ids hold (session_check.text_problem): what a
+    chat continues and replay regenerates from is what the session shows. SessionError naming file and message. A
+    session of another tokenizer is left to the chat's identity check (it names the tokenizer). frames_only: the chat
+    frames only (replay reports each turn's text as it replays it)."""
+    check_vocab(session, vocab_size)
+    if session.tokenizer_hash not in ("", tok.sha256):      # another tokenizer: the chat's identity check says so
+        return
+    if problem := (text_problem(session.messages, tok, frames_only=frames_only) or
+                   text_problem(session.branches, tok, "branches", frames_only=frames_only)):
         raise SessionError(f"{getattr(session, 'source', None) or f'session {session.id}'}: {problem}")

@@ -210,3 +210,33 @@ def _describe(bad: Any, messages: list, branches: list, kids: dict) -> str:
         return problem
     return f"the branch ending at branches[{i}]: {problem} (indices along that branch)"
 
+
+
+def text_problem(messages: list, tok: Any, name: str = "messages", frames_only: bool = False) -> str | None:
+    """The first message whose text is not what its token ids hold (replay regenerates from the ids, while `sessions
+    show`, export and --grep show the text: a reply edited to say something else still replayed "token-exact"), or
+    whose ids lack the chat frame. A user or system message's ids are its text framed (tok.message_ids), and so are
+    an edited reply's (it was written, not sampled); a sampled reply's ids are the chat frame around the sampled
+    tokens, whose decoding is its text. frames_only: only the frames (replay tells each turn's text itself).
+    The ids must be within the vocabulary already (vocab_problem)."""
+    gen, end = tok.generation_prompt_ids(), tok.end_ids()
+    for i, m in enumerate(messages):
+        if m.role == "assistant" and m.finish != "edited" and not _framed(m.token_ids, gen, end):
+            return f"{name}[{i}]: a reply whose token ids lack the chat frame (the assistant header and the end)"
+        if not frames_only and not text_matches(m, tok, gen, end):
+            return f"{name}[{i}]: its text is not what its token ids hold (the file was edited by hand?)"
+    return None
+
+
+def _framed(ids: list, gen: list, end: list) -> bool:
+    return len(ids) >= len(gen) + len(end) and ids[:len(gen)] == gen and ids[len(ids) - len(end):] == end
+
+
+def text_matches(m: Any, tok: Any, gen: list | None = None, end: list | None = None) -> bool:
+    """Is message m's text what its token ids hold? (text_problem's rule for one message.)"""
+    if m.role != "assistant" or m.finish == "edited":
+        return m.token_ids == tok.message_ids(m.role, m.content)
+    gen = tok.generation_prompt_ids() if gen is None else gen
+    end = tok.end_ids() if end is None else end
+    ids = m.token_ids
+    return _framed(ids, gen, end) and tok.decode(ids[len(gen):len(ids) - len(end)], skip_special=True) == m.content
