@@ -85,6 +85,8 @@ def parse_changes(chat: Chat, changes: dict[str, str]) -> tuple[ChatSettings, di
             raise ChatError(f"/ab cannot vary {key}: {FIXED[name]}")
         st = st.with_value(key, value)
         named[name] = value
+    if st.max_new != chat.settings.max_new:
+        chat.check_max_new(st.max_new)
     return st, named
 
 

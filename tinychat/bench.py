@@ -74,7 +74,9 @@ def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = N
         raise ValueError("prompt-len, gen-len and repeats must be positive")
 
     options = options or EngineOptions.from_env()
-    if threads:
+    if threads is not None:
+        from .loading import check_threads
+        check_threads(threads)              # 0 ran with torch's own count while a chat refused it
         torch.set_num_threads(int(threads))
         options = options.replace(tune_threads=False)     # pinned: the int8 step's thread tuner stays off
     return _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup, progress, graph,

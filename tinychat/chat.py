@@ -296,6 +296,8 @@ class Chat(BranchesMixin):
         no turns yet; later it applies from the next new chat (the history was prefilled with the old one)."""
         new = self.settings.with_value(key, value)
         self.sources[ChatSettings.field_name(key)] = "/set"
+        if new.max_new != self.settings.max_new:
+            self.check_max_new(new.max_new)
         if new.system_prompt != self.settings.system_prompt and self.session.n_turns == 0:
             msgs = self.session.messages
             if msgs and msgs[0].role == "system":
@@ -317,6 +319,21 @@ class Chat(BranchesMixin):
         self.check_length(text)
         user = S.Message("user", text, self.tok.message_ids("user", text))
         return self._turn(user, on_token, self.trace if trace is None else trace, on_reply=on_reply)
+
+    def max_new_room(self) -> int:
+        """The longest reply a turn can have here: the context less the system prompt, a one-token message's frame,
+        the assistant header and the stop token."""
+        msgs = self.session.messages
+        sys_n = len(msgs[0].token_ids) if msgs and msgs[0].role == "system" else 0
+        return self.max_len - sys_n - len(self.tok.message_ids("user", ".")) - len(self.tok.generation_prompt_ids()) - 1
+
+    def check_max_new(self, max_new: int) -> None:
+        """ChatError when no turn could ever hold a reply of max_new tokens (`/set max-new 100000` on a 2,048-token
+        model was taken, and every turn after it failed, blaming the system prompt)."""
+        room = self.max_new_room()
+        if max_new > room:
+            raise ChatError(f"max-new {max_new:,} does not fit the {self.max_len:,}-token context: at most "
+                            f"{max(room, 0):,} with this system prompt")
 
     def input_limit(self) -> int:
         """The most characters a message may have: more cannot fit the context whatever they tokenize to (context x
@@ -525,6 +542,11 @@ class Chat(BranchesMixin):
             if len(feed) + max_new + 1 <= self.max_len:
                 return feed, start, dropped
         sys_n = len(msgs[0].token_ids) if first else 0
+        room = self.max_len - sys_n - len(user.token_ids) - len(gen) - 1
+        if room >= 1:                           # the message fits, with a shorter reply: max-new is what does not
+            raise ChatError(f"max-new {max_new:,} is too large for this message: its {len(user.token_ids)} tokens "
+                            f"and the system prompt's {sys_n} leave room for a {room:,}-token reply in the "
+                            f"{self.max_len:,}-token context (/set max-new {room})")
         if sys_n > len(user.token_ids):         # the system prompt is what does not fit, not the message
             raise ChatError(f"system prompt too long: its {sys_n} tokens, this message's {len(user.token_ids)} and "
                             f"a {max_new}-token reply do not fit the {self.max_len}-token context")

@@ -12,8 +12,8 @@ import typer
 
 from .choices import QUANT_CHOICES, QUANT_MODES, SIZES
 from .hub import RECOMMENDED, RECOMMENDED_NAME
-from .loading import (check_choice, load_model_for, load_runtime, model_for_session, model_path, open_chat,
-                      open_replay_chat, resolve_device, resolve_quant, session_model)
+from .loading import (check_choice, check_threads, load_model_for, load_runtime, model_for_session, model_path,
+                      open_chat, open_replay_chat, resolve_device, resolve_quant, session_model)
 
 HELP = """Chat with a small local TinyAgentLM model in the terminal.
 
@@ -142,9 +142,7 @@ def chat(ctx: typer.Context,
                                             app=not plain and interactive)
     dev = resolve_device(device, resolve=plain or not interactive)
     tune = {}
-    if threads is not None:
-        if threads < 1:
-            raise UsageError("--threads must be at least 1")
+    if check_threads(threads) is not None:
         import torch
         torch.set_num_threads(threads)
         tune = {"tune_threads": False}     # an explicit count is used as given (no thread tuning)
@@ -493,6 +491,8 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved s
     Exit 0 when every branch regenerates token-exact, 1 on a divergence (with the branch and token), 2 on any
     error."""
     from . import session as S
+    if not 0 <= speed < float("inf"):
+        raise UsageError(f"--speed must be 0 (as fast as it decodes) or more (got {speed})")
     dev = resolve_device(device)
     if Path(ref).is_dir():
         if not check:
@@ -573,6 +573,7 @@ def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL
         check_choice("--config", config, tuple(SIZES))
     if model is not None and config is not None:
         raise UsageError("give --model or --config, not both")
+    check_threads(threads)
     if json_out or not sys.stderr.isatty():
         result = run_bench(model, config, quant, device, prompt_len, gen_len, repeats, threads=threads)
     else:

@@ -20,6 +20,17 @@ class LoadError(ValueError):
     """A model, device or choice that cannot be used; the message is one line, fit for the user."""
 
 
+def check_threads(n: int | None) -> int | None:
+    """--threads: None (as torch has it), or a count from 1 to a few times the cores (a count of 100,000 would
+    have OpenMP start that many threads). LoadError otherwise."""
+    if n is None:
+        return None
+    most = max(64, 4 * (os.cpu_count() or 1))
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= most:
+        raise LoadError(f"--threads must be between 1 and {most} (got {n})")
+    return n
+
+
 def check_choice(name: str, value: str, choices) -> str:
     """value, when it is one of choices; else LoadError naming the flag."""
     if value not in choices:
@@ -239,6 +250,11 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
         if own is not None and "system_prompt" not in overrides:
             st, sources["system_prompt"] = replace(st, system_prompt=own), "the chat template"
         chat = Chat(rt.model, rt.tokenizer, st, **kw)
+        try:
+            chat.check_max_new(chat.settings.max_new)   # --max-new that no turn could hold: say so now
+        except BaseException:
+            chat.close()
+            raise
     else:
         sess = S.load(session_ref)
         recorded = dataclasses.asdict(settings_from_session(sess))     # checked, with the session's id in any error
@@ -246,6 +262,12 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
         overrides.pop("system_prompt", None)
         st, sources = resolve(model, recorded, overrides)
         chat = Chat.restore(sess, rt.model, rt.tokenizer, settings=st, max_len=sess.model.get("max_len"), **kw)
+        if "max_new" in overrides:
+            try:
+                chat.check_max_new(chat.settings.max_new)
+            except BaseException:
+                chat.close()
+                raise
     chat.sources = sources
     chat.quant_auto = quant_why
     return chat

@@ -58,6 +58,7 @@ UNTITLED = "New chat"
 # sessions folder or collide with a snapshot's or temp file's name.
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 _MAX_TOKEN_ID = 2**31 - 1  # ids must fit the int32/int64 tensors the runtime builds from them
+MAX_CONTEXT = 1 << 17  # model.max_len's ceiling (weights_check.MAX_POSITIONS)
 MAX_FILE_BYTES = 256 << 20  # a session file larger than this is refused unread (a 50,000-turn chat is ~30 MB)
 # Fields added after version 1 shipped: optional on read (a file written before them still loads), always written.
 OPTIONAL_FIELDS = {"revision": 0, "kv_sha256": ""}
@@ -457,6 +458,9 @@ def _from_dict(d: Any, where: str) -> Session:
     mf = f.at(model, "model.")
     mf.get("name", is_str, "a string")
     mf.get("hash", is_str, "a string")
+    if "max_len" in model:              # the context the chat ran with (Chat reads it back): a position count
+        mf.get("max_len", lambda v: is_int(v) and 1 <= v <= MAX_CONTEXT, f"an integer in 1..{MAX_CONTEXT}",
+               nullable=True)
     session = Session(
         id=sid,
         title=f.get("title", is_str, "a string"),

@@ -64,8 +64,9 @@ def import_model(src, name: str | None = None, context: int | None = None, dtype
         raise ImportRefused(str(e)) from None
     if dtype not in DTYPES:
         raise ImportRefused(f"--dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
-    if context is not None and context < 16:
-        raise ImportRefused("--context must be at least 16 positions")
+    from ..weights_check import MAX_POSITIONS
+    if context is not None and not 16 <= context <= MAX_POSITIONS:
+        raise ImportRefused(f"--context must be between 16 and {MAX_POSITIONS:,} positions (got {context:,})")
     dest = model_path(name)
     if dest.exists() and not force:
         raise ImportRefused(f"a model named {name!r} exists already ({dest}); pick another --name or add --force")
