@@ -25,6 +25,7 @@ from .chat_branches import BranchesMixin, Fork
 from .engine import Decoder, EngineOptions, KVCache, append, quantize_cpu
 from .engine.quant import effective_mode, quant_mode
 from .identity import model_identity, other_model
+from .quant_steps import Int8Steps, describe_step
 from .model import TinyAgentLM
 from .sampler import (KEEP_REPLY, LIFT_ALL, Cancelled, TokenTrace, TurnHook, TurnStats, ngram_table,
                       penalty_ids)
@@ -47,6 +48,7 @@ class TurnResult:
     mode: str = "eager"
     probs: list = field(default_factory=list, repr=False)   # replay only: each step's final distribution
     save_warning: str | None = None  # one line when the autosave after this turn failed (the turn stays in the chat)
+    notice: str | None = None       # one line worth telling: this turn ran on another int8 step than the one before
 
     @property
     def n_tokens(self) -> int:
@@ -92,6 +94,7 @@ class Chat(BranchesMixin):
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
         self.cache = KVCache(model, 1, self.max_len, self.device, dtype=dtype)
         self.decoder = Decoder(model, self.cache, graph=graph, options=self.options)
+        self.steps = Int8Steps(model, self.decoder, self.quant, self.device.type, self.options)
         self.autosave, self.sessions_dir = autosave, sessions_dir
         self.stop_id = tokenizer.im_end
         self._special = set(tokenizer.special_ids)
@@ -261,16 +264,18 @@ class Chat(BranchesMixin):
         self._pending = pending
 
     def _play(self, user: S.Message, reply: S.Message, at: int) -> None:
-        """Feed one recorded turn (messages[at], messages[at + 1]) exactly as it ran live."""
+        """Feed one recorded turn (messages[at], messages[at + 1]) exactly as it ran live: on the int8 step it
+        recorded, where this machine has it (quant_steps.py)."""
         start = (reply.settings or {}).get("context_start")
         self._marks.append(self.cache.mark() if start is None else None)
         pending = self._pending
-        if start is not None:            # this turn re-prefilled a shortened context: do the same
-            self.cache.reset([0])
-            pending = self._context_ids(start, at)
-        self._feed(pending + user.token_ids + self.tok.generation_prompt_ids())
-        for t in self._content(reply) + [self.stop_id]:
-            self.decoder.step(t)
+        with self.steps.running((reply.settings or {}).get("step")):
+            if start is not None:            # this turn re-prefilled a shortened context: do the same
+                self.cache.reset([0])
+                pending = self._context_ids(start, at)
+            self._feed(pending + user.token_ids + self.tok.generation_prompt_ids())
+            for t in self._content(reply) + [self.stop_id]:
+                self.decoder.step(t)
         self._pending = self.tok.end_ids()[1:]
 
     def _context_ids(self, start: int, upto: int) -> list[int]:
@@ -482,8 +487,10 @@ class Chat(BranchesMixin):
         sampler = {**st.sampler(), "seed": seed, "dead_end": dead_end}
         if context_start is not None:
             sampler["context_start"] = context_start
-        if self.step_name():
-            sampler["step"] = self.step_name()
+        step = self.step_name()
+        if step:
+            sampler["step"] = step
+        notice = self._step_notice(step, msgs)
         text = self.tok.decode(sampled, skip_special=True)
         reply = S.Message("assistant", text, gen + sampled + self.tok.end_ids(), settings=sampler, seed=seed,
                           finish=finish, timing_ms=[round(ms, 3) for ms in hook.times] or None,
@@ -495,7 +502,7 @@ class Chat(BranchesMixin):
         result = TurnResult(text=text, token_ids=sampled, finish=finish, seed=seed, prefill_tokens=len(feed),
                             ttft_ms=ttft, decode_tok_s=rate, traces=hook.traces, stats=hook.stats,
                             dropped_turns=dropped, mode=self.decoder.mode,
-                            probs=[None] * min(len(given), len(sampled)) + hook.probs)
+                            probs=[None] * min(len(given), len(sampled)) + hook.probs, notice=notice)
         if on_reply is not None:
             on_reply(result)
         if autosave:
@@ -505,29 +512,21 @@ class Chat(BranchesMixin):
     def step_name(self) -> str | None:
         """Which int8 steps run here, as sessions record them per turn (None for other modes): the decode step
         ("native-int8-v<N>" or "torch-int8", the fallback without kernels), then the prefill's GEMM where it is not
-        the decode step's own rounding: "+native-prefill-v<N>" (the PyTorch step after the native int8 GEMM),
-        "+bf16-prefill" (bf16 GEMMs: asked for, or no native kernels on a CPU with bf16 dot products), "+fp32-prefill"
-        (native decode, fp32 prefill); then, where
+        the decode step's own rounding ("+native-prefill-v<N>", "+bf16-prefill", "+fp32-prefill"), then, where
         native kernels run, "@" and their path (avx512-vnni, avx2-vnni, neon-dotprod, ...). They round differently,
-        so replay can say why tokens differ on another machine or build."""
-        if self.quant != "int8" or self.device.type != "cpu":
+        so replay runs each turn on the step it recorded where this machine has it (quant_steps.py)."""
+        return self.steps.name()
+
+    def _step_notice(self, step: str | None, msgs: list) -> str | None:
+        """One line when this turn's int8 step is not the one the turn before it on this path recorded (a chat
+        continued where the native kernels did not build): they round differently."""
+        before = next(((m.settings or {}).get("step") for m in reversed(msgs) if m.role == "assistant"), None)
+        if not step or not before or before == step:
             return None
-        from .engine.native import step_version
-        from .engine.quant import bulk_prefill_kernel
-        step = self.decoder.cpu_step
-        native = step is not None and step.nat is not None
-        name = f"native-int8-v{step_version()}" if native else "torch-int8"
-        kernel = bulk_prefill_kernel(self.model)
-        if kernel == "native-gemm" and not native:
-            name += f"+native-prefill-v{step_version()}"
-        elif kernel == "bf16-gemm":
-            name += "+bf16-prefill"
-        elif kernel == "fp32-gemm" and native:
-            name += "+fp32-prefill"
-        if native or kernel == "native-gemm":
-            from .engine.native import kernel_path
-            name += f"@{kernel_path()}"           # vector widths sum in other orders: avx512-vnni, avx2-vnni, ...
-        return name
+        from .engine import native
+        why = f" (native kernels: {native.why_not})" if native.why_not and step.startswith("torch") else ""
+        return (f"this turn ran on {describe_step(step)}{why}, the one before on {describe_step(before)}: they round "
+                f"differently; replay --check compares each turn with its own step where this machine has it")
 
     def _shorten(self, user: S.Message, gen: list[int], max_new: int):
         """Context full: drop the oldest turns (the system prompt stays) until this turn fits; the cache is

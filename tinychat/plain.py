@@ -120,6 +120,8 @@ class PlainREPL:
         if not box.get("shown"):
             self._show(r, stream)
         self._save_warning(r.save_warning)
+        if r.notice:
+            self.note(safe_line(f"note: {r.notice}"))
         if r.dropped_turns:
             self.note(f"[context full: dropped the {r.dropped_turns} oldest turn(s)]")
         if self.chat.trace:

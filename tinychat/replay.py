@@ -10,6 +10,7 @@ from . import session as S
 from . import session_tree as T
 from .chat import Chat, ChatError, ChatSettings
 from .identity import other_model
+from .quant_steps import describe_step  # noqa: F401  (replay.describe_step: its name before quant_steps.py)
 from .session_check import text_matches
 from .chat_branches import turn_settings
 
@@ -43,6 +44,7 @@ class TurnReplay:
     traces: list = field(default_factory=list)
     divergence: Divergence | None = None
     step: str | None = None                # the int8 step the turn was recorded with (None: not recorded)
+    step_here: str | None = None           # the one it was replayed on (its own where this machine has it)
     text_problem: str | None = None        # the turn's text is not what its tokens hold: not token-exact either
 
 
@@ -57,7 +59,7 @@ class ReplayReport:
     def step_mismatch(self) -> list[TurnReplay]:
         """Turns that differ and were recorded with another int8 step than this machine runs: the two steps round
         differently, so their tokens are not expected to match (not a divergence)."""
-        return [t for t in self.turns if t.divergence is not None and t.step and t.step != self.step_here]
+        return [t for t in self.turns if t.divergence is not None and t.step and t.step != t.step_here]
 
     @property
     def divergences(self) -> list[Divergence]:
@@ -73,8 +75,8 @@ class ReplayReport:
         """One line on the int8 steps, when they explain (or may explain) a difference; None otherwise."""
         if self.step_mismatch:
             t = self.step_mismatch[0]
-            return f"turn {t.turn}: recorded with {describe_step(t.step)}; this machine runs " \
-                   f"{describe_step(self.step_here)}, which rounds differently: tokens are not comparable"
+            return f"turn {t.turn}: recorded with {describe_step(t.step)}, which this machine does not have (it " \
+                   f"runs {describe_step(t.step_here)}, which rounds differently): tokens are not comparable"
         if self.divergences and self.unknown_step:
             return f"note: this session does not record which int8 step produced it (unknown); this machine runs " \
                    f"{describe_step(self.step_here)}"
@@ -106,6 +108,15 @@ def replay(chat: Chat, sess: S.Session, on_turn=None, on_token=None) -> ReplayRe
     chat.start_replay(sess)
     tok = chat.tok
     turns = []
+    try:
+        _replay_turns(chat, sess, msgs, first, tok, turns, on_turn, on_token)
+    finally:
+        chat.steps.use(None)                # the chat's own int8 step again
+    return ReplayReport(sess.id, turns, step_here=chat.step_name())
+
+
+def _replay_turns(chat, sess, msgs, first, tok, turns, on_turn, on_token) -> None:
+    """replay's loop: each turn on the int8 step it recorded where this machine has it (quant_steps.py)."""
     for n, i in enumerate(range(first, len(msgs) - 1, 2), start=1):
         user, rec = msgs[i], msgs[i + 1]
         if user.role != "user" or rec.role != "assistant":
@@ -120,10 +131,13 @@ def replay(chat: Chat, sess: S.Session, on_turn=None, on_token=None) -> ReplayRe
             if on_token is not None:
                 on_token(_n, idx, t, text, tr, ms)
 
+        step = (rec.settings or {}).get("step")
+        if not chat.steps.use(step):
+            chat.steps.use(None)
         res = chat.replay_turn(user, rec, cb)          # the recorded turn then stands in the history and cache
         out = res.token_ids if rec.finish != "cancelled" else res.token_ids[:len(recorded)]
         div = _first_difference(n, recorded, out, res.probs, tok)
-        tr = TurnReplay(n, out, recorded, rec.timing_ms, res.traces, div, step=(rec.settings or {}).get("step"))
+        tr = TurnReplay(n, out, recorded, rec.timing_ms, res.traces, div, step=step, step_here=chat.step_name())
         if not text_matches(rec, tok):
             tr.text_problem = "the reply's text is not what its recorded tokens decode to (edited by hand?)"
         elif not text_matches(user, tok):
@@ -131,7 +145,6 @@ def replay(chat: Chat, sess: S.Session, on_turn=None, on_token=None) -> ReplayRe
         turns.append(tr)
         if on_turn is not None:
             on_turn(tr)
-    return ReplayReport(sess.id, turns, step_here=chat.step_name())
 
 
 @dataclass
@@ -166,33 +179,6 @@ def replay_tree(chat: Chat, sess: S.Session, on_turn=None, progress=None) -> lis
                 on_turn(_label, t)
         out.append(BranchReplay(label, replay(chat, one, on_turn=cb)))
     return out
-
-
-PREFILLS = {"bf16-prefill": "bf16 prefill GEMMs", "fp32-prefill": "fp32 prefill GEMMs"}
-
-
-def describe_step(step: str | None) -> str:
-    """'native-int8-v1' -> 'the native int8 step v1'; 'torch-int8' -> 'the PyTorch int8 step (...)';
-    'torch-int8+native-prefill-v3' -> 'the PyTorch int8 step after the native int8 prefill v3';
-    'native-int8-v3+bf16-prefill' -> 'the native int8 step v3 with bf16 prefill GEMMs'; '...@avx2-vnni' adds
-    ' on avx2-vnni kernels' (Chat.step_name)."""
-    if not step:
-        return "an unknown int8 step"
-    step, _, path = step.partition("@")
-    if path:
-        return f"{describe_step(step)} on {path} kernels"
-    decode, _, prefill = step.partition("+")
-    if decode.startswith("native-int8-v"):
-        text = f"the native int8 step v{decode.rsplit('v', 1)[1]}"
-    elif decode == "torch-int8":
-        text = "the PyTorch int8 step" if prefill else "the PyTorch int8 step (the fallback: no native kernels)"
-    else:
-        return f"the int8 step {step!r}"
-    if prefill.startswith("native-prefill-v"):
-        return f"{text} after the native int8 prefill v{prefill.rsplit('v', 1)[1]}"
-    if prefill in PREFILLS:
-        return f"{text} with {PREFILLS[prefill]}"
-    return text if not prefill else f"the int8 step {step!r}"
 
 
 def _turn_settings(base: ChatSettings, rec: S.Message, sess: S.Session) -> ChatSettings:

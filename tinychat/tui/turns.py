@@ -263,6 +263,8 @@ class TurnsMixin:
             self.notify(f"context full: dropped the {r.dropped_turns} oldest turn(s)", severity="warning")
         if getattr(r, "save_warning", None):
             self.notify(r.save_warning, severity="warning", timeout=10)
+        if getattr(r, "notice", None):
+            self.notify(r.notice, timeout=10)
         await self._apply_pending()
 
     async def _trim_to_session(self) -> None:
