@@ -25,6 +25,7 @@ class PlainREPL:
         self.interactive = self.stdin.isatty() and self.stdout.isatty()
         self.restore = restore            # callable(session_id) -> Chat, for /load
         self.errors = 0
+        self._noted = 0                   # nativebuild.NOTICES shown so far
 
     def note(self, msg: str) -> None:
         print(msg, file=self.stderr, flush=True)
@@ -86,6 +87,13 @@ class PlainREPL:
         if getattr(self.chat, "notice", None):
             self.note(f"note: {self.chat.notice}")
 
+    def _build_notes(self) -> None:
+        """Each note of the kernels' build not yet shown (a cache folder that could not be used), once."""
+        from .nativebuild import NOTICES
+        for note in NOTICES[self._noted:]:
+            self.note(safe_line(f"note: {note}"))
+        self._noted = len(NOTICES)
+
     def _save_warning(self, warning: str | None) -> None:
         if warning:
             self.errors += 1
@@ -95,6 +103,7 @@ class PlainREPL:
     def turn(self, fn) -> TurnResult | None:
         """Run a turn in a worker thread so Ctrl-C can stop it cleanly (the cache stays well-formed). `fn(on_token,
         on_reply)`: the reply is shown through on_reply before the chat saves it, so a failed save never hides it."""
+        self._build_notes()
         shown: dict = {}
         stream = self.interactive and not self.json_out
 
