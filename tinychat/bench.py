@@ -231,7 +231,10 @@ def render_table(result: dict):
 
     from .textsafe import plural
     r = result
-    title = f"tinychat bench — {r['model']}, {r['quant']} on {r['device']} ({r['mode']})"
+    from rich.markup import escape
+
+    from .textsafe import safe_line
+    title = escape(safe_line(f"tinychat bench — {r['model']}, {r['quant']} on {r['device']} ({r['mode']})"))
     t = Table(title=title, show_header=False)
     t.add_column(style="bold")
     t.add_column(justify="right")

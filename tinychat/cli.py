@@ -314,7 +314,10 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_
         return
     from rich.console import Console
     from rich.table import Table
-    t = Table(title=f"{family} — {desc}", show_header=False)
+    from rich.markup import escape
+
+    from .textsafe import safe_line
+    t = Table(title=escape(safe_line(f"{family} — {desc}")), show_header=False)     # a path: no markup, no escapes
     t.add_column(style="bold")
     t.add_column(justify="right")
     t.add_row("parameters", f"{facts['params'] / 1e6:.2f} M")
@@ -325,8 +328,8 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_
     t.add_row("vocab / context", f"{c.vocab_size} / {c.max_seq_len}")
     t.add_row("local window", f"{c.swa_window}")
     t.add_row("Engram", f"layers {list(c.engram_layers)}, orders {list(c.engram_orders)}" if c.has_engram else "none")
-    t.add_row("--quant auto (the default)", f"{facts['quant_auto']}: {facts['quant_auto_why']}")
-    t.add_row("int8 kernels (--quant int8)", facts["int8_kernels"])
+    t.add_row("--quant auto (the default)", escape(safe_line(f"{facts['quant_auto']}: {facts['quant_auto_why']}")))
+    t.add_row("int8 kernels (--quant int8)", escape(safe_line(facts["int8_kernels"])))
     t.add_row("int8 step (sessions record)", facts["int8_step"])
     t.add_row("int8 prefill", facts["int8_prefill"])
     t.add_row("KV bytes / token (bf16)", f"{facts['kv_bytes_per_token']:,}")
@@ -461,7 +464,9 @@ def sessions_copy(ref: str = typer.Argument(..., metavar="ID"),
         typer.echo(json.dumps({"id": dup.id, "path": str(path), "title": dup.title}))
     else:
         typer.echo(dup.id)
-        typer.echo(f"copied {ref} to {dup.id} ({dup.title}): continue it with `tinychat -s {dup.id}`", err=True)
+        from .textsafe import safe_line
+        typer.echo(safe_line(f"copied {ref} to {dup.id} ({dup.title}): continue it with `tinychat -s {dup.id}`"),
+                   err=True)
 
 
 @sessions_app.command("rm")

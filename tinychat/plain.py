@@ -28,7 +28,13 @@ class PlainREPL:
         self._noted = 0                   # nativebuild.NOTICES shown so far
 
     def note(self, msg: str) -> None:
-        print(msg, file=self.stderr, flush=True)
+        """A line (or lines) for the user on stderr: control characters escaped (textsafe), whatever it holds."""
+        print(safe_text(msg), file=self.stderr, flush=True)
+
+    def out(self, text: str) -> None:
+        """Reply text on stdout, whether a terminal or a pipe: control characters as visible escapes (a reply holding
+        ESC ] 0 ; ... BEL set the terminal's title); the exact text is in --json (and `sessions export`)."""
+        print(safe_text(text), file=self.stdout, flush=True)
 
     def run(self) -> int:
         if self.interactive:
@@ -107,9 +113,14 @@ class PlainREPL:
         shown: dict = {}
         stream = self.interactive and not self.json_out
 
+        held = [""]                         # a \r at the end of a piece: it may start a \r\n
+
         def on_token(i, tok, text, tr, ms):
             if stream and text:
-                self.stdout.write(text)
+                text, held[0] = held[0] + text, ""
+                if text.endswith("\r"):
+                    text, held[0] = text[:-1], "\r"
+                self.stdout.write(safe_text(text))
                 self.stdout.flush()
 
         def on_reply(r):
@@ -119,6 +130,8 @@ class PlainREPL:
         if stream:
             self.stdout.write("bot> ")
         box = self._in_worker(lambda: fn(on_token, on_reply))
+        if stream and held[0]:
+            self.stdout.write(safe_text(held[0]))
         box.update(shown)
         if "error" in box:
             if stream:
@@ -179,7 +192,7 @@ class PlainREPL:
             if r.finish != "stop":
                 self.note(f"[{r.finish}: {r.n_tokens} tokens]")
         else:
-            print(r.text, file=self.stdout, flush=True)
+            self.out(r.text)
 
     def _error(self, e: Exception) -> None:
         if isinstance(e, (ChatError, SessionError, ValueError, RuntimeError, OSError)):
@@ -218,7 +231,7 @@ class PlainREPL:
             width = shutil.get_terminal_size((80, 24)).columns
             left, right = f"A (current settings): {_mark(r.a)}", f"B ({r.label}): {_mark(r.b)}"
             lines = side_by_side(left, right, width) if self.interactive and width >= 100 else [left, right]
-            print("\n".join(lines), file=self.stdout, flush=True)
+            self.out("\n".join(lines))
         where = "" if r.diff is None else f"first difference at token {r.diff}: "    # the cause says "no difference"
         self.note(safe_line(f"A/B, seed {r.seed}: {where}{r.cause}"))
         pa, pb = place_of(self.chat, r.a), place_of(self.chat, r.b)
@@ -280,7 +293,7 @@ class PlainREPL:
                 at, n = self.chat.switch_alternative(C.parse_alt(args))
                 self.note(f"reply {at}/{n}")
                 if not self.json_out:
-                    print(self.chat.session.messages[-1].content, file=self.stdout, flush=True)
+                    self.out(self.chat.session.messages[-1].content)
                 self._save_warning(self.chat.save_warning)
             elif cmd == "/ab":
                 self.ab(C.parse_ab(args))

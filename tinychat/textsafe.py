@@ -3,9 +3,11 @@
 A title, a message or a file name can hold control characters: ESC starts the CSI / OSC sequences that clear the
 screen, set the window title or write the clipboard (OSC 52), and the C1 range (U+0080..U+009F) holds one-character
 forms of the same introducers. Everything tinychat prints from a file or a user goes through `safe_line` (one line:
-titles, errors, list rows) or `safe_text` (keeps newlines and tabs: message text). Control characters become visible
-escapes (`\\x1b`), so nothing is lost from view and nothing reaches the terminal raw. Also `plural`, for counts in
-what is printed. Torch-free, no imports."""
+titles, errors, list rows) or `safe_text` (keeps newlines and tabs: message text), and what the app draws through
+`visible` (control pictures). Control characters become visible escapes (`\\x1b`), so nothing is lost from view and
+nothing reaches the terminal raw. A pipe gets the same escaped text as a terminal (it often ends at one: `| less
+-R`, `| tee`); the exact text is in --json output and in `sessions export` (to a file, or --format json). Also
+`plural`, for counts in what is printed. Torch-free, no imports."""
 from __future__ import annotations
 
 import re
@@ -34,6 +36,18 @@ def safe_line(text: object) -> str:
 def safe_text(text: object) -> str:
     """Printable text that keeps its lines: control characters but \\n and \\t as visible escapes; \\r\\n -> \\n."""
     return _TEXT.sub(_escape, str(text).replace("\r\n", "\n"))
+
+
+_PICTURE = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+_WIDE = re.compile("[\x80-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: object) -> str:
+    """The same escaping for a full-screen app (the Textual UI): C0 controls but newline and tab, and DEL, as their
+    Unicode pictures (ESC as ␛, BEL as ␇: one cell each, so a line keeps its layout), the C1 controls and bidi
+    overrides as visible escapes (\\x9b, \\u202e)."""
+    text = _PICTURE.sub(lambda m: chr(0x2400 + ord(m.group())) if m.group() != "\x7f" else "\u2421", str(text))
+    return _WIDE.sub(_escape, text)
 
 
 def strip_controls(text: str) -> str:

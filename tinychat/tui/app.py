@@ -31,7 +31,7 @@ from textual.containers import Horizontal, Vertical
 from textual.worker import Worker, WorkerState
 from textual.widgets import Footer
 
-from ..textsafe import plural
+from ..textsafe import plural, visible
 from .ab_flow import ABMixin
 from .commands import CommandsMixin
 from .forking import ForkMixin
@@ -104,7 +104,8 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         return self.state.busy
 
     def notify(self, message: str, *, title: str = "", severity: str = "information", **kw) -> None:
-        self.notices.append((severity, str(message)))
+        message, title = visible(message), visible(title)       # Rich draws ESC raw: a title could set the window's
+        self.notices.append((severity, message))
         kw.setdefault("markup", False)          # messages carry user text and file names, never markup
         super().notify(message, title=title, severity=severity, **kw)
 

@@ -62,7 +62,7 @@ class NoticeMessage(Static):
     """A line from the app in the conversation (an error, a note about the session)."""
 
     def __init__(self, text: str, error: bool = False, **kw):
-        super().__init__(Content(text), **kw)
+        super().__init__(Content(visible(text)), **kw)
         if error:
             self.add_class("error")
 

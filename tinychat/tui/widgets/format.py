@@ -1,14 +1,7 @@
 """Text helpers shared by the widgets: visible control characters, token labels, sizes."""
 from __future__ import annotations
 
-import re
-
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-
-
-def visible(text: str) -> str:
-    """Text safe for the terminal: C0 controls (but newline and tab) and DEL shown as control pictures."""
-    return _CONTROL.sub(lambda m: chr(0x2400 + ord(m.group())) if m.group() != "\x7f" else "\u2421", text)
+from ...textsafe import visible  # noqa: F401  (the one escaping of the app: textsafe.visible, control pictures)
 
 
 def token_label(s: str, width: int = 12) -> str:

@@ -6,7 +6,7 @@ from textual.reactive import reactive
 from textual.widgets import Static
 from rich.text import Text
 
-from .format import size
+from .format import size, visible
 
 
 class StatusBar(Static):
@@ -35,7 +35,7 @@ class StatusBar(Static):
         narrow = 0 < self.size.width < self.NARROW
         t = Text(no_wrap=True, overflow="ellipsis")
         sep = (" │ ", "dim")
-        t.append(f" {v.get('model', '')}", style="bold")
+        t.append(f" {visible(v.get('model', ''))}", style="bold")      # a folder's name: no escape reaches the screen
         if "mode" in v:
             mode = v["mode"]
             if narrow:
