@@ -35,7 +35,7 @@ from torch import nn
 from .choices import SIZES
 from .fsutil import atomic_write
 from .mapped import MappedWeights
-from .weights_check import MAX_POSITIONS, check_shapes, first_nonfinite, state_shapes
+from .weights_check import MAX_POSITIONS, check_shapes, first_nonfinite, state_count, state_shapes  # noqa: F401 (re-exported)
 
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
 KEEP_MAPPED_BYTES = 1 << 20    # from_pretrained(stored_linears=True): tensors this big, already in the dtype wanted,
@@ -99,10 +99,12 @@ class ModelConfig:
             p.append(f"mlp_kind must be one of {', '.join(MLP_KINDS)} (got {self.mlp_kind!r})")
         if self.norm_eps is not None and not self.norm_eps > 0:
             p.append(f"norm_eps must be positive (got {self.norm_eps!r})")
-        if self.rope_scaling is not None:
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+            p.append(f"rope_scaling must be an object or null (got {self.rope_scaling!r:.40})")
+        elif self.rope_scaling is not None:
             try:
                 rope_inv_freq(self.head_dim, self.rope_base, self.rope_scaling)
-            except (ValueError, TypeError, KeyError) as e:
+            except (ValueError, TypeError, KeyError, AttributeError) as e:
                 p.append(f"rope_scaling: {e}")
         if self.n_heads % self.n_kv_heads:
             p.append(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
@@ -157,8 +159,10 @@ class ModelConfig:
             raise CheckpointError(f"model config has unknown fields {', '.join(unknown)}")
         try:
             return cls(**d)
-        except TypeError as e:
-            raise CheckpointError(f"invalid model config: {e}") from None
+        except CheckpointError:
+            raise
+        except (TypeError, ValueError, AttributeError, OverflowError) as e:   # a field of the wrong type or value
+            raise CheckpointError(f"invalid model config: {' '.join(str(e).split())[:120]}") from None
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """Bytes the decode cache grows by per token: one global K/V per group (the local rings are fixed size)."""
@@ -585,7 +589,7 @@ class TinyAgentLM(nn.Module):
         if not wpath.is_file():
             raise CheckpointError(f"{path}: no {WEIGHTS_FILE}")
         try:
-            check_shapes(wpath, state_shapes(cfg), "config.json", CheckpointError)   # before anything is built
+            check_shapes(wpath, cfg, "config.json", CheckpointError)   # before anything is built
             sd = load_file(str(wpath))
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             if isinstance(e, CheckpointError):

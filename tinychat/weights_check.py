@@ -13,6 +13,17 @@ from .mapped import MappedWeights
 MAX_POSITIONS = 1 << 17    # max_seq_len's ceiling (Llama 3.x's 131,072): the RoPE tables are built for all of them
 
 
+def state_count(cfg) -> int:
+    """How many tensors state_shapes(cfg) names, counted without naming them: a claim of 10^9 layers is refused by
+    this number before a name is made."""
+    per_layer = 4 + (1 if cfg.has_local else 0) + cfg.attn_bias * (1 + (1 if cfg.has_local else 0))
+    n = 3 + cfg.n_layers * per_layer
+    n += (cfg.n_layers + cfg.kv_group - 1) // cfg.kv_group * (1 + cfg.attn_bias)        # the global K/V layers
+    if cfg.has_engram:
+        n += 5 * len({i for i in cfg.engram_layers if 0 <= i < cfg.n_layers})
+    return n
+
+
 def state_shapes(cfg) -> dict[str, tuple[tuple[int, ...], bool]]:
     """{state_dict name: (shape, is floating)} of TinyAgentLM(cfg), from the config alone: a checkpoint's tensors are
     compared with it before anything is built (a 113 KB file claiming 100,000 layers, or an MLP 2^24 wide, would
@@ -46,13 +57,18 @@ def state_shapes(cfg) -> dict[str, tuple[tuple[int, ...], bool]]:
     return out
 
 
-def check_shapes(wpath: Path, want: dict[str, tuple[tuple[int, ...], bool]], source: str,
-                 error: type[Exception] = ValueError) -> None:
-    """`error` unless the safetensors file at wpath holds exactly the tensors `want` names, of those shapes
-    (its header only: nothing is read or built)."""
+def check_shapes(wpath: Path, cfg, source: str, error: type[Exception] = ValueError) -> None:
+    """`error` unless the safetensors file at wpath holds exactly the tensors the config implies (state_shapes), of
+    those shapes: its header only is read, nothing is built, and the tensors are counted (state_count) before any is
+    named, so the work is bounded by what the file holds whatever the config claims."""
     from safetensors import safe_open
     with safe_open(str(wpath), "pt") as f:
         shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    count = state_count(cfg)
+    if count != len(shapes):
+        raise error(f"{wpath}: weights do not match {source} (it implies {count:,} tensors, the file holds "
+                    f"{len(shapes):,})")
+    want = state_shapes(cfg)
     missing = sorted(set(want) - set(shapes))
     extra = sorted(set(shapes) - set(want))
     if missing or extra:

@@ -33,7 +33,7 @@ _config, _weights, write_gguf, write_hf = _llama._config, _llama._weights, _llam
 def test_the_shapes_a_config_implies_are_the_built_models(over):
     cfg = config_for("tiny", **over)
     built = {k: (tuple(v.shape), v.is_floating_point()) for k, v in TinyAgentLM(cfg).state_dict().items()}
-    assert state_shapes(cfg) == built
+    assert state_shapes(cfg) == built and M.state_count(cfg) == len(built)
 
 
 def test_the_shipped_sizes_shapes_too():
@@ -64,7 +64,8 @@ def _never_built(monkeypatch):
 
 
 @pytest.mark.parametrize("over, words", [
-    ({"n_layers": 100000}, "weights do not match config.json (missing blocks."),
+    ({"n_layers": 100000}, "weights do not match config.json (it implies 550,008 tensors, the file holds 30)"),
+    ({"n_layers": 10 ** 9}, "weights do not match config.json (it implies"),
     ({"mlp_hidden": 2 ** 24}, "blocks.0.mlp.up.weight has shape (192, 64), config.json implies (16777216, 64)"),
     ({"vocab_size": 10 ** 7}, "has shape"),
     ({"engram_table_size": 10 ** 8 + 7}, "engram.table.weight has shape"),
