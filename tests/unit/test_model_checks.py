@@ -65,6 +65,7 @@ def _never_built(monkeypatch):
 
 @pytest.mark.parametrize("over, words", [
     ({"n_layers": 100000}, "weights do not match config.json (it implies 550,008 tensors, the file holds 30)"),
+    ({"n_layers": 5}, "weights do not match config.json (missing blocks.4."),
     ({"n_layers": 10 ** 9}, "weights do not match config.json (it implies"),
     ({"mlp_hidden": 2 ** 24}, "blocks.0.mlp.up.weight has shape (192, 64), config.json implies (16777216, 64)"),
     ({"vocab_size": 10 ** 7}, "has shape"),
