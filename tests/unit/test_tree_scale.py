@@ -177,3 +177,38 @@ def test_a_cycle_and_an_unreached_tail_are_named(tmp_path):
     with pytest.raises(S.SessionError, match="cycle"):
         S._from_dict(d, "<test>")
     assert session_check.tree_problem([], []) is None
+
+
+def test_damaged_big_trees_load_or_refuse_in_one_line_and_in_bounded_time(tmp_path):
+    """The fuzz of issue #33 for trees: random damage (parent links to random ids, cycles, roles, settings, seeds) to
+    deep, wide and bushy trees of thousands of messages; each load is one line or a session, within seconds."""
+    rng = random.Random(33)
+    base = {shape: tree(4000, shape, seed=i) for i, shape in enumerate(("deep", "wide", "bushy"))}
+    outcomes = {"loaded": 0, "refused": 0}
+    for n in range(30):
+        d = json.loads(json.dumps(base[rng.choice(sorted(base))]))
+        msgs = d["branches"]
+        for _ in range(rng.randint(1, 3)):
+            m = rng.choice(msgs)
+            kind = rng.randrange(5)
+            if kind == 0:
+                m["parent"] = rng.choice(msgs)["id"]                  # may close a loop
+            elif kind == 1:
+                m["role"] = rng.choice(["user", "assistant", "system"])
+            elif kind == 2:
+                m["settings"] = None
+            elif kind == 3:
+                m["seed"] = None
+            else:
+                m["parent"] = 10 ** 9
+        path = tmp_path / f"{d['id']}.json"
+        path.write_text(json.dumps(d))
+        t = time.monotonic()
+        try:
+            S.load(path)
+            outcomes["loaded"] += 1
+        except S.SessionError as e:
+            assert "\n" not in str(e) and str(path) in str(e), str(e)
+            outcomes["refused"] += 1
+        assert time.monotonic() - t < 30, n
+    assert outcomes["refused"] > 10
