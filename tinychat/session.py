@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tinychat import paths, session_lock, session_tree, session_write
+from tinychat import paths, session_index, session_lock, session_tree, session_write
 from tinychat.fsutil import atomic_write
 from tinychat.jsonfields import Fields, is_int, is_obj, is_str, is_time, jtype, one_line, show
 from tinychat.session_check import (fork_ok, fork_problem, order_problem, sampler_problem, seed_ok, text_problem,
@@ -296,6 +296,7 @@ def save(session: Session, dir: str | Path | None = None, *, touch: bool = True)
         for key, value in overrides.items():
             setattr(session, key, value)
         _remember(session, target)
+        session_index.record(target, _row(session))     # `tinychat sessions` need not parse it again
     return target
 
 
@@ -559,27 +560,38 @@ def list_sessions(dir: str | Path | None = None, errors: list[SessionError] | No
     """Every readable session in `dir`, newest `updated` first.
 
     A file that fails to load is skipped; its SessionError is appended to `errors` when a list is given
-    (so the UI can show it), and never raised.
+    (so the UI can show it), and never raised. Files unchanged since they were last listed or saved are not parsed
+    again (session_index.py).
     """
     folder = _dir(dir)
     if not folder.is_dir():
         return []
     infos = []
-    for path in folder.glob("*.json"):
-        if path.name.startswith("."):  # in-flight or abandoned temp files
-            continue
-        try:
-            s = _from_dict(_read_json(path), str(path))
-            if s.id != path.stem:
-                raise SessionError(f"{path}: holds session id {s.id!r}, not the one its file name says")
-        except SessionError as e:
+    for path, row in session_index.listing(folder, _listing_row):
+        if "error" in row:
             if errors is not None:
-                errors.append(e)
+                errors.append(SessionError(row["error"]))
             continue
-        infos.append(SessionInfo(id=s.id, path=path, title=safe_line(s.title) or UNTITLED, updated=s.updated,
-                                 n_turns=s.n_turns, model=safe_line(str(s.model.get("name") or ""))))
+        infos.append(SessionInfo(id=row["id"], path=path, title=safe_line(row["title"]) or UNTITLED,
+                                 updated=row["updated"], n_turns=row["n_turns"], model=safe_line(row["model"])))
     infos.sort(key=lambda info: (info.updated, info.id), reverse=True)
     return infos
+
+
+def _listing_row(path: Path) -> dict:
+    """A session file's listing row (session_index.py), checked whole as load checks it, or {"error": one line}."""
+    try:
+        s = _from_dict(_read_json(path), str(path))
+        if s.id != path.stem:
+            raise SessionError(f"{path}: holds session id {s.id!r}, not the one its file name says")
+    except SessionError as e:
+        return {"error": str(e)}
+    return _row(s)
+
+
+def _row(s: Session) -> dict:
+    return {"id": s.id, "title": s.title, "updated": s.updated, "n_turns": s.n_turns,
+            "model": str(s.model.get("name") or "")}
 
 
 def search_text(path: str | Path) -> str:

@@ -7,6 +7,7 @@ The timing bounds here are functional and generous (a shared, noisy 2-vCPU machi
 must stay far below quadratic (64x), and a 20,000-message tree must load, list and save within seconds, not
 minutes. The figures themselves: tests/perf/tree_sessions.py and docs/benchmarks.md."""
 import json
+import os
 import random
 import time
 
@@ -212,3 +213,25 @@ def test_damaged_big_trees_load_or_refuse_in_one_line_and_in_bounded_time(tmp_pa
             outcomes["refused"] += 1
         assert time.monotonic() - t < 30, n
     assert outcomes["refused"] > 10
+
+
+def test_listing_parses_only_files_changed_since_they_were_saved_or_listed(tmp_path, monkeypatch):
+    from tinychat import session_index
+    d = tree(3000, "deep")
+    path = tmp_path / f"{d['id']}.json"
+    path.write_text(json.dumps(d))
+    s = S.load(path)
+    S.save(s, tmp_path)
+    parsed = []
+    real = S._read_json
+    monkeypatch.setattr(S, "_read_json", lambda p: parsed.append(p) or real(p))
+    [info] = S.list_sessions(tmp_path)
+    assert parsed == [] and info.n_turns == 2               # the save's row: no parse of 3,000 messages
+    damaged = path.read_text().replace('"role": "user"', '"role": "usr"', 1)
+    path.write_text(damaged)                                 # edited in place: another mtime / ctime
+    os.utime(path, ns=(1, 1))
+    errors: list = []
+    assert S.list_sessions(tmp_path, errors) == [] and len(parsed) == 1 and "role" in str(errors[0])
+    assert S.list_sessions(tmp_path, errors) == [] and len(parsed) == 1     # its error remembered too
+    session_index.index_path(tmp_path).write_text("{not json")               # a damaged index: parse again
+    assert S.list_sessions(tmp_path) == [] and len(parsed) == 2
