@@ -108,7 +108,8 @@ def main() -> None:
     from tinychat.chat import Chat
     tok, model = tokenizer(), make_chat_model()
     home = Path(tempfile.mkdtemp(prefix="tree-sessions-"))
-    env = {**os.environ, "TINYCHAT_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    os.environ["TINYCHAT_HOME"] = str(home)          # this process's saves and the listing's cache: the same home
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     folder = home / "sessions"
     folder.mkdir(parents=True)
     cli = [sys.executable, "-m", "tinychat", "sessions"]
