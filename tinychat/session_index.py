@@ -1,7 +1,8 @@
 """What `tinychat sessions` lists, remembered (issue #33 item 4): an index under the user cache folder (one file per
-sessions folder, named by a hash of its path) holds, per session file, its listing row (id, title, updated, turns, model) or the error that skips it, keyed by the file's inode, size,
-mtime and ctime (ns). A listing parses only the files that changed since: a 100,000-message tree is some 50 MB of
-JSON, whose parse alone takes seconds, each time it is listed.
+sessions folder, named by a hash of its path) holds, per session file, its listing row (id, title, updated, turns,
+model) or the error that skips it, keyed by the file's inode, size, mtime and ctime (ns). A listing parses only the
+files that changed since: a 100,000-message tree is some 50 MB of JSON, whose parse alone takes seconds, each time
+it is listed.
 
 A save records its file's row (it has just checked the session whole); a listing records the rows it parsed. The
 index is a cache: rewritten whole by an atomic rename without fsync (a lost or damaged index only means parsing
