@@ -117,6 +117,7 @@ class Int8Steps:
     def _apply(self, cfg: tuple) -> None:
         nat, lin_native, prefill_bf16 = cfg
         self.decoder.cpu_step.nat = self._native() if nat else None
+        self.decoder.step_changed()
         for lin in self._linears():
             lin.native, lin.prefill_bf16 = lin_native, prefill_bf16
 

@@ -72,6 +72,10 @@ class Decoder:
     def fast(self, on: bool) -> None:
         self._fast = bool(on)
 
+    def step_changed(self) -> None:
+        """The CPU step's native view was switched on or off (quant_steps.py): choose the variant again."""
+        self._variant = None
+
     @property
     def variant(self) -> StepVariant:
         """The decode step step() runs (engine/steps.py's STEPS), chosen once per (graph, fast)."""
