@@ -69,14 +69,18 @@ def _progress(title: str):
         yield None, typer.echo
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from .textsafe import safe_line
+    title = escape(safe_line(title))        # a file name: no escape sequence, no markup reaches the terminal
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True, redirect_stdout=False,
                   redirect_stderr=False) as bar:
         task = bar.add_task(title, total=None)
 
         def update(done: int, total: int, what: str) -> None:
-            bar.update(task, completed=done, total=total or None, description=f"{title}: {what}")
+            bar.update(task, completed=done, total=total or None, description=f"{title}: {escape(safe_line(what))}")
 
         def echo(line: str) -> None:
             if sys.stdout.isatty():
