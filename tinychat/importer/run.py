@@ -74,10 +74,10 @@ def import_model(src, name: str | None = None, context: int | None = None, dtype
     with acquire(dest.parent, name, shared=False, action="import"):   # no other import of the name, no chat on it
         if dest.exists() and not force:                  # imported by another process meanwhile
             raise ImportRefused(f"a model named {name!r} exists already ({dest}); pick another --name or add --force")
-        return _import(src, name, dest, context, dtype, stage)
+        return _import(src, name, dest, context, dtype, stage, origin)
 
 
-def _import(src: Path, name: str, dest: Path, context: int | None, dtype: str, stage) -> Path:
+def _import(src: Path, name: str, dest: Path, context: int | None, dtype: str, stage, origin: dict | None) -> Path:
     """import_model's work, under the name's exclusive lock."""
     stage(0)
     cfg, tensors, tok_text, template, stops = read_source(src)
