@@ -18,3 +18,12 @@ def _isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("TINYCHAT_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))         # `tinychat models` lists this (empty) HF cache
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_kernel_notices():
+    """nativebuild.NOTICES is process-wide (one CLI run, one list); a test that provokes a notice must not leave it
+    for the next test's REPL to print."""
+    yield
+    from tinychat import nativebuild
+    nativebuild.NOTICES.clear()
