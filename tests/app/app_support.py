@@ -94,3 +94,17 @@ async def say(pilot, text: str):
 
 def notes(app, severity: str | None = None) -> list[str]:
     return [m for sev, m in app.notices if severity is None or sev == severity]
+
+
+async def click_on(pilot, widget, offset: tuple[int, int] = (0, 0), timeout: float = 20.0):
+    """Click `widget` once it is laid out and on screen, and fail unless the click landed on it. (Right after a view
+    rebuild, a widget can be mounted with an empty region; a click then goes to whatever sits at the screen's corner,
+    which made a test flaky on a loaded machine.)"""
+    def placed() -> bool:
+        try:
+            return widget.is_attached and widget.region.area > 0 and pilot.app.screen.find_widget(widget).region.area > 0
+        except Exception:       # not in the screen's map yet (textual's NoWidget)
+            return False
+    await wait_for(pilot, placed, timeout, what=f"{type(widget).__name__} to be laid out")
+    await pilot.pause()
+    assert await pilot.click(widget, offset=offset), f"the click did not land on {type(widget).__name__}"

@@ -2,7 +2,7 @@
 a click or /alt moves between them; bad switches are one line and change nothing."""
 import asyncio
 
-from app_support import idle, notes, ready, say, start, wait_for
+from app_support import click_on, idle, notes, ready, say, start, wait_for
 from tinychat.tui.app import make_app
 from tinychat.tui.widgets.chat_view import AltSwitch
 
@@ -42,7 +42,7 @@ async def test_regenerate_then_switch_back_and_forth_with_the_key_and_a_click(fa
         assert reply.text == first.content and reply.alts == (1, 2)
         assert "reply 1/2" in notes(app)
         alt = app.view.replies()[0].query_one(AltSwitch)
-        await pilot.click(alt)
+        await click_on(pilot, alt)
         await wait_for(pilot, lambda: app.chat.session.messages[-1] is second and app.busy is None,
                        what="switched by a click")
         assert app.view.replies()[0].alts == (2, 2)
@@ -114,7 +114,7 @@ async def test_edit_an_earlier_message_sends_it_as_a_new_branch(factory):
         # the edited message shows its place among its edits; a click on it brings the original branch back
         edited = app.view.query(UserMessage).first()
         assert edited.alts == (2, 2) and "‹ 2/2 ›" in str(edited.border_subtitle)
-        await pilot.click(edited)
+        await click_on(pilot, edited)
         await wait_for(pilot, lambda: app.busy is None and app.chat.session.messages[1].content == "first message",
                        what="the original branch")
         await idle(pilot)
