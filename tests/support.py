@@ -59,7 +59,7 @@ def make_chat_model(seed: int = 0):
 def make_chat(model=None, model_seed: int = 0, **kw):
     """A Chat on the tiny chat model; ChatSettings fields (seed, temperature, ...) go to the settings, the rest
     (max_len, graph, autosave, ...) to Chat."""
-    from tinychat.chat import Chat, ChatSettings
+    from tinychat.chat.runtime import Chat, ChatSettings
     settings = kw.pop("settings", None) or ChatSettings(**{k: kw.pop(k) for k in list(kw)
                                                           if k in ChatSettings.__dataclass_fields__})
     kw.setdefault("max_len", 512)

@@ -203,7 +203,7 @@ def _session_for_auto(quant: str, ref: str | None):
     to open_chat's own load to report."""
     if quant != "auto" or ref is None:
         return None
-    from . import session as S
+    from .sessions import session as S
     try:
         return S.load(ref)
     except S.SessionError:
@@ -395,7 +395,7 @@ def _list_sessions(json_out: bool, grep: Optional[str]) -> None:
     import json
     import time
 
-    from . import session as S
+    from .sessions import session as S
     errors: list = []
     infos = S.list_sessions(errors=errors)
     if grep is not None:
@@ -420,9 +420,9 @@ def _list_sessions(json_out: bool, grep: Optional[str]) -> None:
 @sessions_app.command("show")
 def sessions_show(ref: str = typer.Argument(..., metavar="ID|PATH")):
     """Print a session as markdown."""
-    from . import session as S
+    from .sessions import session as S
     from .textsafe import safe_text
-    from . import session_export as SE
+    from .sessions import export as SE
     typer.echo(safe_text(SE.export_markdown(S.load(ref))))
 
 
@@ -431,10 +431,10 @@ def sessions_export(ref: str = typer.Argument(..., metavar="ID|PATH"),
                     fmt: str = typer.Option("md", "--format", "-f", help="md or json."),
                     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to a file (default: stdout).")):
     """Export a session as markdown or JSON."""
-    from . import session as S
+    from .sessions import session as S
     check_choice("--format", fmt, ("md", "json"))
     sess = S.load(ref)
-    from . import session_export as SE
+    from .sessions import export as SE
     text = SE.export_markdown(sess) if fmt == "md" else SE.export_json(sess)
     if out is None:
         from .textsafe import safe_text
@@ -449,7 +449,7 @@ def sessions_export(ref: str = typer.Argument(..., metavar="ID|PATH"),
 @sessions_app.command("rename")
 def sessions_rename(ref: str = typer.Argument(..., metavar="ID"), title: str = typer.Argument(...)):
     """Give a session a new title."""
-    from . import session as S
+    from .sessions import session as S
     S.rename(ref, title)
 
 
@@ -460,7 +460,7 @@ def sessions_copy(ref: str = typer.Argument(..., metavar="ID"),
     """Save a copy of a session under a new id (also while it is open elsewhere); continue it with -s NEW_ID."""
     import json
 
-    from . import session as S
+    from .sessions import session as S
     ref = S.resolve_id(ref)                     # the whole id, for the message below
     dup = S.copy(ref, title=title)
     path = S.session_path(dup.id)
@@ -476,7 +476,7 @@ def sessions_copy(ref: str = typer.Argument(..., metavar="ID"),
 @sessions_app.command("rm")
 def sessions_rm(ref: str = typer.Argument(..., metavar="ID")):
     """Delete a session (and its KV snapshot)."""
-    from . import session as S
+    from .sessions import session as S
     sid = S.resolve_id(ref)
     if not S.delete(sid):
         raise UsageError(f"no session {ref!r} (`tinychat sessions` lists the saved ones)")
@@ -499,14 +499,14 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved s
 
     Exit 0 when every branch regenerates token-exact, 1 on a divergence (with the branch and token), 2 on any
     error."""
-    from . import session as S
+    from .sessions import session as S
     if not 0 <= speed < float("inf"):
         raise UsageError(f"--speed must be 0 (as fast as it decodes) or more (got {speed})")
     dev = resolve_device(device)
     if Path(ref).is_dir():
         if not check:
             raise UsageError("a folder of sessions is replayed with --check")
-        from .replay_check import check_folder
+        from .chat.replay_check import check_folder
         runtimes: dict = {}           # each session on the model it names (--model: all on that one), loaded once
 
         def replay_chat(sess):
@@ -524,8 +524,8 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved s
     if play and sys.stdin.isatty() and sys.stdout.isatty():
         from .tui.app import run_replay
         raise typer.Exit(run_replay(sess, model=model, device=dev, speed=speed))
-    from .replay import replay_tree
-    from .replay_check import branch_lines
+    from .chat.replay import replay_tree
+    from .chat.replay_check import branch_lines
     many = bool(sess.branches)
 
     def on_turn(label, t):

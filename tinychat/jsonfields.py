@@ -1,4 +1,4 @@
-"""Typed reading of untrusted JSON objects (session files, session_check.py): every check names the field by its
+"""Typed reading of untrusted JSON objects (session files, sessions/check.py): every check names the field by its
 JSON path (`messages[3].token_ids[17]`) in a one-line error of the caller's exception type, and shows a bad value
 the same short way everywhere. No tinychat imports, no torch."""
 from __future__ import annotations

@@ -170,7 +170,7 @@ def model_defaults(path: Path):
 
 def latest_session() -> str | None:
     """The id of the most recently updated saved session (what -c continues), or None when there is none."""
-    from . import session as S
+    from .sessions import session as S
     infos = S.list_sessions()
     return infos[0].id if infos else None
 
@@ -201,7 +201,7 @@ def model_for_session(model: Path | None, ref: str) -> Path | None:
     shipped model). A ref that does not load leaves it to the caller's own load to report."""
     if model is not None:
         return model
-    from . import session as S
+    from .sessions import session as S
     try:
         sess = S.load(ref)
     except Exception:  # noqa: BLE001  the caller's S.load reports it in its one line
@@ -227,7 +227,7 @@ def named_model(name: str) -> Path | None:
 
 def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Mapping[str, Any] | None = None,
               session_ref: str | None = None, options=None, quant_why: str | None = None, autosave: bool = True):
-    """A Chat on rt: a new one, or the saved session session_ref (an id or a path, as tinychat.session.load reads
+    """A Chat on rt: a new one, or the saved session session_ref (an id or a path, as tinychat.sessions.session.load reads
     it) continued. Settings by layers (sampler_defaults.resolve; chat.sources says where each came from): tinychat's
     defaults, the model's (rt.defaults: its sampler.json), the session's recorded ones, then `overrides` (flags; all
     but the system prompt for a session, which belongs to its recorded history). `settings`, when given for a new
@@ -236,8 +236,8 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
     (an imported model's: SmolLM2's "You are a helpful AI assistant named SmolLM, ..."), as the template would.
     quant: a resolved mode (resolve_quant); quant_why: why `--quant auto` chose it (the chat's status says so).
     autosave False: nothing is written unless asked (--no-save)."""
-    from . import session as S
-    from .chat import Chat, settings_from_session
+    from .sessions import session as S
+    from .chat.runtime import Chat, settings_from_session
     from .sampler_defaults import ModelDefaults, resolve
     check_choice("--quant", quant, QUANT_MODES)
     kw = dict(quant=quant, device=device, model_name=rt.name, model_hash=rt.identity, options=options,
@@ -276,7 +276,7 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
 def open_replay_chat(rt: Runtime, sess, device: str, options=None):
     """A fresh Chat to replay the recorded session `sess` on: its quant mode, system prompt and context length,
     autosave off (a replay never writes the session)."""
-    from .chat import Chat, ChatSettings
+    from .chat.runtime import Chat, ChatSettings
     return Chat(rt.model, rt.tokenizer, ChatSettings(system_prompt=sess.system_prompt), quant=sess.quant,
                 device=device, model_name=rt.name, model_hash=rt.identity, autosave=False,
                 max_len=sess.model.get("max_len"), options=options)

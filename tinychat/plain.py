@@ -9,9 +9,9 @@ import textwrap
 import threading
 
 from . import commands as C
-from .chat import Chat, ChatError, TurnResult
+from .chat.runtime import Chat, ChatError, TurnResult
 from .sampler_defaults import TINYCHAT
-from .session import SessionError
+from .sessions.session import SessionError
 from .textin import lf
 from .textsafe import plural, safe_line, safe_text
 
@@ -219,7 +219,7 @@ class PlainREPL:
     def ab(self, changes: dict[str, str]) -> None:
         """/ab KEY=VALUE ...: both replies (side by side on a wide terminal, else one after the other; --json: one
         object), the first differing token (between ⟦ ⟧) and its cause, and how to keep B."""
-        from .ab import place_of, run_ab
+        from .chat.ab import place_of, run_ab
         box = self._in_worker(lambda: run_ab(self.chat, changes))
         if "error" in box:
             self._error(box["error"])

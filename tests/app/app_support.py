@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+from textual.errors import NoWidget
+
 from support import tokenizer
 
-from tinychat.chat import Chat, ChatSettings
+from tinychat.chat.runtime import Chat, ChatSettings
 
 
 class SlowChat(Chat):
@@ -103,7 +105,7 @@ async def click_on(pilot, widget, offset: tuple[int, int] = (0, 0), timeout: flo
     def placed() -> bool:
         try:
             return widget.is_attached and widget.region.area > 0 and pilot.app.screen.find_widget(widget).region.area > 0
-        except Exception:       # not in the screen's map yet (textual's NoWidget)
+        except NoWidget:        # not in the screen's map yet
             return False
     await wait_for(pilot, placed, timeout, what=f"{type(widget).__name__} to be laid out")
     await pilot.pause()

@@ -238,7 +238,7 @@ async def test_export_writes_where_the_user_says_and_asks_before_replacing(facto
 async def test_the_sessions_list_shows_each_sessions_model(factory, chat_model, size):
     from support import make_chat
     from support import tokenizer as tok
-    from tinychat.chat import Chat
+    from tinychat.chat.runtime import Chat
     other = Chat(chat_model, tok(), model_name="other-model", max_len=512)
     other.send("from another model")
     mine = make_chat(model=chat_model, max_new=3)
@@ -419,7 +419,7 @@ async def test_the_real_backend_switches_to_the_imported_model_a_session_names(t
     import os
     from pathlib import Path
     from support import make_chat_model, tokenizer
-    from tinychat.chat import ChatSettings
+    from tinychat.chat.runtime import ChatSettings
     from tinychat.loading import load_runtime, open_chat
     from tinychat.tui.app import TinyChatApp
     from tinychat.tui.runtime import Backend
@@ -450,7 +450,7 @@ async def test_the_real_backend_switches_to_the_imported_model_a_session_names(t
 @pytest.mark.parametrize("size", SIZES)
 async def test_the_status_bar_says_what_auto_chose_and_a_session_keeps_its_mode(tmp_path, size):
     from support import make_chat_model, tokenizer
-    from tinychat.chat import ChatSettings
+    from tinychat.chat.runtime import ChatSettings
     from tinychat.engine import native
     from tinychat.loading import load_runtime, open_chat
     from tinychat.tui.app import TinyChatApp

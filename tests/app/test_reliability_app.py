@@ -5,7 +5,7 @@ from pathlib import Path
 
 from app_support import notes, ready, say
 
-from tinychat import session as S
+from tinychat.sessions import session as S
 from tinychat.tui.app import make_app
 
 SIZE = (130, 40)

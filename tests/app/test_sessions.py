@@ -6,7 +6,7 @@ import time
 from app_support import idle, notes, ready, say, wait_for
 from support import make_chat, tokenizer
 
-from tinychat import session as S
+from tinychat.sessions import session as S
 from tinychat.tui.app import TinyChatApp, make_app
 from tinychat.tui.runtime import Backend
 from tinychat.tui.widgets import NoticeMessage, UserMessage
@@ -219,7 +219,7 @@ async def test_real_loader_with_a_missing_model_folder(tmp_path):
 async def test_real_loader_opens_a_model_folder(tmp_path, chat_model):
     chat_model.save_pretrained(tmp_path)
     tokenizer().save(tmp_path / "tokenizer.json")
-    from tinychat.chat import ChatSettings
+    from tinychat.chat.runtime import ChatSettings
     app = TinyChatApp(Backend(model=tmp_path, settings=ChatSettings(max_new=3), overrides={"max_new": 3}),
                       blink=False)
     async with app.run_test(size=SIZE) as pilot:

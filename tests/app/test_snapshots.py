@@ -7,7 +7,7 @@ import time
 import pytest
 
 from app_support import ChatFactory, FrozenChat, ready, say
-from tinychat import session as S
+from tinychat.sessions import session as S
 from tinychat.tui.app import make_app
 
 SIZE = (130, 36)

@@ -6,7 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from tinychat import session as S
+from tinychat.sessions import session as S
 from tinychat.cli import app
 
 
@@ -221,7 +221,7 @@ def test_the_reopen_last_preference_opens_the_latest_session_in_the_app_only(mod
 # -- progress of the long commands --------------------------------------------------------------------------------
 def test_replay_tree_reports_progress_per_turn_of_every_branch():
     from support import make_chat
-    from tinychat.replay import replay_tree
+    from tinychat.chat.replay import replay_tree
     chat = make_chat(max_new=5, seed=2)
     chat.send("hello there")
     chat.send("why the cat?")
@@ -234,7 +234,7 @@ def test_replay_tree_reports_progress_per_turn_of_every_branch():
 
 def test_check_folder_reports_progress_per_session(tmp_path):
     from support import make_chat
-    from tinychat.replay_check import check_folder
+    from tinychat.chat.replay_check import check_folder
     for q in ("hello", "the cat"):
         make_chat(max_new=4, seed=3).send(q)
     calls, lines = [], []

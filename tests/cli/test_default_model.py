@@ -28,7 +28,7 @@ def test_default_model_is_found_and_is_the_demo_size():
 
 def test_default_model_chats_and_ends_its_replies(tmp_path):
     """Greedy replies to two everyday messages: English words, ended by <|im_end|> well before the cap."""
-    from tinychat.chat import Chat, ChatSettings
+    from tinychat.chat.runtime import Chat, ChatSettings
     from tinychat.loading import load_runtime
     m, tok, name, ident = load_runtime(None)
     assert name == "default"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support import tokenizer
 
-from tinychat import session as S
+from tinychat.sessions import session as S
 
 REPO = Path(__file__).resolve().parents[2]
 

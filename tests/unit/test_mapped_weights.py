@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tinychat.chat import model_identity
+from tinychat.chat.runtime import model_identity
 from tinychat.engine import quantize_cpu
 from tinychat.mapped import MappedWeights
 from tinychat.model import TinyAgentLM, config_for

@@ -46,7 +46,7 @@ def test_a_failed_turns_worker_has_ended_when_the_turn_returns():
 
 
 def test_an_ab_workers_teardown_is_over_when_ab_returns(monkeypatch):
-    import tinychat.ab as AB
+    import tinychat.chat.ab as AB
     repl, freed = _repl(), []
 
     def failing(chat, changes, on_token=None):

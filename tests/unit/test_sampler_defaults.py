@@ -104,8 +104,8 @@ def test_a_new_chat_starts_at_the_models_defaults_and_flags_and_set_win(model_di
 
 
 def test_a_session_keeps_its_recorded_settings_and_replays_exactly(model_dir):
-    from tinychat import session as S
-    from tinychat.replay import replay_tree
+    from tinychat.sessions import session as S
+    from tinychat.chat.replay import replay_tree
     from tinychat.loading import open_replay_chat
     rt = load_runtime(model_dir)
     chat = open_chat(rt, "none", "cpu", None, {"max_new": 6, "seed": 4})

@@ -69,7 +69,7 @@ def tiny_sets(n: int = 40, seed: int = 0):
 # -- data ---------------------------------------------------------------------------------------------------------
 
 def test_default_system_prompt_is_the_apps():
-    from tinychat.chat import ChatSettings
+    from tinychat.chat.runtime import ChatSettings
     assert D.DEFAULT_SYSTEM == ChatSettings().system_prompt
 
 
@@ -393,7 +393,7 @@ def test_checkpoints_are_safetensors_and_json_only_and_pruned(tmp_path):
 def test_export_writes_a_folder_the_app_loads_and_chats_with(tmp_path):
     from safetensors import safe_open
 
-    from tinychat.chat import Chat, ChatSettings
+    from tinychat.chat.runtime import Chat, ChatSettings
     from tinychat.model import TinyAgentLM
     from tinychat.tokenizer import Tokenizer
     from tinychat.training.export import export

@@ -7,7 +7,7 @@ rm never deletes a model a chat has open, and a chat never opens a model while i
 lock when its process dies (kill -9 included). An exclusive holder writes "PID ACTION" into the file, so the refusal
 can say who; shared holders write nothing. A lock file is removed only by its exclusive holder (rm); an acquirer that
 opened it just before checks after flock that the path still names the inode it locked, else tries again (the
-pattern session_lock.py follows). Two open descriptions of one file conflict even within a process, so a chat and an
+pattern sessions/lock.py follows). Two open descriptions of one file conflict even within a process, so a chat and an
 import in one process exclude each other too.
 
 Leftovers: an import writes `models/.NAME.importing` and renames it into place, rm renames the model to

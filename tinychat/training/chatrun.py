@@ -9,7 +9,7 @@ def chat_conversations(model, tok, conversations: Sequence[Sequence[dict]], max_
                        max_turns: int = 4, model_name: str = "eval", log=None, settings=None) -> list[dict]:
     """Send each conversation's user messages through a fresh Chat (`settings`, default the app's defaults, with
     max_new and a per-turn seed). Returns [{"turns": [{"user", "reply", "finish", "tokens"}...]}, ...]."""
-    from tinychat.chat import Chat, ChatSettings, model_identity
+    from tinychat.chat.runtime import Chat, ChatSettings, model_identity
 
     ident = model_identity(model)
     out = []

@@ -1,4 +1,4 @@
-"""The TinyChatApp part that runs the sampler A/B (`/ab KEY=VALUE ...`, tinychat/ab.py): the A/B screen at once, the
+"""The TinyChatApp part that runs the sampler A/B (`/ab KEY=VALUE ...`, tinychat/chat/ab.py): the A/B screen at once, the
 two decodes on the chat worker (one @work method; it posts AbReady and never touches a widget), the result into the
 screen, then the side the user keeps (a switch of alternatives, on the same worker as /alt)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from textual import work
 
-from .. import session_tree as T
+from ..sessions import tree as T
 from ..textsafe import plural
 from ..commands import CommandError, parse_ab
 from .messages import AbReady
@@ -16,7 +16,7 @@ from .state import Busy
 from .widgets.inspector import Counters
 
 if TYPE_CHECKING:
-    from ..chat import Chat
+    from ..chat.runtime import Chat
 
 
 class ABMixin:
@@ -48,7 +48,7 @@ class ABMixin:
 
     @work(thread=True, exclusive=True, group="chat", exit_on_error=False, name="chat")
     def _job_ab(self, chat: Chat, changes: dict[str, str]) -> None:
-        from ..ab import run_ab
+        from ..chat.ab import run_ab
         r = run_ab(chat, changes)
         self.post_message(AbReady(r, chat.status()))
 

@@ -95,7 +95,7 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
 
     @property
     def chat(self):
-        """The open chat (tinychat.chat.Chat), None until the model is loaded."""
+        """The open chat (tinychat.chat.runtime.Chat), None until the model is loaded."""
         return self.state.chat
 
     @property
@@ -289,7 +289,7 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
         text = (str(err).strip().splitlines() or [type(err).__name__])[0]
         name = event.worker.name
         if name == "load":
-            from ..session import SessionError
+            from ..sessions.session import SessionError
             what = "open the session" if isinstance(err, SessionError) else "load the model"
             self.load_error = f"could not {what}: {text}"
             self.view.loading = False
@@ -520,7 +520,7 @@ class TinyChatApp(TurnsMixin, ForkMixin, CommandsMixin, PlaybackMixin, ABMixin, 
     def _renamed(self, sid: str, title: str) -> None:
         if self.chat is not None and self.chat.session.id == sid:
             self.chat.session.title = title      # the next autosave keeps the new title
-            from .. import session as S          # ... over the renamed file: take its revision
+            from ..sessions import session as S          # ... over the renamed file: take its revision
             S.adopt_revision(self.chat.session, getattr(self.chat, "sessions_dir", None))
 
     def _sessions_done(self, result: tuple | None) -> None:

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 from textual.message import Message
 
 if TYPE_CHECKING:                       # types only: the UI never imports the chat runtime (torch) at run time
-    from ..ab import ABResult
-    from ..chat import Chat, TurnResult
-    from ..replay import TurnReplay
+    from ..chat.ab import ABResult
+    from ..chat.runtime import Chat, TurnResult
+    from ..chat.replay import TurnReplay
     from ..sampler import TokenTrace
     from .state import Busy
 
@@ -96,6 +96,6 @@ class JobDone(Message):
 
 @dataclass
 class AbReady(Message):
-    """The sampler A/B's two decodes are done (tinychat/ab.py); side A is the active reply."""
+    """The sampler A/B's two decodes are done (tinychat/chat/ab.py); side A is the active reply."""
     result: ABResult
     status: dict = field(default_factory=dict)

@@ -25,7 +25,7 @@ class PlaybackMixin:
 
     @work(thread=True, exclusive=True, group="chat", exit_on_error=False, name="replay")
     def _replay(self, chat, sess, speed: float) -> None:
-        from ..replay import replay
+        from ..chat.replay import replay
         msgs = sess.messages
         first = 1 if msgs and msgs[0].role == "system" else 0
         pairs = [(msgs[i], msgs[i + 1]) for i in range(first, len(msgs) - 1, 2)]

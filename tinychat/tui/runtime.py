@@ -148,7 +148,7 @@ class Backend:
         from ..loading import resolve_quant
         sess = None
         if self.quant == "auto" and session_ref is not None:
-            from .. import session as S
+            from ..sessions import session as S
             try:
                 sess = S.load(session_ref)
             except S.SessionError:

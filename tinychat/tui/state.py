@@ -8,7 +8,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..chat import Chat
+    from ..chat.runtime import Chat
     from .widgets.chat_view import AssistantMessage
 
 

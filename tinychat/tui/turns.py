@@ -20,7 +20,7 @@ from .widgets import AssistantMessage, PromptArea, UserMessage
 from .widgets.inspector import Counters
 
 if TYPE_CHECKING:
-    from ..chat import Chat, TurnResult
+    from ..chat.runtime import Chat, TurnResult
 
 INSPECTOR_S = 0.25          # the live inspector shows the newest token at most this often (faster is unreadable,
                             # and the panel is the costliest repaint)

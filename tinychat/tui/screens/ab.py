@@ -18,7 +18,7 @@ from textual.widgets import Button, LoadingIndicator, Static
 from ...textsafe import safe_line, safe_text
 
 if TYPE_CHECKING:
-    from ...ab import ABResult, Side
+    from ...chat.ab import ABResult, Side
 
 
 def side_text(side: Side) -> Text:

@@ -1,7 +1,7 @@
 """The sessions screen: saved chats (title, model, date, turns, id) to open, rename, delete and export (to a path it
 asks for); a new chat is one key away; a filter box (/) keeps the chats whose title or any message (on any branch)
 holds the text, ↓ goes from it into the list. The columns fit the screen's width (below 100 columns the id moves to
-the line under the list). File operations go through tinychat.session (no torch)."""
+the line under the list). File operations go through tinychat.sessions (no torch)."""
 from __future__ import annotations
 
 import time
@@ -14,8 +14,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Static
 
-from ... import session as S
-from ... import session_export as SE
+from ...sessions import session as S
+from ...sessions import export as SE
 from ...fsutil import OutPathError, write_out
 from .dialogs import ConfirmDialog, TextDialog
 

@@ -11,10 +11,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from . import session as S
+from ..sessions import session as S
 from .replay import BranchReplay, replay_tree
-from .settings import ChatError
-from .textsafe import plural, safe_line
+from ..settings import ChatError
+from ..textsafe import plural, safe_line
 
 
 def branch_lines(results: list[BranchReplay]) -> list[str]:

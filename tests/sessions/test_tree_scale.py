@@ -1,7 +1,7 @@
 """Issue #33 item 4: big session trees. Validating a tree walked each branch message up to the active path (a chain
 of N messages hung off an early reply: N^2 steps; `tinychat sessions` took 111 s at 30,000 messages), and every
 autosave re-validated and re-encoded the whole tree. Now validation is one walk down from the roots, and a save
-encodes and checks only what changed (session_write.py).
+encodes and checks only what changed (sessions/write.py).
 
 The timing bounds here are functional and generous (a shared, noisy 2-vCPU machine): growth from N to 8N messages
 must stay far below quadratic (64x), and a 20,000-message tree must load, list and save within seconds, not
@@ -14,9 +14,9 @@ import time
 import pytest
 from support import make_chat, tokenizer
 
-from tinychat import session as S
-from tinychat import session_check, session_write
-from tinychat.session_check import tree_problem
+from tinychat.sessions import session as S
+from tinychat.sessions import check as session_check, write as session_write
+from tinychat.sessions.check import tree_problem
 
 SETTINGS = {"temperature": 0.8, "top_p": 0.9, "penalty": 1.2, "penalty_window": 64, "ban": True, "no_parrot": True,
             "ban_reply": True, "max_new": 64, "seed": 1}
@@ -216,7 +216,7 @@ def test_damaged_big_trees_load_or_refuse_in_one_line_and_in_bounded_time(tmp_pa
 
 
 def test_listing_parses_only_files_changed_since_they_were_saved_or_listed(tmp_path, monkeypatch):
-    from tinychat import session_index
+    from tinychat.sessions import index as session_index
     d = tree(3000, "deep")
     path = tmp_path / f"{d['id']}.json"
     path.write_text(json.dumps(d))

@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 from support import make_chat, make_chat_model, tokenizer
 
-from tinychat import session as S
-from tinychat.chat import Chat, ChatError
-from tinychat.replay import replay_tree
+from tinychat.sessions import session as S
+from tinychat.chat.runtime import Chat, ChatError
+from tinychat.chat.replay import replay_tree
 
 _MODEL = make_chat_model()
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 from support import make_chat, make_chat_model, tokenizer
 
-from tinychat import session as S
-from tinychat import session_snapshot as SS
-from tinychat import session_export as SE
-from tinychat import session_lock
-from tinychat.chat import Chat, ChatError
+from tinychat.sessions import session as S
+from tinychat.sessions import snapshot as SS
+from tinychat.sessions import export as SE
+from tinychat.sessions import lock as session_lock
+from tinychat.chat.runtime import Chat, ChatError
 from tinychat.textsafe import has_controls, safe_line, safe_text
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +50,7 @@ def _rewrite(path: Path, change) -> None:
 
 HOLDER = """
 import sys, time
-from tinychat import session as S
+from tinychat.sessions import session as S
 lock = S.lock(sys.argv[1], sys.argv[2])
 print("held", flush=True)
 sys.stdin.readline()
@@ -88,7 +88,7 @@ def test_a_session_held_by_another_process_is_refused_with_a_clear_message_and_f
 def test_a_chat_holds_its_session_until_closed_and_a_new_chat_lets_go():
     chat = _two_turn_chat()
     sid, folder = chat.session.id, _file(chat).parent
-    probe = [sys.executable, "-c", f"from tinychat import session_lock as L; import sys; "
+    probe = [sys.executable, "-c", f"from tinychat.sessions import lock as L; import sys; "
              f"sys.exit(3 if L.is_locked_elsewhere({str(folder)!r}, {sid!r}) else 0)"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     assert subprocess.run(probe, env=env, timeout=60).returncode == 3
@@ -259,7 +259,7 @@ def test_settings_read_from_a_file_are_validated_by_type_like_the_flags(where, k
 
 
 def test_a_system_message_in_the_middle_is_refused_by_load_continue_show_and_replay_alike():
-    from tinychat.replay import replay
+    from tinychat.chat.replay import replay
     chat = _two_turn_chat()
     path = _file(chat)
     _rewrite(path, lambda d: d["messages"].insert(3, dict(d["messages"][0])))
@@ -283,7 +283,7 @@ def test_a_long_system_prompt_is_named_as_what_does_not_fit():
 
 @pytest.mark.parametrize("bad", ["vocab", 100000])
 def test_token_ids_outside_the_vocabulary_are_refused_naming_file_message_and_position(bad):
-    from tinychat.replay import replay
+    from tinychat.chat.replay import replay
     chat = _two_turn_chat()
     path = _file(chat)
     vocab = make_chat_model().cfg.vocab_size

@@ -16,10 +16,10 @@ import time
 import torch
 from support import make_chat, make_chat_model, tokenizer
 
-from tinychat import session as S
-from tinychat import session_export as SE
-from tinychat.chat import Chat, ChatError
-from tinychat.replay import replay
+from tinychat.sessions import session as S
+from tinychat.sessions import export as SE
+from tinychat.chat.runtime import Chat, ChatError
+from tinychat.chat.replay import replay
 from tinychat.textsafe import safe_text
 
 CASES = 300

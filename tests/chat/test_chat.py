@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from support import make_chat, make_chat_model, tokenizer
-from tinychat import session as S
-from tinychat.chat import Chat, ChatError, ChatSettings
+from tinychat.sessions import session as S
+from tinychat.chat.runtime import Chat, ChatError, ChatSettings
 from tinychat.sampler import DEAD_END_MIN_MASS, TurnHook, ngram_table, penalty_ids
 
 

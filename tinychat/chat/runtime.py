@@ -17,20 +17,20 @@ from pathlib import Path
 
 import torch
 
-from . import session as S
-from . import session_snapshot as SS
-from . import session_tree as T
+from ..sessions import session as S
+from ..sessions import snapshot as SS
+from ..sessions import tree as T
 from .branch_cache import BranchCache
-from .chat_branches import BranchesMixin, Fork
-from .engine import Decoder, EngineOptions, KVCache, append, quantize_cpu
-from .engine.quant import effective_mode, quant_mode
-from .identity import model_identity, other_model
+from .branches import BranchesMixin, Fork
+from ..engine import Decoder, EngineOptions, KVCache, append, quantize_cpu
+from ..engine.quant import effective_mode, quant_mode
+from ..identity import model_identity, other_model
 from .quant_steps import Int8Steps, describe_step
-from .model import TinyAgentLM
-from .sampler import (KEEP_REPLY, LIFT_ALL, Cancelled, TokenTrace, TurnHook, TurnStats, ngram_table,
+from ..model import TinyAgentLM
+from ..sampler import (KEEP_REPLY, LIFT_ALL, Cancelled, TokenTrace, TurnHook, TurnStats, ngram_table,
                       penalty_ids)
-from .settings import ChatError, ChatSettings, OtherModel
-from .tokenizer import StreamDecoder, Tokenizer
+from ..settings import ChatError, ChatSettings, OtherModel
+from ..tokenizer import StreamDecoder, Tokenizer
 
 
 @dataclass
@@ -107,7 +107,7 @@ class Chat(BranchesMixin):
         self.used_snapshot = False
         self.notice: str | None = None        # one line for the user about the restore (a snapshot not used, why)
         self.save_warning: str | None = None  # the last autosave's failure, one line (None: saved)
-        self._lock = None                     # the session's lock while this chat writes it (session_lock.py)
+        self._lock = None                     # the session's lock while this chat writes it (sessions/lock.py)
         if rebuild:
             self._rebuild()
 
@@ -185,7 +185,7 @@ class Chat(BranchesMixin):
     @classmethod
     def restore(cls, session_ref, model: TinyAgentLM, tokenizer: Tokenizer, *, use_snapshot: bool = True,
                 **kw) -> "Chat":
-        """Continue a saved session (a Session, or an id or path as tinychat.session.load reads it): load its KV
+        """Continue a saved session (a Session, or an id or path as tinychat.sessions.session.load reads it): load its KV
         snapshot when it matches this model and context exactly (fast), else rebuild the cache by replaying the
         recorded feed schedule (always exact)."""
         sess = session_ref if isinstance(session_ref, S.Session) else S.load(session_ref, kw.get("sessions_dir"))
@@ -356,7 +356,7 @@ class Chat(BranchesMixin):
     def regenerate(self, on_token=None, trace: bool | None = None, on_reply=None,
                    settings: ChatSettings | None = None) -> TurnResult:
         """Sample the last reply again (a new seed unless the settings fix one). The old reply is kept: the new one
-        becomes its sibling (an alternative, session_tree.py) and the active one. settings: this reply's own (the
+        becomes its sibling (an alternative, sessions/tree.py) and the active one. settings: this reply's own (the
         sampler A/B, ab.py; recorded with the reply), else the chat's."""
         msgs = self.session.messages
         if len(msgs) < 2 or msgs[-1].role != "assistant":
@@ -409,7 +409,7 @@ class Chat(BranchesMixin):
               context_start: int | None = None, on_reply=None, autosave: bool = True,
               settings: ChatSettings | None = None, fork: Fork | None = None, dead_end: str = KEEP_REPLY) -> TurnResult:
         """settings: this turn's (recorded with it; the chat's stay as they are). fork: the reply's first tokens are
-        given (chat_branches.Fork): stepped one by one after the prefill (the restore rule), then sampling goes on in
+        given (branches.Fork): stepped one by one after the prefill (the restore rule), then sampling goes on in
         the eager loop, the sampler seeing them as the reply so far. dead_end: what the sampler's dead-end guard lifts
         (sampler.KEEP_REPLY; a replay passes what the recorded turn ran with)."""
         st = settings or self.settings
@@ -523,7 +523,7 @@ class Chat(BranchesMixin):
         before = next(((m.settings or {}).get("step") for m in reversed(msgs) if m.role == "assistant"), None)
         if not step or not before or before == step:
             return None
-        from .engine import native
+        from ..engine import native
         why = f" (native kernels: {native.why_not})" if native.why_not and step.startswith("torch") else ""
         return (f"this turn ran on {describe_step(step)}{why}, the one before on {describe_step(before)}: they round "
                 f"differently; replay --check compares each turn with its own step where this machine has it")
@@ -567,7 +567,7 @@ class Chat(BranchesMixin):
     def replay_turn(self, user: S.Message, recorded: S.Message, on_token=None) -> TurnResult:
         """Regenerate one recorded turn (user message, recorded reply) with the chat's current settings (a replay
         sets the recorded ones first), shortening the context where the recorded turn did, forced where a fork
-        recorded it (its kept tokens taken from the record, chat_branches.Fork), with traces and each
+        recorded it (its kept tokens taken from the record, branches.Fork), with traces and each
         step's final distribution (TurnResult.probs); then put the recorded turn in place of the regenerated one,
         in the history and in the cache, so the next turn runs on the recorded context. on_token as in send()."""
         at = len(self.session.messages)

@@ -9,11 +9,11 @@ import sys
 import pytest
 from support import make_chat
 
-from tinychat import session as S
-from tinychat.chat import Chat
+from tinychat.sessions import session as S
+from tinychat.chat.runtime import Chat
 from tinychat.cli import main
-from tinychat.replay import replay, replay_tree
-from tinychat.session_check import text_problem
+from tinychat.chat.replay import replay, replay_tree
+from tinychat.sessions.check import text_problem
 
 
 def _recorded(tmp_path=None):

@@ -1,12 +1,12 @@
-"""The sampler A/B (issue #14, tinychat/ab.py): one seed for both sides, the first differing token and its cause read
+"""The sampler A/B (issue #14, tinychat/chat/ab.py): one seed for both sides, the first differing token and its cause read
 off the traces, both replies kept as alternatives, either one active, every branch still replaying exactly."""
 import pytest
 from support import make_chat
 
-from tinychat import session as S
-from tinychat.ab import keep_side, run_ab
-from tinychat.chat import ChatError
-from tinychat.replay import replay_tree
+from tinychat.sessions import session as S
+from tinychat.chat.ab import keep_side, run_ab
+from tinychat.chat.runtime import ChatError
+from tinychat.chat.replay import replay_tree
 from tinychat.textsafe import safe_line
 
 Q = "hello tell me about the cat"

@@ -35,8 +35,8 @@ class Int8Steps:
         """The step the chat runs now, as a session records it (None: not an int8 CPU chat)."""
         if not self.active:
             return None
-        from .engine.native import kernel_path, step_version
-        from .engine.quant import bulk_prefill_kernel
+        from ..engine.native import kernel_path, step_version
+        from ..engine.quant import bulk_prefill_kernel
         native = self.decoder.cpu_step.nat is not None
         name = f"native-int8-v{step_version()}" if native else "torch-int8"
         kernel = bulk_prefill_kernel(self.model)
@@ -91,7 +91,7 @@ class Int8Steps:
 
     # -- configurations ------------------------------------------------------------------------------------------
     def _linears(self) -> list:
-        from .engine.quant import Int8Linear
+        from ..engine.quant import Int8Linear
         out = [m for m in self.model.modules() if type(m) is Int8Linear]
         return out + [m for m in getattr(self.model, "fused_qkv", None) or () if type(m) is Int8Linear]
 
@@ -103,12 +103,12 @@ class Int8Steps:
     def _native(self):
         """The native kernels' view of the model, built when first needed (a chat opened with them off)."""
         if self._nat is None:
-            from .engine import native
+            from ..engine import native
             if native.load() is not None:
                 step = self.decoder.cpu_step
-                from .engine.native_llama_step import _NativeLlama
-                from .engine.native_step import _NativeStep
-                from .engine.threads import ThreadTuner
+                from ..engine.native_llama_step import _NativeLlama
+                from ..engine.native_step import _NativeStep
+                from ..engine.threads import ThreadTuner
                 self._nat = (_NativeStep if step.tinyagent else _NativeLlama).build(self.model, step)
                 if self._nat is not None:
                     self._nat.tuner = ThreadTuner(auto=self.options.tune_threads)

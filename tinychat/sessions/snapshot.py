@@ -11,7 +11,7 @@ from typing import Any
 
 from tinychat.fsutil import atomic_write
 from tinychat.jsonfields import one_line, show
-from tinychat.session import SNAPSHOT_FORMAT, SessionError, SnapshotError, snapshot_path
+from tinychat.sessions.session import SNAPSHOT_FORMAT, SessionError, SnapshotError, snapshot_path
 
 
 def hash_bytes(data: bytes) -> str:

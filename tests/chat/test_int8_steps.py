@@ -7,12 +7,12 @@ import pytest
 import torch
 from support import make_chat, make_chat_model
 
-from tinychat import session as S
-from tinychat.chat import Chat
+from tinychat.sessions import session as S
+from tinychat.chat.runtime import Chat
 from tinychat.engine import native
 from tinychat.identity import model_identity
 from tinychat.options import EngineOptions
-from tinychat.replay import replay_tree
+from tinychat.chat.replay import replay_tree
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason=f"no native kernels here ({native.why_not})")
 HASH = model_identity(make_chat_model())

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from tinychat.session import UNTITLED, Session, _serialize
-from tinychat import session_tree
+from tinychat.sessions.session import UNTITLED, Session, _serialize
+from tinychat.sessions import tree as session_tree
 
 
 def export_json(session: Session) -> str:

@@ -5,9 +5,9 @@ import pytest
 import torch
 from support import make_chat, make_chat_model, tokenizer
 
-from tinychat import session as S
-from tinychat import session_tree as T
-from tinychat.chat import Chat, ChatError
+from tinychat.sessions import session as S
+from tinychat.sessions import tree as T
+from tinychat.chat.runtime import Chat, ChatError
 
 
 def _cache_equal(a: Chat, b: Chat) -> None:
@@ -311,7 +311,7 @@ def test_an_edited_reply_is_used_as_written_and_replays_exactly(tmp_path, monkey
         chat.edit_reply(1, "x")
     chat.switch_alternative("2", index=2)
     chat.close()
-    from tinychat.replay import replay_tree
+    from tinychat.chat.replay import replay_tree
     loaded = S.load(chat.session.id, tmp_path)
     assert [m.finish for m in loaded.messages if m.role == "assistant"][0] == "edited"
     fresh = make_chat(autosave=False)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from . import session as S
-from . import session_tree as T
-from .chat import Chat, ChatError, ChatSettings
-from .identity import other_model
+from ..identity import other_model
+from ..sessions import session as S
+from ..sessions import tree as T
+from ..sessions.check import text_matches
+from .branches import turn_settings
 from .quant_steps import describe_step  # noqa: F401  (replay.describe_step: its name before quant_steps.py)
-from .session_check import text_matches
-from .chat_branches import turn_settings
+from .runtime import Chat, ChatError, ChatSettings
 
 
 @dataclass

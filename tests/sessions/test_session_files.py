@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tinychat import paths
-from tinychat import session as S
-from tinychat import session_snapshot as SS
-from tinychat import session_export as SE
-from tinychat.session import Message, Session, SessionError
+from tinychat.sessions import session as S
+from tinychat.sessions import snapshot as SS
+from tinychat.sessions import export as SE
+from tinychat.sessions.session import Message, Session, SessionError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,7 +88,9 @@ def test_paths_default_to_platform_dirs_without_tinychat_home(monkeypatch):
 
 def test_session_modules_import_without_torch_or_side_effects(tmp_path):
     code = (
-        "import sys, tinychat.paths, tinychat.session, tinychat.tokenizer; "
+        "import sys, pkgutil, importlib, tinychat.paths, tinychat.tokenizer, tinychat.sessions, tinychat.chat; "
+        "[importlib.import_module('tinychat.sessions.' + m.name) for m in pkgutil.iter_modules(tinychat.sessions.__path__)]; "
+        "assert len(sys.modules) and 'tinychat.sessions.session' in sys.modules; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     env = {**os.environ, "TINYCHAT_HOME": str(tmp_path / "h"), "PYTHONPATH": str(REPO)}
@@ -609,7 +611,7 @@ def test_corrupt_or_foreign_kv_snapshot_raises_session_error(home):
 
 WRITER = r"""
 import sys
-from tinychat import session as S
+from tinychat.sessions import session as S
 folder = sys.argv[1]
 s = S.Session(id="killtest", model={"name": "m", "hash": "h"})
 n = 0

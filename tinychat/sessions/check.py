@@ -12,8 +12,8 @@ import dataclasses
 import math
 from typing import Any
 
-from .jsonfields import is_int, show
-from .settings import DEAD_END_RULES, ChatSettings
+from ..jsonfields import is_int, show
+from ..settings import DEAD_END_RULES, ChatSettings
 
 MAX_SEED = 2**63 - 1             # the flags' range (ChatSettings): a file may not hold a seed the chat cannot take
 

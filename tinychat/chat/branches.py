@@ -1,18 +1,18 @@
-"""The Chat's branch operations (issue #14; session_tree.py has the tree itself): edit an earlier message into a new
+"""The Chat's branch operations (issue #14; sessions/tree.py has the tree itself): edit an earlier message into a new
 branch, fork a reply at a token, list and switch a reply's alternatives. The cache follows the active path: cut back to the switched turn's
 mark, then the new path's part put back from what the chat kept when it left it (branch_cache.py) or fed by the
 restore rule (one prefill per turn, one decoder step per sampled token), so it is bit-identical to the cache that
-path was decoded with. A mixin of Chat (chat.py), which owns the cache, the marks and the turn loop."""
+path was decoded with. A mixin of Chat (runtime.py), which owns the cache, the marks and the turn loop."""
 from __future__ import annotations
 
 import dataclasses
 import random
 from dataclasses import dataclass
 
-from . import session as S
-from . import session_tree as T
-from .numbers import is_count
-from .settings import ChatError, ChatSettings
+from ..sessions import session as S
+from ..sessions import tree as T
+from ..numbers import is_count
+from ..settings import ChatError, ChatSettings
 
 
 @dataclass(frozen=True)

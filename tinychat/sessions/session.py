@@ -1,8 +1,8 @@
 """Session files: what a chat recorded, on disk (README.md, "What sessions promise").
 
 One session = `<sessions_dir>/<id>.json` (versioned JSON) plus, optionally, `<id>.kv.safetensors` (a KV-cache
-snapshot, session_snapshot.py). This module is the file layer only: the chat runtime restores (re-prefill from token
-ids, or load a snapshot when the model identity matches) and replays on top of it; session_export.py writes a
+snapshot, sessions/snapshot.py). This module is the file layer only: the chat runtime restores (re-prefill from token
+ids, or load a snapshot when the model identity matches) and replays on top of it; sessions/export.py writes a
 session as markdown or JSON text.
 
 A session records everything needed to continue or replay a chat to the token:
@@ -14,14 +14,14 @@ A session records everything needed to continue or replay a chat to the token:
 - timestamps.
 
 Guarantees: writes are atomic (temp file in the same folder, fsync, `os.replace`), so a crash or kill leaves
-either the old or the new file, never a torn one. Every save holds the session's lock (session_lock.py: a chat
+either the old or the new file, never a torn one. Every save holds the session's lock (sessions/lock.py: a chat
 holds it while the session is open, so a second process is refused) and checks that the file on disk is still the
 one this copy was read from or last wrote (`revision` + `updated`), so an older copy never overwrites a newer
 session. Reading validates every field, the settings by type and range and the order of messages
-(session_check.py); anything wrong raises `SessionError` with a one-line message naming the file, and one bad file
+(sessions/check.py); anything wrong raises `SessionError` with a one-line message naming the file, and one bad file
 never stops `list_sessions`. Only regular files are read, at most MAX_FILE_BYTES.
 
-No torch here (session_snapshot.py imports safetensors/torch only inside its functions).
+No torch here (sessions/snapshot.py imports safetensors/torch only inside its functions).
 """
 
 from __future__ import annotations
@@ -38,15 +38,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tinychat import paths, session_index, session_lock, session_tree, session_write
+from tinychat import paths
+from tinychat.sessions import index as session_index, lock as session_lock, tree as session_tree, write as session_write
 from tinychat.fsutil import atomic_write
 from tinychat.jsonfields import Fields, is_int, is_obj, is_str, is_time, jtype, one_line, show
-from tinychat.session_check import (fork_ok, fork_problem, order_problem, sampler_problem, seed_ok, text_problem,
+from tinychat.sessions.check import (fork_ok, fork_problem, order_problem, sampler_problem, seed_ok, text_problem,
                                     tree_problem, vocab_problem)
 from tinychat.textsafe import safe_line, strip_controls
 
 SCHEMA = "tinychat.session"
-VERSION = 2  # the tree (session_tree.py); version 1 files (one path, no ids) still load
+VERSION = 2  # the tree (sessions/tree.py); version 1 files (one path, no ids) still load
 READ_VERSIONS = (1, 2)
 ROLES = ("system", "user", "assistant")
 FINISH_REASONS = ("stop", "length", "cancelled", "edited")   # edited: written by the user (chat.edit_reply)
@@ -102,10 +103,10 @@ class Message:
     seed: int | None = None  # the turn's random seed
     finish: str | None = None  # one of FINISH_REASONS
     timing_ms: list[float] | None = None  # per sampled token, milliseconds (optional)
-    # The tree (version 2; session_tree.py): 0 = not yet given an id (link() gives one before a save)
+    # The tree (version 2; sessions/tree.py): 0 = not yet given an id (link() gives one before a save)
     id: int = 0
     parent: int | None = None  # the message before this one on its path (None: a root)
-    fork: dict[str, Any] | None = None  # a reply forced at a token: {"position": int, "token": int} (chat_branches.Fork)
+    fork: dict[str, Any] | None = None  # a reply forced at a token: {"position": int, "token": int} (branches.Fork)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -123,7 +124,7 @@ class Session:
     device: str = "cpu"  # device kind, e.g. "cpu", "cuda"
     settings: dict[str, Any] = field(default_factory=dict)  # session-wide sampler defaults
     messages: list[Message] = field(default_factory=list)  # the active path
-    branches: list[Message] = field(default_factory=list)  # every message off the active path (session_tree.py)
+    branches: list[Message] = field(default_factory=list)  # every message off the active path (sessions/tree.py)
     revision: int = 0  # +1 per save: what the overwrite check compares
     kv_sha256: str = ""  # tensors_sha256 of the KV snapshot saved with this revision ("" = none)
 
@@ -244,7 +245,7 @@ def _dumps_raw(obj: Any, depth: int = 0) -> str:
 
 
 def _serialize(session: Session, where: str, **overrides: Any) -> list[bytes]:
-    """The file's bytes, in pieces to write one after the other (session_write.py: only what changed since the last save is encoded and checked); never what
+    """The file's bytes, in pieces to write one after the other (sessions/write.py: only what changed since the last save is encoded and checked); never what
     `load` would reject."""
     session_tree.link(session)
     header = {"schema": SCHEMA, "version": VERSION}
@@ -561,7 +562,7 @@ def list_sessions(dir: str | Path | None = None, errors: list[SessionError] | No
 
     A file that fails to load is skipped; its SessionError is appended to `errors` when a list is given
     (so the UI can show it), and never raised. Files unchanged since they were last listed or saved are not parsed
-    again (session_index.py).
+    again (sessions/index.py).
     """
     folder = _dir(dir)
     if not folder.is_dir():
@@ -579,7 +580,7 @@ def list_sessions(dir: str | Path | None = None, errors: list[SessionError] | No
 
 
 def _listing_row(path: Path) -> dict:
-    """A session file's listing row (session_index.py), checked whole as load checks it, or {"error": one line}."""
+    """A session file's listing row (sessions/index.py), checked whole as load checks it, or {"error": one line}."""
     try:
         s = _from_dict(_read_json(path), str(path))
         if s.id != path.stem:

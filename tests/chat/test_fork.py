@@ -8,10 +8,10 @@ import pytest
 import torch
 from support import make_chat, make_chat_model, tokenizer
 
-from tinychat import session as S
-from tinychat import session_tree as T
-from tinychat.chat import Chat, ChatError
-from tinychat.replay import replay, replay_tree
+from tinychat.sessions import session as S
+from tinychat.sessions import tree as T
+from tinychat.chat.runtime import Chat, ChatError
+from tinychat.chat.replay import replay, replay_tree
 
 
 def _cache_equal(a: Chat, b: Chat) -> None:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from tinychat import session as S
-from tinychat.session import Message, Session, SessionError
+from tinychat.sessions import session as S
+from tinychat.sessions.session import Message, Session, SessionError
 
 
 @pytest.fixture(autouse=True)

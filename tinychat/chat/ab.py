@@ -18,13 +18,13 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from . import session_tree as T
-from .sampler import BAN_N, TRACE_TOP, TokenTrace
-from .settings import ChatError, ChatSettings
-from .textsafe import safe_line
+from ..sessions import tree as T
+from ..sampler import BAN_N, TRACE_TOP, TokenTrace
+from ..settings import ChatError, ChatSettings
+from ..textsafe import safe_line
 
 if TYPE_CHECKING:
-    from .chat import Chat
+    from .runtime import Chat
 
 FIXED = {"system_prompt": "a new system prompt applies from the next new chat, not to an A/B of this turn",
          "seed": "both sides use one seed: /set seed N chooses it (else a fresh one is drawn for the pair)"}

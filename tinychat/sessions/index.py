@@ -27,7 +27,7 @@ def key(st: os.stat_result) -> list[int]:
 
 def index_path(folder: Path) -> Path:
     """The index of a sessions folder: <user cache>/listing/<hash of the folder's real path>.json."""
-    from .nativebuild import cache_dir
+    from ..nativebuild import cache_dir
     real = os.path.realpath(folder)
     return cache_dir("listing") / (hashlib.sha256(real.encode("utf-8", "surrogatepass")).hexdigest()[:24] + ".json")
 

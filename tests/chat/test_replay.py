@@ -4,9 +4,9 @@ import threading
 import pytest
 
 from support import make_chat
-from tinychat import session as S
+from tinychat.sessions import session as S
 from tinychat.engine.quant import cpu_has_bf16_dot
-from tinychat.replay import replay
+from tinychat.chat.replay import replay
 
 
 def _recorded(turns=3, **kw):
@@ -83,7 +83,7 @@ def test_replay_uses_only_the_public_chat_api():
     import ast
     import inspect
 
-    import tinychat.replay as R
+    import tinychat.chat.replay as R
     tree = ast.parse(inspect.getsource(R))
     private = sorted({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
                       and isinstance(n.value, ast.Name) and n.value.id == "chat" and n.attr.startswith("_")})
@@ -150,7 +150,7 @@ def test_the_step_version_moves_only_on_the_kernel_paths_whose_rounding_changed(
 
 
 def test_step_names_describe_the_decode_step_and_the_prefill_gemm():
-    from tinychat.replay import describe_step
+    from tinychat.chat.replay import describe_step
     assert describe_step("native-int8-v3") == "the native int8 step v3"
     assert describe_step("native-int8-v3+bf16-prefill") == "the native int8 step v3 with bf16 prefill GEMMs"
     assert describe_step("native-int8-v3+fp32-prefill") == "the native int8 step v3 with fp32 prefill GEMMs"

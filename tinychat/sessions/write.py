@@ -21,7 +21,7 @@ import operator
 import re
 from typing import Any, Callable
 
-from .session_check import order_problem, tree_problem
+from .check import order_problem, tree_problem
 
 CHUNK = 256
 _C1 = re.compile("[\x7f-\x9f]")

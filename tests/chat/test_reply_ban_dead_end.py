@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from support import make_chat_model, tokenizer
-from tinychat import session as S
-from tinychat.chat import Chat, ChatSettings
-from tinychat.replay import replay
+from tinychat.sessions import session as S
+from tinychat.chat.runtime import Chat, ChatSettings
+from tinychat.chat.replay import replay
 from tinychat.sampler import DEAD_END_MIN_MASS, KEEP_REPLY, LIFT_ALL, TurnHook
 
 

@@ -8,8 +8,8 @@ import sys
 import pytest
 from support import make_chat
 
-from tinychat import session as S
-from tinychat.ab import run_ab
+from tinychat.sessions import session as S
+from tinychat.chat.ab import run_ab
 from tinychat.bench import run_bench
 from tinychat.cli import main
 from tinychat.settings import ChatError
