@@ -14,6 +14,13 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from .errors import TinychatError
+
+
+class BenchError(TinychatError, ValueError):
+    """A benchmark that cannot run as asked (a bad flag value, a device this build lacks); one line."""
+
+
 DEVICES = ("cpu", "cuda")
 
 Progress = Callable[[int, int, str], None]   # progress(done, total, what): done of total units finished
@@ -62,16 +69,16 @@ def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = N
     from .engine import EngineOptions
 
     if quant not in QUANT_MODES:
-        raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)} (got {quant!r})")
+        raise BenchError(f"quant must be one of {', '.join(QUANT_MODES)} (got {quant!r})")
     if device not in DEVICES:
-        raise ValueError(f"device must be one of {', '.join(DEVICES)} (got {device!r})")
+        raise BenchError(f"device must be one of {', '.join(DEVICES)} (got {device!r})")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available to this PyTorch build")
+        raise BenchError("--device cuda: no CUDA device is available to this PyTorch build")
     if device == "cuda" and quant == "int8":
-        raise ValueError("--quant int8 is a CPU mode (weight-only int8 kernels); on cuda use none or bf16")
+        raise BenchError("--quant int8 is a CPU mode (weight-only int8 kernels); on cuda use none or bf16")
     prompt_len, gen_len, repeats, warmup = int(prompt_len), int(gen_len), int(repeats), max(0, int(warmup))
     if prompt_len < 1 or gen_len < 1 or repeats < 1:
-        raise ValueError("prompt-len, gen-len and repeats must be positive")
+        raise BenchError("prompt-len, gen-len and repeats must be positive")
 
     options = options or EngineOptions.from_env()
     if threads is not None:
@@ -103,9 +110,9 @@ def _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup
     cfg = model.cfg
     prefill_lens = tuple(int(n) for n in prefill_lens)
     if any(n < 1 or n > cfg.max_seq_len for n in prefill_lens):
-        raise ValueError(f"prefill lengths must be within 1..{cfg.max_seq_len}")
+        raise BenchError(f"prefill lengths must be within 1..{cfg.max_seq_len}")
     if prompt_len + gen_len + 2 > cfg.max_seq_len:
-        raise ValueError(f"prompt-len + gen-len ({prompt_len} + {gen_len}) must stay below the model's "
+        raise BenchError(f"prompt-len + gen-len ({prompt_len} + {gen_len}) must stay below the model's "
                          f"max_seq_len {cfg.max_seq_len}")
     linear_params = model.num_linear_params()
     tick("model loaded")

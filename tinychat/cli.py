@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 
 from .choices import QUANT_CHOICES, QUANT_MODES, SIZES
+from .errors import TinychatError
 from .hub import RECOMMENDED, RECOMMENDED_NAME
 from .loading import (check_choice, check_threads, load_model_for, load_runtime, model_for_session, model_path,
                       open_chat, open_replay_chat, resolve_device, resolve_quant, session_model)
@@ -23,18 +24,19 @@ Every chat is saved as a session; `tinychat sessions` lists them and `--session 
 The shipped model is a 21.7M-parameter demo: fluent, not a source of facts. A real one in one command:
 tinychat pull {RECOMMENDED} (then: tinychat -m {RECOMMENDED_NAME}).
 
-Examples:  tinychat --quant int8  ·  echo "Hi!" | tinychat --plain --json  ·  tinychat replay ID --check
+Examples:  tinychat -p "Why is the sky blue?"  ·  echo "Hi!" | tinychat --plain --json  ·  tinychat replay ID --check
 
-Errors print one line and exit 2; add --debug for the traceback.""".format(RECOMMENDED=RECOMMENDED,
+Errors print one line and exit 2 (70: a bug in tinychat, please report it); --debug shows the traceback.""".format(RECOMMENDED=RECOMMENDED,
                                                                           RECOMMENDED_NAME=RECOMMENDED_NAME)
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, rich_markup_mode="rich", help=HELP,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
-class UsageError(Exception):
+class UsageError(TinychatError):
     """A bad flag or argument: one line on stderr, exit 2."""
 
 
+_QUANTS = "|".join(QUANT_CHOICES)
 MODEL_HELP = "Model folder, or the name of an imported model (default: the shipped model)."
 
 
@@ -92,23 +94,23 @@ def _progress(title: str):
 
 @app.callback(invoke_without_command=True)
 def chat(ctx: typer.Context,
-         model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_HELP, callback=_model_arg),
-         quant: str = typer.Option("auto", "--quant", "-q", help="Weights: auto (the int8 fast step where its "
+         model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="PATH|NAME", help=MODEL_HELP, callback=_model_arg),
+         quant: str = typer.Option("auto", "--quant", "-q", metavar=_QUANTS, help="Weights: auto (the int8 fast step where its "
                                    "native kernels build, full precision on a GPU or without them; a continued "
                                    "session keeps its own), none (fp32: the reference), int8 or bf16."),
-         device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
-         seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed for every turn (default: random, recorded)."),
-         temperature: Optional[float] = typer.Option(None, "--temperature", "-t", help=_d("Sampling temperature (0: greedy).", "temperature")),
-         top_p: Optional[float] = typer.Option(None, "--top-p", help=_d("Nucleus mass.", "top_p")),
-         penalty: Optional[float] = typer.Option(None, "--penalty", help=_d("Repetition penalty (1: off).", "penalty")),
-         penalty_window: Optional[int] = typer.Option(None, "--penalty-window", help=_d("The penalty covers the last this-many content tokens.", "penalty_window")),
+         device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda", help="auto, cpu or cuda."),
+         seed: Optional[int] = typer.Option(None, "--seed", metavar="N", help="Sampling seed for every turn (default: random, recorded)."),
+         temperature: Optional[float] = typer.Option(None, "--temperature", "-t", metavar="F", help=_d("Sampling temperature (0: greedy).", "temperature")),
+         top_p: Optional[float] = typer.Option(None, "--top-p", metavar="F", help=_d("Nucleus mass.", "top_p")),
+         penalty: Optional[float] = typer.Option(None, "--penalty", metavar="F", help=_d("Repetition penalty (1: off).", "penalty")),
+         penalty_window: Optional[int] = typer.Option(None, "--penalty-window", metavar="N", help=_d("The penalty covers the last this-many content tokens.", "penalty_window")),
          ban: Optional[bool] = typer.Option(None, "--ban/--no-ban", help=_d("Ban 3-grams the assistant already said in earlier turns.", "ban")),
          no_parrot: Optional[bool] = typer.Option(None, "--no-parrot/--parrot", help=_d("Also ban the 3-grams of the user's message (the reply does not parrot it).", "no_parrot")),
          ban_reply: Optional[bool] = typer.Option(None, "--ban-reply/--no-ban-reply",
                                                   help=_d("Also ban 3-grams the reply itself already said (no loops).", "ban_reply")),
-         system: Optional[str] = typer.Option(None, "--system", help="System prompt for a new chat (default: the model's chat template's, else \"You are a helpful assistant.\"; \"\": none)."),
-         max_new: Optional[int] = typer.Option(None, "--max-new", help=_d("Most tokens per reply.", "max_new")),
-         session: Optional[str] = typer.Option(None, "--session", "-s", help="Continue a saved session (id, its unique start, or path), on the imported model it was recorded with unless --model is given."),
+         system: Optional[str] = typer.Option(None, "--system", metavar="TEXT", help="System prompt for a new chat (default: the model's chat template's, else \"You are a helpful assistant.\"; \"\": none)."),
+         max_new: Optional[int] = typer.Option(None, "--max-new", metavar="N", help=_d("Most tokens per reply.", "max_new")),
+         session: Optional[str] = typer.Option(None, "--session", "-s", metavar="ID", help="Continue a saved session (id, its unique start, or path), on the imported model it was recorded with unless --model is given."),
          continue_: bool = typer.Option(False, "--continue", "-c", help="Continue the most recent session (as --session with its id)."),
          save: Optional[bool] = typer.Option(None, "--save/--no-save", help="Save the chat as a session (default: yes; for -p / -f as the save_one_shots preference says, yes unless set). --no-save writes nothing."),
          plain: bool = typer.Option(False, "--plain", help="Line mode instead of the app (automatic when piped)."),
@@ -118,7 +120,7 @@ def chat(ctx: typer.Context,
                                                    "print the reply and exit (--json as in plain mode)."),
          prompt_file: Optional[Path] = typer.Option(None, "--file", "-f", metavar="FILE",
                                                     help="One-shot like -p, the message read from FILE (UTF-8)."),
-         threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: torch's, one per core; the int8 step then uses fewer while that measures faster, e.g. when other programs keep a core busy). A number given here is used as is."),
+         threads: Optional[int] = typer.Option(None, "--threads", metavar="N", help="CPU threads (default: torch's, one per core; the int8 step then uses fewer while that measures faster, e.g. when other programs keep a core busy). A number given here is used as is."),
          ):
     """Chat with a small local TinyAgentLM model.
 
@@ -293,8 +295,8 @@ def _int8_prefill() -> str:
 
 
 @app.command()
-def info(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_HELP, callback=_model_arg),
-         config: Optional[str] = typer.Option(None, "--config", help="A named size with random weights: tiny, demo, full."),
+def info(model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="PATH|NAME", help=MODEL_HELP, callback=_model_arg),
+         config: Optional[str] = typer.Option(None, "--config", metavar="tiny|demo|full", help="A named size with random weights: tiny, demo, full."),
          json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Model summary: parameters, layers, and the KV-cache size per token next to a standard GQA cache."""
     m, desc = load_model_for(model, config)
@@ -428,8 +430,8 @@ def sessions_show(ref: str = typer.Argument(..., metavar="ID|PATH")):
 
 @sessions_app.command("export")
 def sessions_export(ref: str = typer.Argument(..., metavar="ID|PATH"),
-                    fmt: str = typer.Option("md", "--format", "-f", help="md or json."),
-                    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to a file (default: stdout).")):
+                    fmt: str = typer.Option("md", "--format", "-f", metavar="md|json", help="md or json."),
+                    out: Optional[Path] = typer.Option(None, "--out", "-o", metavar="PATH", help="Write to a file (default: stdout).")):
     """Export a session as markdown or JSON."""
     from .sessions import session as S
     check_choice("--format", fmt, ("md", "json"))
@@ -455,7 +457,7 @@ def sessions_rename(ref: str = typer.Argument(..., metavar="ID"), title: str = t
 
 @sessions_app.command("copy")
 def sessions_copy(ref: str = typer.Argument(..., metavar="ID"),
-                  title: Optional[str] = typer.Option(None, "--title", help="The copy's title (default: TITLE (copy))."),
+                  title: Optional[str] = typer.Option(None, "--title", metavar="TITLE", help="The copy's title (default: TITLE (copy))."),
                   json_out: bool = typer.Option(False, "--json", help="Print the copy's id and path as JSON.")):
     """Save a copy of a session under a new id (also while it is open elsewhere); continue it with -s NEW_ID."""
     import json
@@ -485,15 +487,15 @@ def sessions_rm(ref: str = typer.Argument(..., metavar="ID")):
 
 @app.command()
 def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved session, or a folder of them."),
-           model: Optional[Path] = typer.Option(None, "--model", "-m", callback=_model_arg,
+           model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="PATH|NAME", callback=_model_arg,
                                                 help="Model folder, or the name of an imported model (default: the "
                                                      "imported model the session was recorded with, else the "
                                                      "shipped model)."),
            check: bool = typer.Option(False, "--check", help="Only report: exit 0 token-exact, 1 on divergence."),
            json_out: bool = typer.Option(False, "--json", help="With a folder and --check: one JSON object per session."),
            play: bool = typer.Option(False, "--play", help="Play the session back in the app."),
-           speed: float = typer.Option(1.0, "--speed", help="With --play: playback speed (0: as fast as it decodes)."),
-           device: str = typer.Option("auto", "--device", help="auto, cpu or cuda.")):
+           speed: float = typer.Option(1.0, "--speed", metavar="F", help="With --play: playback speed (0: as fast as it decodes)."),
+           device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda", help="auto, cpu or cuda.")):
     """Regenerate every assistant turn of every branch with its recorded settings and seed; report the first token
     that differs. A folder (with --check) checks each session in it, one line per session.
 
@@ -562,14 +564,14 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved s
 
 
 @app.command()
-def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL_HELP, callback=_model_arg),
-          config: Optional[str] = typer.Option(None, "--config", help="A named size with random weights: tiny, demo, full."),
-          quant: str = typer.Option("none", "--quant", "-q", help="none, int8 or bf16."),
-          device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-          prompt_len: int = typer.Option(100, "--prompt-len", help="Prompt tokens to prefill."),
-          gen_len: int = typer.Option(64, "--gen-len", help="Tokens to decode."),
-          repeats: int = typer.Option(3, "--repeats", help="Timed repeats (medians are reported)."),
-          threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads, pinned (default: torch's, with "
+def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="PATH|NAME", help=MODEL_HELP, callback=_model_arg),
+          config: Optional[str] = typer.Option(None, "--config", metavar="tiny|demo|full", help="A named size with random weights: tiny, demo, full."),
+          quant: str = typer.Option("none", "--quant", "-q", metavar="|".join(QUANT_MODES), help="none, int8 or bf16."),
+          device: str = typer.Option("cpu", "--device", metavar="cpu|cuda", help="cpu or cuda."),
+          prompt_len: int = typer.Option(100, "--prompt-len", metavar="N", help="Prompt tokens to prefill."),
+          gen_len: int = typer.Option(64, "--gen-len", metavar="N", help="Tokens to decode."),
+          repeats: int = typer.Option(3, "--repeats", metavar="N", help="Timed repeats (medians are reported)."),
+          threads: Optional[int] = typer.Option(None, "--threads", metavar="N", help="CPU threads, pinned (default: torch's, with "
                                                 "the int8 step's thread tuning on)."),
           json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Measure prefill tok/s, time to first token, batch-1 decode tok/s, KV bytes per token and peak RSS."""
@@ -606,7 +608,7 @@ def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", help=MODEL
 def pull(ref: str = typer.Argument(..., metavar="REPO[:QUANT][@REVISION]",
                                    help="A model on the Hugging Face Hub, ORG/NAME; :QUANT picks a GGUF file (default "
                                         "Q8_0, else the closest); @REVISION a branch, tag or commit."),
-         name: Optional[str] = typer.Option(None, "--name", help="The model's name (default: the repo's name, with the "
+         name: Optional[str] = typer.Option(None, "--name", metavar="NAME", help="The model's name (default: the repo's name, with the "
                                             "quant for a GGUF: SmolLM2-360M-Instruct-Q8_0)."),
          list_: bool = typer.Option(False, "--list", help="Show the repo's GGUF quants and sizes (or the files a "
                                     "safetensors repo needs); pull nothing."),
@@ -684,10 +686,10 @@ def _list_pull(p) -> None:
 @app.command("import")
 def import_(src: Path = typer.Argument(..., metavar="SRC", help="A Hugging Face llama-family folder, a .gguf file, or "
                                        "the id of a repo in the Hugging Face cache (ORG/NAME[:QUANT])."),
-            name: Optional[str] = typer.Option(None, "--name", help="The model's name (default: from SRC)."),
-            context: Optional[int] = typer.Option(None, "--context", help="Most positions a chat may hold "
+            name: Optional[str] = typer.Option(None, "--name", metavar="NAME", help="The model's name (default: from SRC)."),
+            context: Optional[int] = typer.Option(None, "--context", metavar="N", help="Most positions a chat may hold "
                                                   "(default: 4096, or less when the checkpoint says so)."),
-            dtype: str = typer.Option("float32", "--dtype", help="Stored weights: float32 (exact), bfloat16 or float16."),
+            dtype: str = typer.Option("float32", "--dtype", metavar="float32|bfloat16|float16", help="Stored weights: float32 (exact), bfloat16 or float16."),
             force: bool = typer.Option(False, "--force", help="Replace a model of the same name.")):
     """Import a llama-family checkpoint (SmolLM2, Qwen2.5, Llama-architecture models) as a tinychat model.
 
@@ -797,8 +799,9 @@ def _missing_argument(e: Exception) -> str | None:
 
 
 def main() -> None:
-    """Entry point: run the Typer app; expected failures become one line on stderr and exit 2 (TINYCHAT_DEBUG=1
-    or --debug shows the traceback)."""
+    """Entry point: run the Typer app. An expected failure (a TinychatError, a bad flag, an OS error naming its file)
+    prints one line and exits 2; anything else is a bug: "internal error", exit 70. TINYCHAT_DEBUG=1 or --debug
+    shows the traceback."""
     if "--debug" in sys.argv:
         sys.argv.remove("--debug")
         os.environ["TINYCHAT_DEBUG"] = "1"
@@ -810,15 +813,29 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as e:  # noqa: BLE001  one line for the user; the traceback with --debug
-        import click
-        if isinstance(e, click.exceptions.Abort):
-            sys.exit(130)
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(2)
-        if _debug():
-            raise
-        from .textsafe import safe_line
-        msg = _missing_argument(e) or (str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
-        print(f"tinychat: error: {safe_line(msg)}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(_report(e))
+
+
+def _report(e: Exception) -> int:
+    """Print e as one line on stderr and return the exit code (see tinychat/errors.py)."""
+    import click
+
+    from .errors import EXIT_INTERNAL, EXIT_USER, TinychatError
+    if isinstance(e, click.exceptions.Abort):
+        return 130
+    if isinstance(e, click.ClickException):
+        e.show()
+        return EXIT_USER
+    if _debug():
+        raise e
+    from .textsafe import safe_line
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    missing = _missing_argument(e)
+    # typer vendors click: its exceptions are matched by name
+    from_click = any(c.__name__ in ("ClickException", "Abort") for c in type(e).__mro__)
+    if missing or from_click or isinstance(e, (TinychatError, OSError)):
+        print(f"tinychat: error: {safe_line(missing or text)}", file=sys.stderr)
+        return EXIT_USER
+    print(f"tinychat: internal error: {safe_line(type(e).__name__ + ': ' + text)} (a bug in tinychat; rerun with "
+          "--debug for the traceback)", file=sys.stderr)
+    return EXIT_INTERNAL

@@ -9,6 +9,7 @@ import shlex
 from dataclasses import dataclass
 
 from .numbers import is_count
+from .errors import TinychatError
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ COMMANDS: tuple[Command, ...] = (
 ALIASES = {"/exit": "/quit", "/q": "/quit", "/reset": "/new", "/clear": "/new", "/regenerate": "/regen"}
 
 
-class CommandError(ValueError):
+class CommandError(TinychatError, ValueError):
     """A command line that cannot run: unknown command, wrong arguments. One line, fit for the user."""
 
 

@@ -8,6 +8,7 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Callable
+from .errors import TinychatError
 
 
 def atomic_write(target: Path, write: Callable[[Path], None]) -> None:
@@ -61,7 +62,7 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-class OutPathError(ValueError):
+class OutPathError(TinychatError, ValueError):
     """A path the user named for output that tinychat will not write (a folder, a block device, ...); one line."""
 
 

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .choices import DEVICES, QUANT_CHOICES, QUANT_MODES, SIZES
+from .errors import TinychatError
 
 
-class LoadError(ValueError):
+class LoadError(TinychatError, ValueError):
     """A model, device or choice that cannot be used; the message is one line, fit for the user."""
 
 

@@ -36,13 +36,14 @@ from .choices import SIZES
 from .fsutil import atomic_write
 from .mapped import MappedWeights
 from .weights_check import MAX_POSITIONS, check_shapes, first_nonfinite, state_count, state_shapes  # noqa: F401 (re-exported)
+from .errors import TinychatError
 
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
 KEEP_MAPPED_BYTES = 1 << 20    # from_pretrained(stored_linears=True): tensors this big, already in the dtype wanted,
                                # stay views of the mapped file (an fp32 import's 113 MB embedding) instead of copies
 
 
-class CheckpointError(ValueError):
+class CheckpointError(TinychatError, ValueError):
     """A model folder that cannot be loaded; the message is one line, fit for the user."""
 
 

@@ -31,13 +31,14 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from tinychat.fsutil import file_sha256
+from .errors import TinychatError
 
 
 SUFFIX = ".dylib" if sys.platform == "darwin" else ".dll" if sys.platform == "win32" else ".so"
 NOTICES: list[str] = []     # one line each: a build that could not use the cache folder (shown by the CLI)
 
 
-class BuildError(RuntimeError):
+class BuildError(TinychatError, RuntimeError):
     """The source did not compile (the compiler's last line), or no folder to put the object in."""
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .settings import ChatError, ChatSettings
+from .errors import TinychatError
 
 SAMPLER_FILE = "sampler.json"
 TINYCHAT = "tinychat's default"        # the source of a value nothing else set
@@ -56,7 +57,7 @@ IMPORTED_SOURCE = "tinychat's default for imported models"
 FIELDS = tuple(f.name for f in dataclasses.fields(ChatSettings) if f.name != "system_prompt")
 
 
-class SamplerFileError(ValueError):
+class SamplerFileError(TinychatError, ValueError):
     """A sampler.json tinychat cannot use; one line naming the file and what is wrong."""
 
 

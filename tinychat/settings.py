@@ -6,9 +6,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from .numbers import parse_float, parse_int
+from .errors import TinychatError
 
 
-class ChatError(ValueError):
+class ChatError(TinychatError, ValueError):
     """A turn or setting the chat cannot take; one line, fit for the user."""
 
 

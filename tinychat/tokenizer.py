@@ -30,6 +30,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from .jsonfields import one_line
+from .errors import TinychatError
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -39,7 +40,7 @@ SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 ROLES = ("system", "user", "assistant")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(TinychatError, ValueError):
     """A tokenizer.json that is missing, unreadable, or unusable for ChatML. The message is one line."""
 
 

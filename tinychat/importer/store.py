@@ -20,7 +20,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 
 def check_name(name: str) -> str:
     if not _NAME.match(name or "") or name in (".", ".."):
-        raise ValueError(f"model name {name!r}: use letters, digits, '.', '_' or '-' (at most 80, no '/')")
+        raise ImportRefused(f"model name {name!r}: use letters, digits, '.', '_' or '-' (at most 80, no '/')")
     return name
 
 

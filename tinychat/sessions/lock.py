@@ -23,6 +23,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from ..errors import TinychatError
 
 try:
     import fcntl
@@ -34,7 +35,7 @@ _held: dict[str, list] = {}  # resolved lock path -> [fd, count]
 _cleaned: set[str] = set()   # folders whose stale temp files this process has swept
 
 
-class LockHeld(OSError):
+class LockHeld(TinychatError, OSError):
     """Another process holds the session. `str(e)` is one line for the user."""
 
     def __init__(self, session_id: str, pid: int | None):

@@ -45,6 +45,7 @@ from tinychat.jsonfields import Fields, is_int, is_obj, is_str, is_time, jtype, 
 from tinychat.sessions.check import (fork_ok, fork_problem, order_problem, sampler_problem, seed_ok, text_problem,
                                     tree_problem, vocab_problem)
 from tinychat.textsafe import safe_line, strip_controls
+from ..errors import TinychatError
 
 SCHEMA = "tinychat.session"
 VERSION = 2  # the tree (sessions/tree.py); version 1 files (one path, no ids) still load
@@ -65,7 +66,7 @@ MAX_FILE_BYTES = 256 << 20  # a session file larger than this is refused unread 
 OPTIONAL_FIELDS = {"revision": 0, "kv_sha256": ""}
 
 
-class SessionError(ValueError):
+class SessionError(TinychatError, ValueError):
     """A session file that cannot be used. `str(e)` is one line: '<file>: <what is wrong>'."""
 
 

@@ -29,12 +29,13 @@ from pathlib import Path
 import torch
 
 from tinychat.tokenizer import Tokenizer
+from ..errors import TinychatError
 
 DEFAULT_SYSTEM = "You are a helpful assistant."     # = tinychat.chat.ChatSettings().system_prompt (tested)
 PAD_ID = 0                                          # <|endoftext|>; padding is never a target (mask 0)
 
 
-class DataError(ValueError):
+class DataError(TinychatError, ValueError):
     """Shards that cannot be read as conversations; one line, fit for the user."""
 
 

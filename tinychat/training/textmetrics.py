@@ -5,12 +5,13 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from ..errors import TinychatError
 
 DEFAULT_WORDS = "/usr/share/dict/words"
 _WORD_RE = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)*")
 
 
-class EvalError(ValueError):
+class EvalError(TinychatError, ValueError):
     """Something the evaluation needs is missing; one line, fit for the user."""
 
 
