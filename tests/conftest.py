@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -27,3 +29,17 @@ def _no_leftover_kernel_notices():
     yield
     from tinychat import nativebuild
     nativebuild.NOTICES.clear()
+
+
+# The fast lane (`python -m pytest -m "not slow"`, the inner loop; CI runs everything): tests marked slow in their
+# files, and those that tests/slow.txt lists, which tests/slow_list.py writes from a `--durations=0` run.
+_SLOW_LIST = Path(__file__).with_name("slow.txt")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not _SLOW_LIST.exists():
+        return
+    slow = {line.split("#")[0].strip() for line in _SLOW_LIST.read_text().splitlines()} - {""}
+    for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)

@@ -53,7 +53,7 @@ def _run_main(monkeypatch, capsys, error: BaseException, *args: str):
         raise error
     monkeypatch.setattr(cli, "app", boom)
     monkeypatch.setattr("sys.argv", ["tinychat", *args])
-    monkeypatch.delenv("TINYCHAT_DEBUG", raising=False)
+    monkeypatch.setenv("TINYCHAT_DEBUG", "")
     with pytest.raises(SystemExit) as exit_:
         cli.main()
     return exit_.value.code, capsys.readouterr().err
@@ -87,7 +87,7 @@ def test_debug_shows_the_traceback_of_a_bug(monkeypatch, capsys):
     def boom(**kw):
         raise ZeroDivisionError("here")
     monkeypatch.setattr(cli, "app", boom)
-    monkeypatch.delenv("TINYCHAT_DEBUG", raising=False)
+    monkeypatch.setenv("TINYCHAT_DEBUG", "")       # main() sets it: monkeypatch puts the unset state back
     monkeypatch.setattr("sys.argv", ["tinychat", "--debug"])
     with pytest.raises(ZeroDivisionError, match="here"):
         cli.main()
