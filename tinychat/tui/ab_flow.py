@@ -15,11 +15,10 @@ from .widgets.inspector import Counters
 
 if TYPE_CHECKING:
     from ..chat.ab import ABResult
-    from .app import TinyChatApp
 
 
 class ABFlow:
-    def __init__(self, app: TinyChatApp):
+    def __init__(self, app):
         self.app = app
         self.result: ABResult | None = None        # the last A/B's, for the side kept
 

@@ -11,17 +11,16 @@ chat (its settings, session, status) only between operations. A job's failure ar
 (ERROR) and becomes an error line; a failing model load is shown in the app.
 
 This class composes the window, binds the keys and routes the messages to its parts, each a collaborator with its
-own file: `turns` (sending, regenerate, undo, how jobs end), `stream` (the reply being written), `tokens` (token
-views and the inspector), `forking`, `ab` (/ab), `sessions`, `settings`, `playback` (replay), and the slash commands
-(commands.py: one handler per command of the table). Entry points for the CLI: `run_app(...)` and `run_replay(...)`.
+own file: `startup` (the model loaded, or not), `turns` (sending, regenerate, undo, how jobs end), `stream` (the
+reply being written), `tokens` (token views and the inspector), `forking`, `ab` (/ab), `sessions`, `settings`,
+`playback` (replay), and the slash commands (commands.py: one handler per command of the table). Entry points for the CLI: `run_app(...)` and `run_replay(...)`.
 """
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 from typing import Any, Callable
 
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer
@@ -41,10 +40,11 @@ from .runtime import Backend, FactoryBackend, ReplayBackend
 from .screens import HelpScreen
 from .sessions_flow import SessionsFlow
 from .settings_flow import SettingsFlow
+from .startup import Startup
 from .state import Busy
 from .stream import ReplyStream
 from .turns import Turns
-from .widgets import AssistantMessage, ChatView, Inspector, NoticeMessage, PromptArea, PromptInput, StatusBar, \
+from .widgets import AssistantMessage, ChatView, Inspector, PromptArea, PromptInput, StatusBar, \
     TokenView, UserMessage
 
 WIDE = 120                  # columns from which the inspector is shown by default
@@ -78,7 +78,6 @@ class TinyChatApp(App[int]):
     def __init__(self, backend: Backend, *, replay_speed: float | None = None, inspector: bool | None = None,
                  blink: bool = True, export_dir: Path | None = None):
         super().__init__()
-        self._frozen = False                        # gc.freeze() done (see _freeze_startup_objects)
         self.backend = backend
         self.controller = ChatController(self, backend, 1.0 if replay_speed is None else replay_speed)
         self.inspector_pref = inspector            # None: shown when the terminal is wide enough
@@ -88,7 +87,7 @@ class TinyChatApp(App[int]):
         self.notices: list[tuple[str, str]] = []    # (severity, message) of every notification, for tests and logs
         self.turns, self.stream, self.tokens = Turns(self), ReplyStream(self), TokenInspection(self)
         self.forking, self.ab, self.playback = Forking(self), ABFlow(self), Playback(self)
-        self.sessions, self.settings = SessionsFlow(self), SettingsFlow(self)
+        self.sessions, self.settings, self.startup = SessionsFlow(self), SettingsFlow(self), Startup(self)
 
     # -- what the parts read ----------------------------------------------------------------------------------------
     @property
@@ -204,19 +203,7 @@ class TinyChatApp(App[int]):
 
     # -- how jobs end -----------------------------------------------------------------------------------------------
     async def on_runtime_ready(self, msg: RuntimeReady) -> None:
-        ctl = self.controller
-        ctl.loaded(msg.chat)
-        self.strings = msg.token_strings
-        self.view.loading = False
-        with ctl.idle_after():
-            await self.show_history(msg.note)
-        self.update_status(msg.status, activity="")
-        self._freeze_startup_objects()
-        if ctl.replay_sess is not None:
-            self.playback.start()
-        elif self.state.queued is not None:                 # Enter while the model loaded
-            self.input_box.clear_note()
-            await self.turns.send(ctl.take_queued())
+        await self.startup.ready(msg)
 
     async def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state != WorkerState.ERROR:
@@ -225,7 +212,7 @@ class TinyChatApp(App[int]):
         text = (str(err).strip().splitlines() or [type(err).__name__])[0]
         name = event.worker.name
         if name == "load":
-            await self._load_failed(err, text)
+            await self.startup.failed(err, text)
             return
         if name == "replay":
             await self.playback.failed(text)
@@ -241,23 +228,6 @@ class TinyChatApp(App[int]):
             elif self.chat is not None and kind is not None:
                 await self.turns.failed(kind)
         self.controller.apply_pending()
-
-    async def _load_failed(self, err: BaseException, text: str) -> None:
-        from ..sessions.session import SessionError
-        ctl = self.controller
-        what = "open the session" if isinstance(err, SessionError) else "load the model"
-        ctl.load_error = f"could not {what}: {text}"
-        self.view.loading = False
-        await self.view.mount(NoticeMessage(f"✗ {ctl.load_error}\n\nCheck --model (a folder with config.json, "
-                                            f"model.safetensors and tokenizer.json). Ctrl+Q quits.",
-                                            error=True, classes="notice", id="load-error"))
-        self.status_bar.update_status(model="no model", activity="load failed")
-        self.notify(ctl.load_error, severity="error", timeout=10)
-        self.state.busy = None
-        queued = ctl.take_queued()
-        if queued is not None:                      # a message queued for the model: back to the input
-            self.prompt.restore(queued)
-            self.input_box.clear_note()
 
     async def on_tokens_ready(self, msg: TokensReady) -> None:
         await self.stream.tokens(msg)
@@ -398,29 +368,10 @@ class TinyChatApp(App[int]):
 
     def get_system_commands(self, screen):
         yield from super().get_system_commands(screen)
-        for name, help_, fn in [("New chat", "start a new chat", self.action_new_chat),
-                                ("Sessions", "open, rename, delete, export saved chats", self.action_sessions),
-                                ("Settings", "sampler and turn settings", self.action_settings),
-                                ("Toggle inspector", "show or hide the sampler inspector",
-                                 self.action_toggle_inspector),
-                                ("Copy last reply", "to the clipboard", self.action_copy_reply),
-                                ("Keys and commands", "the help screen", self.action_help)]:
-            yield SystemCommand(name, help_, fn)
-
-    # -- memory -----------------------------------------------------------------------------------------------------
-    def _freeze_startup_objects(self) -> None:
-        """What exists once the model is loaded (torch, the model, Textual: ~300k objects) lives as long as the app:
-        out of the cyclic GC's sight (gc.freeze), a full collection scans only what the turns add instead of holding
-        the UI (and a key typed meanwhile) for a scan of all of them every few turns. on_unmount gives them back."""
-        if not self._frozen:
-            gc.collect()
-            gc.freeze()
-            self._frozen = True
+        yield from commands.palette(self)
 
     def on_unmount(self) -> None:
-        if self._frozen:
-            gc.unfreeze()
-            self._frozen = False
+        self.startup.unfreeze()
 
 
 def run_app(model: Path | None = None, quant: str = "auto", device: str = "cpu", settings=None,

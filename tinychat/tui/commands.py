@@ -3,13 +3,9 @@ here (APP_HANDLERS, keyed by the table's names: `run` dispatches by lookup) on t
 controller; the hint line and Tab completion. A handler takes (app, args); CommandError from it is one error line."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from ..commands import (ALIASES, CommandError, Handlers, commands_for, parse, parse_alt, parse_fork, parse_set,
                         parse_trace)
-
-if TYPE_CHECKING:
-    from .app import TinyChatApp
 
 # the app's commands as (name, arguments, what it does): shown in the hint line and the help screen
 COMMANDS: list[tuple[str, str, str]] = [(c.name, c.args, c.help) for c in commands_for("app")]
@@ -53,7 +49,7 @@ def hint(text: str) -> str:
     return "Enter send · Ctrl+J newline · ↑↓ history · / commands · F1 help"
 
 
-async def run(app: TinyChatApp, line: str) -> None:
+async def run(app, line: str) -> None:
     """Run one slash command line in the app."""
     cmd, args = parse(line)
     try:
@@ -66,39 +62,39 @@ APP_HANDLERS = Handlers("app")
 
 
 @APP_HANDLERS("/quit")
-async def _quit(app: TinyChatApp, args: list[str]) -> None:
+async def _quit(app, args: list[str]) -> None:
     await app.action_quit()
 
 
 @APP_HANDLERS("/help")
-async def _help(app: TinyChatApp, args: list[str]) -> None:
+async def _help(app, args: list[str]) -> None:
     app.action_help()
 
 
 @APP_HANDLERS("/new")
-async def _new(app: TinyChatApp, args: list[str]) -> None:
+async def _new(app, args: list[str]) -> None:
     app.action_new_chat()
 
 
 @APP_HANDLERS("/sessions")
-async def _sessions(app: TinyChatApp, args: list[str]) -> None:
+async def _sessions(app, args: list[str]) -> None:
     app.action_sessions()
 
 
 @APP_HANDLERS("/load")
-async def _load(app: TinyChatApp, args: list[str]) -> None:
+async def _load(app, args: list[str]) -> None:
     if len(args) != 1:
         raise CommandError("usage: /load ID")
     app.open_session(args[0])
 
 
 @APP_HANDLERS("/save")
-async def _save(app: TinyChatApp, args: list[str]) -> None:
+async def _save(app, args: list[str]) -> None:
     app.controller.save(" ".join(args) or None)
 
 
 @APP_HANDLERS("/set")
-async def _set(app: TinyChatApp, args: list[str]) -> None:
+async def _set(app, args: list[str]) -> None:
     kv = parse_set(args)
     if kv is None:
         app.action_settings()
@@ -109,61 +105,61 @@ async def _set(app: TinyChatApp, args: list[str]) -> None:
 
 
 @APP_HANDLERS("/settings")
-async def _settings(app: TinyChatApp, args: list[str]) -> None:
+async def _settings(app, args: list[str]) -> None:
     app.action_settings()
 
 
 @APP_HANDLERS("/regen")
-async def _regen(app: TinyChatApp, args: list[str]) -> None:
+async def _regen(app, args: list[str]) -> None:
     await app.action_regenerate()
 
 
 @APP_HANDLERS("/alt")
-async def _alt(app: TinyChatApp, args: list[str]) -> None:
+async def _alt(app, args: list[str]) -> None:
     which = parse_alt(args)
     app.input_box.clear_note()
     app.controller.switch_alt(which)
 
 
 @APP_HANDLERS("/ab")
-async def _ab(app: TinyChatApp, args: list[str]) -> None:
+async def _ab(app, args: list[str]) -> None:
     app.ab.start(args)
 
 
 @APP_HANDLERS("/fork")
-async def _fork(app: TinyChatApp, args: list[str]) -> None:
+async def _fork(app, args: list[str]) -> None:
     position, token = parse_fork(args)
     await app.forking.command(position, token)
 
 
 @APP_HANDLERS("/edit")
-async def _edit(app: TinyChatApp, args: list[str]) -> None:
+async def _edit(app, args: list[str]) -> None:
     app.turns.start_edit(args)
 
 
 @APP_HANDLERS("/undo")
-async def _undo(app: TinyChatApp, args: list[str]) -> None:
+async def _undo(app, args: list[str]) -> None:
     app.action_undo()
 
 
 @APP_HANDLERS("/copy")
-async def _copy(app: TinyChatApp, args: list[str]) -> None:
+async def _copy(app, args: list[str]) -> None:
     app.action_copy_reply()
 
 
 @APP_HANDLERS("/trace")
-async def _trace(app: TinyChatApp, args: list[str]) -> None:
+async def _trace(app, args: list[str]) -> None:
     app.inspector.display = parse_trace(args)
     app.inspector_pref = app.inspector.display
 
 
 @APP_HANDLERS("/inspector")
-async def _inspector(app: TinyChatApp, args: list[str]) -> None:
+async def _inspector(app, args: list[str]) -> None:
     app.action_toggle_inspector()
 
 
 @APP_HANDLERS("/info")
-async def _info(app: TinyChatApp, args: list[str]) -> None:
+async def _info(app, args: list[str]) -> None:
     if app.chat is None:
         app.notify(app.controller.load_error or "the model is still loading")
     elif app.busy:
@@ -171,3 +167,15 @@ async def _info(app: TinyChatApp, args: list[str]) -> None:
     else:
         st = app.chat.status()
         app.notify("\n".join(f"{k}: {v}" for k, v in st.items()), title="info", timeout=10)
+
+
+def palette(app):
+    """The app's entries in the command palette (Ctrl+P), after Textual's own."""
+    from textual.app import SystemCommand
+    for name, help_, fn in [("New chat", "start a new chat", app.action_new_chat),
+                            ("Sessions", "open, rename, delete, export saved chats", app.action_sessions),
+                            ("Settings", "sampler and turn settings", app.action_settings),
+                            ("Toggle inspector", "show or hide the sampler inspector", app.action_toggle_inspector),
+                            ("Copy last reply", "to the clipboard", app.action_copy_reply),
+                            ("Keys and commands", "the help screen", app.action_help)]:
+        yield SystemCommand(name, help_, fn)

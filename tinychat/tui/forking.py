@@ -6,19 +6,15 @@ TOKEN` does the same for the last reply. The old reply stays in the session, one
 TinyChatApp (`app.forking`), on the UI thread."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from ..settings import ChatError
 from .state import Busy
 from .widgets import AssistantMessage, TokenView
 from .widgets.inspector import Inspector
 
-if TYPE_CHECKING:
-    from .app import TinyChatApp
-
 
 class Forking:
-    def __init__(self, app: TinyChatApp):
+    def __init__(self, app):
         self.app = app
 
     def pick(self, msg: TokenView.Pick) -> None:

@@ -3,16 +3,12 @@ alternatives): its messages, each reply with the tokens and traces this app reco
 token ids alone), the alternatives of each, and the opening note. On the UI thread, while the chat is idle."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from ..textsafe import plural
 from .widgets import AssistantMessage, NoticeMessage, UserMessage
 
-if TYPE_CHECKING:
-    from .app import TinyChatApp
 
-
-async def show_history(app: TinyChatApp, note: str = "") -> None:
+async def show_history(app, note: str = "") -> None:
     view, chat, replaying = app.view, app.chat, app.controller.replay_sess is not None
     await view.clear()
     app.stream.close()

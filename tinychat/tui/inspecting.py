@@ -3,18 +3,14 @@ inspector, moving between replies' token views and back to the input. A part of 
 UI thread; forking from the candidates is forking.py's."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from .widgets import AssistantMessage, TokenView
 from .widgets.format import token_label
 from .widgets.inspector import Counters, Inspector
 
-if TYPE_CHECKING:
-    from .app import TinyChatApp
-
 
 class TokenInspection:
-    def __init__(self, app: TinyChatApp):
+    def __init__(self, app):
         self.app = app
         self.inspected: tuple[AssistantMessage, int] | None = None     # the reply and token the inspector shows
 

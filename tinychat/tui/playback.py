@@ -4,7 +4,6 @@ that departs from the record is highlighted from its first differing token. A pa
 (`app.playback`), on the UI thread."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from ..textsafe import plural
 from .messages import ReplayFinished, ReplayTurnFinished, ReplayTurnStarted
@@ -12,12 +11,9 @@ from .widgets import AssistantMessage, NoticeMessage, UserMessage
 from .widgets.format import token_label
 from .widgets.inspector import Counters
 
-if TYPE_CHECKING:
-    from .app import TinyChatApp
-
 
 class Playback:
-    def __init__(self, app: TinyChatApp):
+    def __init__(self, app):
         self.app = app
         self.summary: ReplayFinished | None = None     # how the replay ended (tests, logs)
 

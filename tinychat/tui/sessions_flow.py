@@ -3,17 +3,13 @@ rename of the open one, and a session recorded with another model: the offer to 
 (`app.sessions`), on the UI thread; the controller opens the sessions on the chat thread."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from .messages import ChatOpened
 from .screens import ConfirmDialog, SessionsScreen
 
-if TYPE_CHECKING:
-    from .app import TinyChatApp
-
 
 class SessionsFlow:
-    def __init__(self, app: TinyChatApp):
+    def __init__(self, app):
         self.app = app
 
     def open_screen(self) -> None:

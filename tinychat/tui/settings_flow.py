@@ -4,16 +4,12 @@ TinyChatApp (`app.settings`), on the UI thread."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from .screens import SettingsScreen
 
-if TYPE_CHECKING:
-    from .app import TinyChatApp
-
 
 class SettingsFlow:
-    def __init__(self, app: TinyChatApp):
+    def __init__(self, app):
         self.app = app
 
     def open(self) -> None:

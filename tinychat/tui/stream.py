@@ -14,14 +14,13 @@ from .widgets.inspector import Counters
 
 if TYPE_CHECKING:
     from ..chat.runtime import TurnResult
-    from .app import TinyChatApp
 
 INSPECTOR_S = 0.25          # the live inspector shows the newest token at most this often (faster is unreadable,
                             # and the panel is the costliest repaint)
 
 
 class ReplyStream:
-    def __init__(self, app: TinyChatApp):
+    def __init__(self, app):
         self.app = app
         self.current: AssistantMessage | None = None    # the reply being written
         self.live = LiveFigures()

@@ -4,19 +4,15 @@ switch of alternatives, ...) or a failed turn changes in the view. A part of Tin
 thread; the controller runs the operations, the reply being written is stream.py's."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from ..numbers import is_count
 from .messages import JobDone
 from .state import Busy
 from .widgets import AssistantMessage, PromptArea, UserMessage
 
-if TYPE_CHECKING:
-    from .app import TinyChatApp
-
 
 class Turns:
-    def __init__(self, app: TinyChatApp):
+    def __init__(self, app):
         self.app = app
 
     @property
