@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ..numbers import is_count
@@ -71,7 +72,7 @@ class ChatController:
 
     def start(self, job: J.Job) -> None:
         """Run `job` on a thread worker of its group (one at a time); what it finds arrives as a message."""
-        self.host.run_worker(lambda: job.run(self.host.post_message), name=job.name, group=job.group, thread=True,
+        self.host.run_worker(partial(job.run, self.host.post_message), name=job.name, group=job.group, thread=True,
                              exclusive=True, exit_on_error=False)
 
     def run(self, kind: Busy, job: J.Job) -> None:
