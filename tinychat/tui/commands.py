@@ -116,9 +116,7 @@ async def _regen(app, args: list[str]) -> None:
 
 @APP_HANDLERS("/alt")
 async def _alt(app, args: list[str]) -> None:
-    which = parse_alt(args)
-    app.input_box.clear_note()
-    app.controller.switch_alt(which)
+    app.switch_alt(parse_alt(args))
 
 
 @APP_HANDLERS("/ab")
