@@ -2,11 +2,15 @@
 help, aliases, and the parsing of a command line and of /set. No torch, no Textual.
 
 Each command says where it runs: `plain` (the line mode) and `app`; the app has a few more (screens, clipboard).
-Where a command does something mode-specific, `plain_help` is the plain mode's help text."""
+Where a command does something mode-specific, `plain_help` is the plain mode's help text. Each mode keeps its
+handlers in a `Handlers` registry keyed by the table's names (plain.PLAIN_HANDLERS, tui.commands.APP_HANDLERS): a
+command runs by lookup, a handler registers only for a command of the table in its mode, and a test checks that
+every command has one in each mode it runs in."""
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import Callable
 
 from .numbers import is_count
 from .errors import TinychatError
@@ -89,6 +93,32 @@ def lookup(name: str, mode: str) -> Command:
         if c.name == name:
             return c
     raise CommandError(f"unknown command {name} (/help lists them)")
+
+
+class Handlers:
+    """One mode's command handlers by the table's names. `@handlers("/new")` registers a function for /new (a
+    command of the table in this mode, else ValueError at import); `handlers.find(name)` is the handler of the
+    command `name` (canonical), CommandError "unknown command" when the mode has none."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self._by_name: dict[str, Callable] = {}
+
+    def __call__(self, name: str) -> Callable[[Callable], Callable]:
+        if name not in {c.name for c in commands_for(self.mode)}:
+            raise ValueError(f"{name} is not a command of the {self.mode} mode in tinychat/commands.py")
+
+        def register(fn: Callable) -> Callable:
+            self._by_name[name] = fn
+            return fn
+        return register
+
+    def find(self, name: str) -> Callable:
+        lookup(name, self.mode)
+        return self._by_name[name]
+
+    def names(self) -> set[str]:
+        return set(self._by_name)
 
 
 def parse_set(args: list[str]) -> tuple[str, str] | None:

@@ -15,6 +15,7 @@ from .sessions.session import SessionError
 from .textin import lf
 from .textsafe import plural, safe_line, safe_text
 
+PLAIN_HANDLERS = C.Handlers("plain")     # the plain mode's handler of each command of the table (below, in PlainREPL)
 ENDLESS = 64 << 20      # characters of one line dropped before the input counts as endless (/dev/zero), not text
 
 
@@ -242,76 +243,100 @@ class PlainREPL:
 
     # -- slash commands ---------------------------------------------------------------------------------------
     def command(self, line: str) -> str | None:
-        """Run one slash command (the table in tinychat/commands.py); "quit" to leave."""
+        """Run one slash command (its handler in PLAIN_HANDLERS, by the table's name); "quit" to leave."""
         cmd, args = C.parse(line)
         try:
-            C.lookup(cmd, "plain")
-            if cmd == "/quit":
-                return "quit"
-            if cmd == "/help":
-                self.note(C.plain_help())
-            elif cmd == "/new":
-                self.chat.new_session()
-                self.note(f"new chat: session {self.chat.session.id}")
-            elif cmd == "/save":
-                try:
-                    path = self.chat.save(" ".join(args) or None)
-                except OSError as e:
-                    raise ChatError(f"not saved: {e}") from None
-                self.note(f"saved {path}" if path else "nothing to save yet")
-            elif cmd == "/load":
-                if len(args) != 1:
-                    raise ChatError("usage: /load ID")
-                if self.restore is None:
-                    raise ChatError("/load is not available here")
-                old, self.chat = self.chat, self.restore(args[0])
-                if old is not self.chat:
-                    old.close()             # its session's lock: another process may open it now
-                self.note(f"continuing session {self.chat.session.id} ({plural(self.chat.session.n_turns, 'turn')})")
-                self._restore_notice()
-            elif cmd == "/set":
-                kv = C.parse_set(args)
-                if kv is None:
-                    from_ = getattr(self.chat, "sources", {})
-                    for k, v in vars(self.chat.settings).items():
-                        self.note(safe_line(f"  {k.replace('_', '-'):15} {v!r:12} {from_.get(k, TINYCHAT)}"))
-                else:
-                    st = self.chat.set(*kv)
-                    key = kv[0].replace("-", "_")
-                    key = "system_prompt" if key == "system" else key
-                    self.note(f"{kv[0]} = {getattr(st, key, '')!r} (from the next turn)")
-            elif cmd == "/regen":
-                self.turn(lambda on_token, on_reply: self.chat.regenerate(on_token=on_token, on_reply=on_reply))
-            elif cmd == "/fork":
-                pos, token = C.parse_fork(args)
-                r = self.turn(lambda on_token, on_reply: self.chat.fork(pos, token, on_token=on_token,
-                                                                        on_reply=on_reply))
-                if r is not None:
-                    at, n = self.chat.alternatives()
-                    self.note(f"reply {at}/{n}: forked at token {pos}")
-            elif cmd == "/alt":
-                at, n = self.chat.switch_alternative(C.parse_alt(args))
-                self.note(f"reply {at}/{n}")
-                if not self.json_out:
-                    self.out(self.chat.session.messages[-1].content)
-                self._save_warning(self.chat.save_warning)
-            elif cmd == "/ab":
-                self.ab(C.parse_ab(args))
-            elif cmd == "/undo":
-                user = self.chat.undo()
-                self.note(f"took back: {user.content[:60]!r}")
-                self._save_warning(getattr(self.chat, "save_warning", None))
-            elif cmd == "/trace":
-                self.chat.trace = C.parse_trace(args)
-                self.note(f"trace {args[0]}")
-            elif cmd == "/info":
-                for k, v in self.chat.status().items():
-                    self.note(f"  {k:13} {v}")
+            return PLAIN_HANDLERS.find(cmd)(self, args)
         except (C.CommandError, ChatError, SessionError) as e:
             self.errors += 1
             self.note(safe_line(f"error: {e}"))
         return None
 
+    @PLAIN_HANDLERS("/quit")
+    def _quit(self, args: list[str]) -> str:
+        return "quit"
+
+    @PLAIN_HANDLERS("/help")
+    def _help(self, args: list[str]) -> None:
+        self.note(C.plain_help())
+
+    @PLAIN_HANDLERS("/new")
+    def _new(self, args: list[str]) -> None:
+        self.chat.new_session()
+        self.note(f"new chat: session {self.chat.session.id}")
+
+    @PLAIN_HANDLERS("/save")
+    def _save(self, args: list[str]) -> None:
+        try:
+            path = self.chat.save(" ".join(args) or None)
+        except OSError as e:
+            raise ChatError(f"not saved: {e}") from None
+        self.note(f"saved {path}" if path else "nothing to save yet")
+
+    @PLAIN_HANDLERS("/load")
+    def _load(self, args: list[str]) -> None:
+        if len(args) != 1:
+            raise ChatError("usage: /load ID")
+        if self.restore is None:
+            raise ChatError("/load is not available here")
+        old, self.chat = self.chat, self.restore(args[0])
+        if old is not self.chat:
+            old.close()             # its session's lock: another process may open it now
+        self.note(f"continuing session {self.chat.session.id} ({plural(self.chat.session.n_turns, 'turn')})")
+        self._restore_notice()
+
+    @PLAIN_HANDLERS("/set")
+    def _set(self, args: list[str]) -> None:
+        kv = C.parse_set(args)
+        if kv is None:
+            from_ = getattr(self.chat, "sources", {})
+            for k, v in vars(self.chat.settings).items():
+                self.note(safe_line(f"  {k.replace('_', '-'):15} {v!r:12} {from_.get(k, TINYCHAT)}"))
+            return
+        st = self.chat.set(*kv)
+        key = kv[0].replace("-", "_")
+        key = "system_prompt" if key == "system" else key
+        self.note(f"{kv[0]} = {getattr(st, key, '')!r} (from the next turn)")
+
+    @PLAIN_HANDLERS("/regen")
+    def _regen(self, args: list[str]) -> None:
+        self.turn(lambda on_token, on_reply: self.chat.regenerate(on_token=on_token, on_reply=on_reply))
+
+    @PLAIN_HANDLERS("/fork")
+    def _fork(self, args: list[str]) -> None:
+        pos, token = C.parse_fork(args)
+        r = self.turn(lambda on_token, on_reply: self.chat.fork(pos, token, on_token=on_token, on_reply=on_reply))
+        if r is not None:
+            at, n = self.chat.alternatives()
+            self.note(f"reply {at}/{n}: forked at token {pos}")
+
+    @PLAIN_HANDLERS("/alt")
+    def _alt(self, args: list[str]) -> None:
+        at, n = self.chat.switch_alternative(C.parse_alt(args))
+        self.note(f"reply {at}/{n}")
+        if not self.json_out:
+            self.out(self.chat.session.messages[-1].content)
+        self._save_warning(self.chat.save_warning)
+
+    @PLAIN_HANDLERS("/ab")
+    def _ab(self, args: list[str]) -> None:
+        self.ab(C.parse_ab(args))
+
+    @PLAIN_HANDLERS("/undo")
+    def _undo(self, args: list[str]) -> None:
+        user = self.chat.undo()
+        self.note(f"took back: {user.content[:60]!r}")
+        self._save_warning(self.chat.save_warning)
+
+    @PLAIN_HANDLERS("/trace")
+    def _trace(self, args: list[str]) -> None:
+        self.chat.trace = C.parse_trace(args)
+        self.note(f"trace {args[0]}")
+
+    @PLAIN_HANDLERS("/info")
+    def _info(self, args: list[str]) -> None:
+        for k, v in self.chat.status().items():
+            self.note(f"  {k:13} {v}")
 
 def _mark(side) -> str:
     """A side's text with its first differing token between ⟦ ⟧."""

@@ -55,12 +55,12 @@ async def test_the_app_is_idle_only_once_the_view_shows_the_switch(factory):
     app = make_app(factory(temperature=1.0, max_new=12), blink=False)
     async with app.run_test(size=SIZE) as pilot:
         first = await _story_then_regenerated(pilot)
-        rebuild = app._show_history
+        rebuild = app.show_history
 
         async def slow_rebuild(note: str = "") -> None:
             await asyncio.sleep(0.3)
             await rebuild(note)
-        app._show_history = slow_rebuild
+        app.show_history = slow_rebuild
         app.action_prev_alt()           # as the key does, without pilot.press's wait for the app's queues
         await wait_for(pilot, lambda: app.chat.session.messages[-1] is first, what="the switch in the chat")
         await wait_for(pilot, lambda: app.busy is None, what="idle")

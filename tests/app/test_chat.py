@@ -23,8 +23,8 @@ async def test_send_streams_tokens_in_batches_and_matches_headless(factory, chat
         # Textual calls this, then TinyChatApp's own handler (handlers run for every class of the MRO)
         def on_tokens_ready(self, msg: TokensReady):
             batches.append([it.token for it in msg.items])
-            if self.state.current is not None:
-                texts.append(self.state.current.query_one("Markdown").source)     # as of the previous batch
+            if self.stream.current is not None:
+                texts.append(self.stream.current.query_one("Markdown").source)     # as of the previous batch
     app = Spy(FactoryBackend(f), blink=False)
     app.pace.fixed = 0.0                          # one update per token: the stream is observable
     async with app.run_test(size=SIZE) as pilot:
@@ -55,7 +55,7 @@ async def test_escape_stops_generation_mid_turn_and_chat_goes_on(factory):
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await start(pilot, "hello")
-        await wait_for(pilot, lambda: app.state.current is not None and len(app.state.current.tokens) >= 3,
+        await wait_for(pilot, lambda: app.stream.current is not None and len(app.stream.current.tokens) >= 3,
                        what="tokens")
         await pilot.press("escape")
         await idle(pilot)
@@ -79,7 +79,7 @@ async def test_cursor_stops_blinking_while_a_reply_streams(factory):
         await ready(pilot)
         assert app.prompt.cursor_blink
         await start(pilot, "hello")
-        await wait_for(pilot, lambda: app.state.current is not None and len(app.state.current.tokens) >= 3,
+        await wait_for(pilot, lambda: app.stream.current is not None and len(app.stream.current.tokens) >= 3,
                        what="tokens")
         assert not app.prompt.cursor_blink
         await pilot.press("escape")
@@ -171,7 +171,7 @@ async def test_slash_set_while_decoding_applies_to_the_next_turn(factory):
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await start(pilot, "hello")
-        await wait_for(pilot, lambda: app.state.current is not None and app.state.current.tokens, what="tokens")
+        await wait_for(pilot, lambda: app.stream.current is not None and app.stream.current.tokens, what="tokens")
         await start(pilot, "/set max-new 3")
         assert app.busy == "send" and app.chat.settings.max_new == 200      # queued, not applied mid-turn
         await pilot.press("escape")

@@ -295,7 +295,7 @@ async def test_ctrl_c_stops_a_streaming_reply_and_says_how_to_quit_in_plain_word
         said = notes(app)[-1]
         assert "Ctrl+Q" in said and "[" not in said
         await start(pilot, "hello")
-        await wait_for(pilot, lambda: app.state.current is not None and len(app.state.current.tokens) >= 3,
+        await wait_for(pilot, lambda: app.stream.current is not None and len(app.stream.current.tokens) >= 3,
                        what="tokens")
         await pilot.press("ctrl+c")
         await idle(pilot)
@@ -331,7 +331,7 @@ async def test_the_status_bar_shows_the_cache_filling_during_a_replay(factory, c
     sess.messages[-1] = dataclasses.replace(rec, timing_ms=[300.0] * len(rec.timing_ms))   # slow playback
     app = make_app(factory(), replay=sess, replay_speed=1.0, blink=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await wait_for(pilot, lambda: app.state.current is not None and app.state.current.tokens, what="a token")
+        await wait_for(pilot, lambda: app.stream.current is not None and app.stream.current.tokens, what="a token")
         await wait_for(pilot, lambda: app.status_bar.values.get("cache_tokens", 0) > 0, what="a live cache figure")
         assert app.replay_summary is None                              # still playing
         await pilot.press("escape")

@@ -87,7 +87,7 @@ async def test_fork_is_refused_while_a_reply_streams_and_for_a_reply_without_tra
         await say(pilot, "tell me a story")
         first = app.chat.session.messages[-1]
         await start(pilot, "and then?")
-        await wait_for(pilot, lambda: app.state.current is not None and app.state.current.tokens, what="streaming")
+        await wait_for(pilot, lambda: app.stream.current is not None and app.stream.current.tokens, what="streaming")
         await pilot.press("ctrl+t", "home", "tab", "enter")             # the first reply's token #0, while streaming
         await pilot.pause()
         assert any("wait for the reply to finish" in n for n in notes(app, "error")), (notes(app), app.focused)

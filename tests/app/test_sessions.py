@@ -187,7 +187,7 @@ async def test_replay_paces_tokens_at_the_recorded_speed_and_stops_on_escape(fac
         assert time.monotonic() - t >= 0.02 * n * 0.9
     app = make_app(factory(), replay=sess, replay_speed=0.05, blink=False)       # 800 ms a token
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.state.current is not None and app.state.current.tokens, what="a token")
+        await wait_for(pilot, lambda: app.stream.current is not None and app.stream.current.tokens, what="a token")
         await pilot.press("escape")
         await wait_for(pilot, lambda: app.replay_summary is not None, what="the stop")
         assert app.replay_summary.stopped

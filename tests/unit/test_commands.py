@@ -70,3 +70,26 @@ def test_the_command_table_imports_neither_torch_nor_textual():
     code = "import sys, tinychat.commands; print('torch' in sys.modules, 'textual' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_every_command_has_a_handler_in_each_mode_it_runs_in():
+    from tinychat.plain import PLAIN_HANDLERS
+    from tinychat.tui.commands import APP_HANDLERS
+    assert PLAIN_HANDLERS.names() == {c.name for c in C.commands_for("plain")}
+    assert APP_HANDLERS.names() == {c.name for c in C.commands_for("app")}
+    assert all(c.name in PLAIN_HANDLERS.names() or c.name in APP_HANDLERS.names() for c in C.COMMANDS)
+
+
+def test_a_handler_registers_only_for_a_command_of_its_mode():
+    handlers = C.Handlers("plain")
+    with pytest.raises(ValueError, match="/copy is not a command of the plain mode"):
+        handlers("/copy")
+    with pytest.raises(ValueError, match="/nope"):
+        handlers("/nope")
+
+    @handlers("/info")
+    def info(args):
+        return args
+    assert handlers.find("/info") is info and handlers.names() == {"/info"}
+    with pytest.raises(C.CommandError, match="unknown command /copy"):
+        handlers.find("/copy")

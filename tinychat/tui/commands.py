@@ -1,11 +1,11 @@
-"""Slash commands of the app: the table in tinychat/commands.py (shared with the plain mode), run here on the app's
-screens and actions; the hint line and Tab completion."""
+"""Slash commands of the app: the table in tinychat/commands.py (shared with the plain mode), each command's handler
+here (APP_HANDLERS, keyed by the table's names: `run` dispatches by lookup) on the app's screens, actions and
+controller; the hint line and Tab completion. A handler takes (app, args); CommandError from it is one error line."""
 from __future__ import annotations
 
-from textual.app import SystemCommand
 
-from ..commands import ALIASES, CommandError, commands_for, parse, parse_alt, parse_fork, parse_set, parse_trace
-from .state import Busy
+from ..commands import (ALIASES, CommandError, Handlers, commands_for, parse, parse_alt, parse_fork, parse_set,
+                        parse_trace)
 
 # the app's commands as (name, arguments, what it does): shown in the hint line and the help screen
 COMMANDS: list[tuple[str, str, str]] = [(c.name, c.args, c.help) for c in commands_for("app")]
@@ -49,91 +49,131 @@ def hint(text: str) -> str:
     return "Enter send · Ctrl+J newline · ↑↓ history · / commands · F1 help"
 
 
-class CommandsMixin:
-    """The TinyChatApp part that runs slash commands and fills the command palette."""
+async def run(app, line: str) -> None:
+    """Run one slash command line in the app."""
+    cmd, args = parse(line)
+    try:
+        await APP_HANDLERS.find(cmd)(app, args)
+    except CommandError as e:
+        app.notify(str(e), severity="error")
 
-    async def run_command(self, line: str) -> None:
-        cmd, args = parse(line)
-        if cmd == "/quit":
-            await self.action_quit()
-        elif cmd == "/help":
-            self.action_help()
-        elif cmd == "/new":
-            self.action_new_chat()
-        elif cmd == "/sessions":
-            self.action_sessions()
-        elif cmd == "/load":
-            if len(args) != 1:
-                self.notify("usage: /load ID", severity="error")
-            else:
-                self.open_session(args[0])
-        elif cmd == "/save":
-            if self._can_run("save"):
-                self._set_busy(Busy.SAVE)
-                self._job_save(self.chat, " ".join(args) or None)
-        elif cmd in ("/set", "/settings"):
-            try:
-                kv = parse_set(args) if cmd == "/set" else None
-            except CommandError as e:
-                self.notify(str(e), severity="error")
-                return
-            if kv is None:
-                self.action_settings()
-            elif self.chat is None:
-                self.notify("the model is still loading", severity="warning")
-            else:
-                await self.apply_settings(dict([kv]))
-        elif cmd == "/regen":
-            await self.action_regenerate()
-        elif cmd == "/alt":
-            try:
-                which = parse_alt(args)
-            except CommandError as e:
-                self.notify(str(e), severity="error")
-                return
-            self.switch_alt(which)
-        elif cmd == "/ab":
-            self.start_ab(args)
-        elif cmd == "/fork":
-            try:
-                position, token = parse_fork(args)
-            except CommandError as e:
-                self.notify(str(e), severity="error")
-                return
-            await self.fork_command(position, token)
-        elif cmd == "/edit":
-            self.start_edit(args)
-        elif cmd == "/undo":
-            self.action_undo()
-        elif cmd == "/copy":
-            self.action_copy_reply()
-        elif cmd == "/inspector":
-            self.action_toggle_inspector()
-        elif cmd == "/trace":
-            try:
-                self.inspector.display = parse_trace(args)
-            except CommandError as e:
-                self.notify(str(e), severity="error")
-                return
-            self.inspector_pref = self.inspector.display
-        elif cmd == "/info":
-            if self.chat is None:
-                self.notify(self.load_error or "the model is still loading")
-            elif self.busy:
-                self.notify("busy: /info after the reply")
-            else:
-                st = self.chat.status()
-                self.notify("\n".join(f"{k}: {v}" for k, v in st.items()), title="info", timeout=10)
-        else:
-            self.notify(f"unknown command {cmd} (/help lists them)", severity="error")
 
-    def get_system_commands(self, screen):
-        yield from super().get_system_commands(screen)
-        for name, help_, fn in [("New chat", "start a new chat", self.action_new_chat),
-                                ("Sessions", "open, rename, delete, export saved chats", self.action_sessions),
-                                ("Settings", "sampler and turn settings", self.action_settings),
-                                ("Toggle inspector", "show or hide the sampler inspector",
-                                 self.action_toggle_inspector),
-                                ("Copy last reply", "to the clipboard", self.action_copy_reply),
-                                ("Keys and commands", "the help screen", self.action_help)]:
-            yield SystemCommand(name, help_, fn)
+APP_HANDLERS = Handlers("app")
+
+
+@APP_HANDLERS("/quit")
+async def _quit(app, args: list[str]) -> None:
+    await app.action_quit()
+
+
+@APP_HANDLERS("/help")
+async def _help(app, args: list[str]) -> None:
+    app.action_help()
+
+
+@APP_HANDLERS("/new")
+async def _new(app, args: list[str]) -> None:
+    app.action_new_chat()
+
+
+@APP_HANDLERS("/sessions")
+async def _sessions(app, args: list[str]) -> None:
+    app.action_sessions()
+
+
+@APP_HANDLERS("/load")
+async def _load(app, args: list[str]) -> None:
+    if len(args) != 1:
+        raise CommandError("usage: /load ID")
+    app.open_session(args[0])
+
+
+@APP_HANDLERS("/save")
+async def _save(app, args: list[str]) -> None:
+    app.controller.save(" ".join(args) or None)
+
+
+@APP_HANDLERS("/set")
+async def _set(app, args: list[str]) -> None:
+    kv = parse_set(args)
+    if kv is None:
+        app.action_settings()
+    elif app.chat is None:
+        app.notify("the model is still loading", severity="warning")
+    else:
+        app.controller.apply_settings(dict([kv]))
+
+
+@APP_HANDLERS("/settings")
+async def _settings(app, args: list[str]) -> None:
+    app.action_settings()
+
+
+@APP_HANDLERS("/regen")
+async def _regen(app, args: list[str]) -> None:
+    await app.action_regenerate()
+
+
+@APP_HANDLERS("/alt")
+async def _alt(app, args: list[str]) -> None:
+    app.switch_alt(parse_alt(args))
+
+
+@APP_HANDLERS("/ab")
+async def _ab(app, args: list[str]) -> None:
+    app.ab.start(args)
+
+
+@APP_HANDLERS("/fork")
+async def _fork(app, args: list[str]) -> None:
+    position, token = parse_fork(args)
+    await app.forking.command(position, token)
+
+
+@APP_HANDLERS("/edit")
+async def _edit(app, args: list[str]) -> None:
+    app.turns.start_edit(args)
+
+
+@APP_HANDLERS("/undo")
+async def _undo(app, args: list[str]) -> None:
+    app.action_undo()
+
+
+@APP_HANDLERS("/copy")
+async def _copy(app, args: list[str]) -> None:
+    app.action_copy_reply()
+
+
+@APP_HANDLERS("/trace")
+async def _trace(app, args: list[str]) -> None:
+    app.inspector.display = parse_trace(args)
+    app.inspector_pref = app.inspector.display
+
+
+@APP_HANDLERS("/inspector")
+async def _inspector(app, args: list[str]) -> None:
+    app.action_toggle_inspector()
+
+
+@APP_HANDLERS("/info")
+async def _info(app, args: list[str]) -> None:
+    if app.chat is None:
+        app.notify(app.controller.load_error or "the model is still loading")
+    elif app.busy:
+        app.notify("busy: /info after the reply")
+    else:
+        st = app.chat.status()
+        app.notify("\n".join(f"{k}: {v}" for k, v in st.items()), title="info", timeout=10)
+
+
+def palette(app):
+    """The app's entries in the command palette (Ctrl+P), after Textual's own."""
+    from textual.app import SystemCommand
+    for name, help_, fn in [("New chat", "start a new chat", app.action_new_chat),
+                            ("Sessions", "open, rename, delete, export saved chats", app.action_sessions),
+                            ("Settings", "sampler and turn settings", app.action_settings),
+                            ("Toggle inspector", "show or hide the sampler inspector", app.action_toggle_inspector),
+                            ("Copy last reply", "to the clipboard", app.action_copy_reply),
+                            ("Keys and commands", "the help screen", app.action_help)]:
+        yield SystemCommand(name, help_, fn)

@@ -62,6 +62,8 @@ class TurnFinished(Message):
     turn_id: int
     result: TurnResult
     status: dict = field(default_factory=dict)   # chat.status() read on the worker right after the turn
+    warning: str | None = None                   # the autosave after the turn failed: one line (the turn is kept)
+    notice: str | None = None                    # one line worth telling (the turn ran on another int8 step)
 
 
 @dataclass
@@ -88,10 +90,12 @@ class ReplayFinished(Message):
 @dataclass
 class JobDone(Message):
     """A chat operation other than a turn finished on the worker: undo (value: the user text taken back), new chat,
-    settings (value: {field: the value applied}), save (value: the path, or None when there was nothing to save)."""
+    settings (value: {field: the value applied}), save (value: the path, or None when there was nothing to save),
+    a switch of alternatives or an edited reply (value: (place, of n))."""
     kind: Busy
     value: Any = None
     status: dict = field(default_factory=dict)
+    warning: str | None = None      # the autosave after it failed: one line (the change is kept)
 
 
 @dataclass
@@ -99,3 +103,4 @@ class AbReady(Message):
     """The sampler A/B's two decodes are done (tinychat/chat/ab.py); side A is the active reply."""
     result: ABResult
     status: dict = field(default_factory=dict)
+    warning: str | None = None      # the autosave after it failed: one line

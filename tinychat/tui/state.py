@@ -1,6 +1,7 @@
-"""The app's chat state, in one place: which chat is open, which operation runs (Busy), the reply being written and
-its live figures, what waits for the operation to end. TinyChatApp owns one ChatState (app.state); its parts (turns,
-commands, playback) read and write it on the UI thread only. No torch, no widgets imported at run time."""
+"""The app's chat state, in one place: which chat is open, which operation runs (Busy), what waits for the operation
+to end, the replies this app decoded. The controller (controller.py) owns the one ChatState and reads and writes it on
+the UI thread only: a job on the chat thread gets what it needs in its arguments (jobs.py) and never reads this. No
+torch, no widgets."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..chat.runtime import Chat
-    from .widgets.chat_view import AssistantMessage
 
 
 class Busy(str, Enum):
@@ -61,15 +61,10 @@ class ChatState:
     chat: Chat | None = None                        # the open chat (None until the model is loaded)
     busy: Busy | None = Busy.LOAD                   # the running operation, None when idle
     turn_id: int = 0                                # the reply being written (replay: minus its turn number)
-    current: AssistantMessage | None = None         # its widget
-    live: LiveFigures = field(default_factory=LiveFigures)
     job_text: str = ""                              # the message being sent (back to the input if the turn fails)
     pending_settings: dict[str, str] = field(default_factory=dict)   # applied when the running operation ends
     edit_index: int | None = None                   # /edit: the user message the next send replaces (a new branch)
     queued: str | None = None                       # a message sent while the model loads: sent once it is ready
-    edit_at: int = 0                                # the edit being sent (read by the worker)
-    inspected: tuple[AssistantMessage, int] | None = None   # the reply and token the inspector shows (token view)
-    fork_at: tuple[int, int, int | str] | None = None       # the fork running: (reply index, position, token)
     # replies decoded in this app: (session id, message id) -> (content token ids, traces by token index, counters,
     # meta line), so a view rebuilt from the session (switching alternatives, keeping an A/B side) still shows how
     # their tokens were chosen. Message ids count from 1 in every session, so the session id is part of the key, and
