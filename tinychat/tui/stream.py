@@ -102,9 +102,13 @@ class ReplyStream:
 
 def turn_meta(r: TurnResult) -> str:
     """The line under a finished reply."""
-    parts = [plural(r.n_tokens, "token"), f"{r.decode_tok_s:.0f} tok/s", f"TTFT {r.ttft_ms:.0f} ms"]
+    parts = [plural(r.n_tokens, "token")]
+    if r.n_tokens > 1 and r.decode_tok_s > 0:       # a rate needs two tokens
+        parts.append(f"{r.decode_tok_s:.0f} tok/s")
+    if r.n_tokens:                                  # no first token, no time to it
+        parts.append(f"TTFT {r.ttft_ms:.0f} ms")
     if r.finish == "cancelled":
-        parts.append("stopped")
+        parts.append("stopped" if r.n_tokens else "stopped before the first token")
     elif r.finish == "length":
         parts.append("cut off at max-new")
     s = r.stats
