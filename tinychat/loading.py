@@ -238,11 +238,11 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
     quant: a resolved mode (resolve_quant); quant_why: why `--quant auto` chose it (the chat's status says so).
     autosave False: nothing is written unless asked (--no-save)."""
     from .sessions import session as S
-    from .chat.runtime import Chat, settings_from_session
+    from .chat.runtime import Chat, check_recorded, settings_from_session
     from .sampler_defaults import ModelDefaults, resolve
+    from .plan import decide
     check_choice("--quant", quant, QUANT_MODES)
-    kw = dict(quant=quant, device=device, model_name=rt.name, model_hash=rt.identity, options=options,
-              autosave=autosave)
+    kw = dict(model_name=rt.name, model_hash=rt.identity, autosave=autosave)
     model = (rt.defaults if settings is None else None) or ModelDefaults()
     overrides = dict(overrides or {})
     if session_ref is None:
@@ -250,7 +250,8 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
         own = rt.tokenizer.chat.default_system
         if own is not None and "system_prompt" not in overrides:
             st, sources["system_prompt"] = replace(st, system_prompt=own), "the chat template"
-        chat = Chat(rt.model, rt.tokenizer, st, **kw)
+        plan = decide(rt.model, quant, device, options, quant_why=quant_why)    # the model quantized to its mode
+        chat = Chat(rt.model, rt.tokenizer, st, plan=plan, **kw)
         try:
             chat.check_max_new(chat.settings.max_new)   # --max-new that no turn could hold: say so now
         except BaseException:
@@ -262,7 +263,10 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
         recorded = {k: v for k, v in recorded.items() if k in (sess.settings or {}) or k == "system_prompt"}
         overrides.pop("system_prompt", None)
         st, sources = resolve(model, recorded, overrides)
-        chat = Chat.restore(sess, rt.model, rt.tokenizer, settings=st, max_len=sess.model.get("max_len"), **kw)
+        check_recorded(sess, rt.model, rt.tokenizer, rt.name, rt.identity)    # another model's: before quantizing
+        plan = decide(rt.model, quant, device, options, quant_why=quant_why)
+        chat = Chat.restore(sess, rt.model, rt.tokenizer, settings=st, max_len=sess.model.get("max_len"), plan=plan,
+                            **kw)
         if "max_new" in overrides:
             try:
                 chat.check_max_new(chat.settings.max_new)
@@ -270,7 +274,6 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
                 chat.close()
                 raise
     chat.sources = sources
-    chat.quant_auto = quant_why
     return chat
 
 
@@ -278,6 +281,7 @@ def open_replay_chat(rt: Runtime, sess, device: str, options=None):
     """A fresh Chat to replay the recorded session `sess` on: its quant mode, system prompt and context length,
     autosave off (a replay never writes the session)."""
     from .chat.runtime import Chat, ChatSettings
-    return Chat(rt.model, rt.tokenizer, ChatSettings(system_prompt=sess.system_prompt), quant=sess.quant,
-                device=device, model_name=rt.name, model_hash=rt.identity, autosave=False,
-                max_len=sess.model.get("max_len"), options=options)
+    from .plan import decide
+    plan = decide(rt.model, sess.quant, device, options)
+    return Chat(rt.model, rt.tokenizer, ChatSettings(system_prompt=sess.system_prompt), plan=plan,
+                model_name=rt.name, model_hash=rt.identity, autosave=False, max_len=sess.model.get("max_len"))

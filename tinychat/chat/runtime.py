@@ -22,11 +22,12 @@ from ..sessions import snapshot as SS
 from ..sessions import tree as T
 from .branch_cache import BranchCache
 from .branches import BranchesMixin, Fork
-from ..engine import Decoder, EngineOptions, KVCache, append, quantize_cpu
-from ..engine.quant import effective_mode, quant_mode
+from ..engine import Decoder, EngineOptions, KVCache, append
 from ..identity import model_identity, other_model
 from .quant_steps import Int8Steps, describe_step
 from ..model import TinyAgentLM
+from ..plan import ExecutionPlan
+from ..plan import decide as decide_plan
 from ..sampler import (KEEP_REPLY, LIFT_ALL, Cancelled, TokenTrace, TurnHook, TurnStats, ngram_table,
                       penalty_ids)
 from ..settings import ChatError, ChatSettings, OtherModel
@@ -65,36 +66,31 @@ class Chat(BranchesMixin):
     """One conversation with one model. Not thread-safe except `cancel()`: run turns on one thread."""
 
     def __init__(self, model: TinyAgentLM, tokenizer: Tokenizer, settings: ChatSettings | None = None, *,
-                 quant: str | None = None, device: str = "cpu", max_len: int | None = None, model_name: str = "",
-                 model_hash: str | None = None, autosave: bool = True, sessions_dir: Path | None = None,
-                 graph=None, session: S.Session | None = None, rebuild: bool = True,
+                 plan: ExecutionPlan | None = None, quant: str | None = None, device: str = "cpu",
+                 max_len: int | None = None, model_name: str = "", model_hash: str | None = None, autosave: bool = True,
+                 sessions_dir: Path | None = None, graph=None, session: S.Session | None = None, rebuild: bool = True,
                  options: EngineOptions | None = None):
-        """quant: the weights' mode (none, int8, bf16; None: the model's as it is). An fp32 model is quantized in
-        place (quantize_cpu); a model already quantized to another mode is a ChatError, never a silent switch.
-        options: EngineOptions for the decoder and the quantization (default: EngineOptions.from_env())."""
+        """plan: how the model runs (plan.py; loading.open_chat decides it, the model already quantized to its
+        mode). Without one it is decided from quant (none, int8, bf16; None: the model's as it is), device, options
+        (EngineOptions; None: from the environment) and graph, by the same plan.decide: an fp32 model is quantized
+        in place, one already quantized to another mode is a ChatError, never a silent switch."""
+        if plan is None:
+            plan = decide_plan(model, quant, device, options, graph=graph)
+        self.plan = plan
         self.model, self.tok = model, tokenizer
         self.settings = settings or ChatSettings()
         self.sources: dict[str, str] = {}  # setting -> where its value came from (sampler_defaults.resolve; "/set")
-        self.device = torch.device(device)
-        self.options = options or EngineOptions.from_env()
+        self.device = torch.device(plan.device)
+        self.options = plan.options
         self.model_name = model_name
         self.model_hash = model_hash or model_identity(model)
-        have = quant_mode(model)
-        want = have if quant is None else effective_mode(quant)
-        if want == "none":
-            model.linears_to(torch.float32)   # a model loaded to be quantized (stored_linears) runs in fp32 here
-        if want != have:
-            if have != "none":
-                raise ChatError(f"the model is already loaded as --quant {have}; --quant {want} needs it loaded "
-                                "again")
-            quantize_cpu(model, want, options=self.options)
-        self.quant = quant_mode(model)
-        self.quant_auto: str | None = None    # why `--quant auto` chose this mode (None: a mode given by hand)
+        self.quant = plan.quant
+        self.quant_auto: str | None = plan.quant_why   # why `--quant auto` chose this mode (None: given by hand)
         self.max_len = min(max_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
         self.cache = KVCache(model, 1, self.max_len, self.device, dtype=dtype)
-        self.decoder = Decoder(model, self.cache, graph=graph, options=self.options)
-        self.steps = Int8Steps(model, self.decoder, self.quant, self.device.type, self.options)
+        self.decoder = Decoder(model, self.cache, graph=plan.graph, plan=plan)
+        self.steps = Int8Steps(model, self.decoder, plan)
         self.autosave, self.sessions_dir = autosave, sessions_dir
         self.stop_id = tokenizer.im_end
         self._special = set(tokenizer.special_ids)
@@ -190,8 +186,7 @@ class Chat(BranchesMixin):
         recorded feed schedule (always exact)."""
         sess = session_ref if isinstance(session_ref, S.Session) else S.load(session_ref, kw.get("sessions_dir"))
         kw["model_hash"] = kw.get("model_hash") or model_identity(model)
-        check_model(sess, kw.get("model_name", ""), kw["model_hash"], tokenizer)   # before the ids: another model's
-        S.check_tokens(sess, model.cfg.vocab_size, tokenizer)                     # are not errors in the file
+        check_recorded(sess, model, tokenizer, kw.get("model_name", ""), kw["model_hash"])
         settings = kw.pop("settings", None) or settings_from_session(sess)
         chat = cls(model, tokenizer, settings, session=sess, rebuild=False, **kw)
         if chat.autosave:                   # one writer per session; never save over a newer copy
@@ -598,6 +593,13 @@ class Chat(BranchesMixin):
                 "quant": self.quant, **({"auto": self.quant_auto} if self.quant_auto else {}),
                 "cache_tokens": L, "max_len": self.max_len,
                 "cache_bytes": self.cache.used_bytes(), "session": self.session.id, "turns": self.session.n_turns}
+
+
+def check_recorded(sess: S.Session, model: TinyAgentLM, tokenizer: Tokenizer, name: str, identity: str) -> None:
+    """OtherModel when `sess` was recorded with another model (check_model), then SessionError for token ids this
+    model cannot take: before anything reads the ids (another model's are not errors in the file)."""
+    check_model(sess, name, identity, tokenizer)
+    S.check_tokens(sess, model.cfg.vocab_size, tokenizer)
 
 
 def check_model(sess: S.Session, name: str, identity: str, tokenizer: Tokenizer) -> None:
