@@ -171,8 +171,8 @@ def model_defaults(path: Path):
 
 def latest_session() -> str | None:
     """The id of the most recently updated saved session (what -c continues), or None when there is none."""
-    from .sessions import session as S
-    infos = S.list_sessions()
+    from .sessions import session as session_files
+    infos = session_files.list_sessions()
     return infos[0].id if infos else None
 
 
@@ -202,10 +202,10 @@ def model_for_session(model: Path | None, ref: str) -> Path | None:
     shipped model). A ref that does not load leaves it to the caller's own load to report."""
     if model is not None:
         return model
-    from .sessions import session as S
+    from .sessions import session as session_files
     try:
-        sess = S.load(ref)
-    except Exception:  # noqa: BLE001  the caller's S.load reports it in its one line
+        sess = session_files.load(ref)
+    except Exception:  # noqa: BLE001  the caller's session_files.load reports it in its one line
         return None
     return session_model(sess)
 
@@ -237,7 +237,7 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
     (an imported model's: SmolLM2's "You are a helpful AI assistant named SmolLM, ..."), as the template would.
     quant: a resolved mode (resolve_quant); quant_why: why `--quant auto` chose it (the chat's status says so).
     autosave False: nothing is written unless asked (--no-save)."""
-    from .sessions import session as S
+    from .sessions import session as session_files
     from .chat.runtime import Chat, check_recorded, settings_from_session
     from .sampler_defaults import ModelDefaults, resolve
     from .plan import decide
@@ -258,7 +258,7 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
             chat.close()
             raise
     else:
-        sess = S.load(session_ref)
+        sess = session_files.load(session_ref)
         recorded = dataclasses.asdict(settings_from_session(sess))     # checked, with the session's id in any error
         recorded = {k: v for k, v in recorded.items() if k in (sess.settings or {}) or k == "system_prompt"}
         overrides.pop("system_prompt", None)
