@@ -94,8 +94,8 @@ def _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup
          prefill_lens, options) -> dict:
     import torch
 
-    from .engine import Decoder, KVCache, append, quantize_cpu, sample_top_p
-    from .engine.quant import quant_mode
+    from .engine import Decoder, KVCache, append, sample_top_p
+    from .plan import decide
     total = 2 + warmup + repeats + len(prefill_lens)
     done = 0
 
@@ -118,20 +118,21 @@ def _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup
     tick("model loaded")
 
     dev = torch.device(device)
+    plan = None
     if device == "cpu":
-        quantize_cpu(model, quant, options=options)
+        plan = decide(model, quant, device, options, graph=graph)   # quantized as a chat's model is (plan.py)
         kv_dtype = torch.float32            # what the CPU speed modes run with (fp32 attention / softmax)
     else:
         if quant == "bf16":
             model = model.to(torch.bfloat16)
         model = model.to(dev)
         kv_dtype = torch.bfloat16
-    quant_eff = quant_mode(model) if device == "cpu" else ("bf16" if quant == "bf16" else "none")
+    quant_eff = plan.quant if plan is not None else ("bf16" if quant == "bf16" else "none")
     model.eval()
 
     max_len = max([prompt_len + gen_len + 2, *prefill_lens])
     cache = KVCache(model, 1, max_len, dev, dtype=kv_dtype)
-    dec = Decoder(model, cache, graph=graph, compile=compile, options=options)
+    dec = Decoder(model, cache, graph=graph, compile=compile, options=options, plan=plan)
     V = cfg.vocab_size
     stop = V - 1                      # banned: never sampled, so every repeat decodes gen_len tokens
     gen = torch.Generator().manual_seed(seed)

@@ -272,9 +272,10 @@ def _int8_step() -> str:
     """The int8 step as sessions recorded here name it (Chat.step_name without the prefill's part): the native
     step's version on this kernel path, or the PyTorch fallback; replay compares it with a session's."""
     from .engine import native
+    from .plan import step_name
     if native.load() is None:
-        return "torch-int8"
-    return f"native-int8-v{native.step_version()}@{native.kernel_path()}"
+        return step_name(False, None, None, None)
+    return step_name(True, None, native.step_version(), native.kernel_path())
 
 
 PREFILL_KERNELS = {"native-gemm": "native int8 GEMM", "bf16-gemm": "bf16 GEMMs", "fp32-gemm": "fp32 GEMMs",

@@ -171,8 +171,8 @@ def model_defaults(path: Path):
 
 def latest_session() -> str | None:
     """The id of the most recently updated saved session (what -c continues), or None when there is none."""
-    from .sessions import session as S
-    infos = S.list_sessions()
+    from .sessions import session as session_files
+    infos = session_files.list_sessions()
     return infos[0].id if infos else None
 
 
@@ -202,10 +202,10 @@ def model_for_session(model: Path | None, ref: str) -> Path | None:
     shipped model). A ref that does not load leaves it to the caller's own load to report."""
     if model is not None:
         return model
-    from .sessions import session as S
+    from .sessions import session as session_files
     try:
-        sess = S.load(ref)
-    except Exception:  # noqa: BLE001  the caller's S.load reports it in its one line
+        sess = session_files.load(ref)
+    except Exception:  # noqa: BLE001  the caller's session_files.load reports it in its one line
         return None
     return session_model(sess)
 
@@ -237,12 +237,12 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
     (an imported model's: SmolLM2's "You are a helpful AI assistant named SmolLM, ..."), as the template would.
     quant: a resolved mode (resolve_quant); quant_why: why `--quant auto` chose it (the chat's status says so).
     autosave False: nothing is written unless asked (--no-save)."""
-    from .sessions import session as S
-    from .chat.runtime import Chat, settings_from_session
+    from .sessions import session as session_files
+    from .chat.runtime import Chat, check_recorded, settings_from_session
     from .sampler_defaults import ModelDefaults, resolve
+    from .plan import decide
     check_choice("--quant", quant, QUANT_MODES)
-    kw = dict(quant=quant, device=device, model_name=rt.name, model_hash=rt.identity, options=options,
-              autosave=autosave)
+    kw = dict(model_name=rt.name, model_hash=rt.identity, autosave=autosave)
     model = (rt.defaults if settings is None else None) or ModelDefaults()
     overrides = dict(overrides or {})
     if session_ref is None:
@@ -250,19 +250,23 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
         own = rt.tokenizer.chat.default_system
         if own is not None and "system_prompt" not in overrides:
             st, sources["system_prompt"] = replace(st, system_prompt=own), "the chat template"
-        chat = Chat(rt.model, rt.tokenizer, st, **kw)
+        plan = decide(rt.model, quant, device, options, quant_why=quant_why)    # the model quantized to its mode
+        chat = Chat(rt.model, rt.tokenizer, st, plan=plan, **kw)
         try:
             chat.check_max_new(chat.settings.max_new)   # --max-new that no turn could hold: say so now
         except BaseException:
             chat.close()
             raise
     else:
-        sess = S.load(session_ref)
+        sess = session_files.load(session_ref)
         recorded = dataclasses.asdict(settings_from_session(sess))     # checked, with the session's id in any error
         recorded = {k: v for k, v in recorded.items() if k in (sess.settings or {}) or k == "system_prompt"}
         overrides.pop("system_prompt", None)
         st, sources = resolve(model, recorded, overrides)
-        chat = Chat.restore(sess, rt.model, rt.tokenizer, settings=st, max_len=sess.model.get("max_len"), **kw)
+        check_recorded(sess, rt.model, rt.tokenizer, rt.name, rt.identity)    # another model's: before quantizing
+        plan = decide(rt.model, quant, device, options, quant_why=quant_why)
+        chat = Chat.restore(sess, rt.model, rt.tokenizer, settings=st, max_len=sess.model.get("max_len"), plan=plan,
+                            **kw)
         if "max_new" in overrides:
             try:
                 chat.check_max_new(chat.settings.max_new)
@@ -270,7 +274,6 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
                 chat.close()
                 raise
     chat.sources = sources
-    chat.quant_auto = quant_why
     return chat
 
 
@@ -278,6 +281,7 @@ def open_replay_chat(rt: Runtime, sess, device: str, options=None):
     """A fresh Chat to replay the recorded session `sess` on: its quant mode, system prompt and context length,
     autosave off (a replay never writes the session)."""
     from .chat.runtime import Chat, ChatSettings
-    return Chat(rt.model, rt.tokenizer, ChatSettings(system_prompt=sess.system_prompt), quant=sess.quant,
-                device=device, model_name=rt.name, model_hash=rt.identity, autosave=False,
-                max_len=sess.model.get("max_len"), options=options)
+    from .plan import decide
+    plan = decide(rt.model, sess.quant, device, options)
+    return Chat(rt.model, rt.tokenizer, ChatSettings(system_prompt=sess.system_prompt), plan=plan,
+                model_name=rt.name, model_hash=rt.identity, autosave=False, max_len=sess.model.get("max_len"))

@@ -3,6 +3,7 @@ figures for snapshots), and Pilot waits."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 from textual.errors import NoWidget
@@ -16,21 +17,22 @@ class SlowChat(Chat):
     """A chat whose decoding takes `delay` seconds per token (so a test can act mid-turn)."""
     delay = 0.0
 
-    def _turn(self, user, on_token, trace, **kw):
-        if on_token is not None and self.delay:
-            inner = on_token
+    def run_turn(self, plan):
+        if plan.on_token is not None and self.delay:
+            inner = plan.on_token
 
             def on_token(*a):
                 time.sleep(self.delay)
                 inner(*a)
-        return super()._turn(user, on_token, trace, **kw)
+            plan = dataclasses.replace(plan, on_token=on_token)
+        return super().run_turn(plan)
 
 
 class FrozenChat(SlowChat):
     """Speed figures fixed (snapshot tests must not show measured timings)."""
 
-    def _turn(self, *a, **kw):
-        r = super()._turn(*a, **kw)
+    def run_turn(self, plan):
+        r = super().run_turn(plan)
         r.ttft_ms, r.decode_tok_s = 12.0, 345.0
         return r
 

@@ -17,7 +17,7 @@ def _cache_equal(a: Chat, b: Chat) -> None:
         sa[k], sb[k] = sa[k][..., :-1, :], sb[k][..., :-1, :]
     for k in sa:
         assert torch.equal(sa[k], sb[k]), k
-    assert a._pending == b._pending
+    assert a.timeline.pending == b.timeline.pending
 
 
 def _fresh_restore(chat: Chat) -> Chat:
@@ -47,8 +47,8 @@ def test_switching_back_restores_the_old_reply_and_a_cache_bit_identical_to_a_fr
     chat.set("seed", "5")
     chat.regenerate()
     new_ids = list(chat.session.messages[-1].token_ids)
-    monkeypatch.setattr(chat, "_rebuild", None)      # the switch cuts back: no rebuild from scratch
-    monkeypatch.setattr(chat, "_play", None)         # and puts back the cache it kept of the old reply
+    monkeypatch.setattr(chat.timeline, "rebuild", None)   # the switch cuts back: no rebuild from scratch
+    monkeypatch.setattr(chat.timeline, "play", None)      # and puts back the cache it kept of the old reply
     assert chat.switch_alternative("prev") == (1, 2)
     assert chat.session.messages[-1].token_ids == old_ids
     _cache_equal(chat, _fresh_restore(chat))
@@ -66,10 +66,10 @@ def test_switching_to_a_branch_this_chat_never_decoded_feeds_it_by_the_restore_r
     chat.close()
     again = Chat.restore(chat.session.id, make_chat_model(), tokenizer(), sessions_dir=tmp_path, max_len=512,
                          use_snapshot=False)
-    monkeypatch.setattr(again, "_rebuild", None)
+    monkeypatch.setattr(again.timeline, "rebuild", None)
     fed = []
-    play = again._play
-    monkeypatch.setattr(again, "_play", lambda *a: fed.append(a[2]) or play(*a))
+    play = again.timeline.play
+    monkeypatch.setattr(again.timeline, "play", lambda *a: fed.append(a[1]) or play(*a))
     again.switch_alternative("1")
     assert fed == [3]                          # only the switched turn was fed again
     _cache_equal(again, _fresh_restore(again))
@@ -270,7 +270,7 @@ def test_an_edited_message_switches_back_to_its_original_with_what_followed_it(t
     chat.edit(3, "why the bird?")
     edited = [m.token_ids for m in chat.session.messages]
     assert chat.alternatives(3) == (2, 2) and chat.alternatives(1) == (1, 1)
-    monkeypatch.setattr(chat, "_rebuild", None)          # the switch cuts back, then puts the kept cache back
+    monkeypatch.setattr(chat.timeline, "rebuild", None)  # the switch cuts back, then puts the kept cache back
     assert chat.switch_alternative("prev", index=3) == (1, 2)
     assert [m.token_ids for m in chat.session.messages] == old     # both later turns came back with it
     _cache_equal(chat, _fresh_restore(chat))

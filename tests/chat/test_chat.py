@@ -62,7 +62,7 @@ def test_ban_table_holds_earlier_replies_and_the_user_message():
     orig = chat.decoder.generate
 
     def spy(*a, **kw):
-        captured["hook"] = a[-1]
+        captured["hook"] = kw["logits_hook"]
         return orig(*a, **kw)
 
     chat.decoder.generate = spy

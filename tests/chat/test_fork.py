@@ -21,7 +21,7 @@ def _cache_equal(a: Chat, b: Chat) -> None:
     assert sa.keys() == sb.keys()
     for k in sa:
         assert torch.equal(sa[k], sb[k]), k
-    assert a._pending == b._pending
+    assert a.timeline.pending == b.timeline.pending
 
 
 def _fresh_restore(chat: Chat, max_len: int | None = None) -> Chat:
@@ -161,8 +161,8 @@ def test_switching_to_a_forked_branch_gives_the_cache_of_a_fresh_decode(tmp_path
                          use_snapshot=False)
     again.switch_alternative("1", index=4)
     fed = []
-    play = again._play
-    monkeypatch.setattr(again, "_play", lambda *a: fed.append(a[2]) or play(*a))
+    play = again.timeline.play
+    monkeypatch.setattr(again.timeline, "play", lambda *a: fed.append(a[1]) or play(*a))
     again.switch_alternative("2", index=4)
     assert again.session.messages[4].token_ids == forked
     _cache_equal(again, _fresh_restore(again))

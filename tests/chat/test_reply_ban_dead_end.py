@@ -10,7 +10,7 @@ import torch
 
 from support import make_chat_model, tokenizer
 from tinychat.sessions import session as S
-from tinychat.chat.runtime import Chat, ChatSettings
+from tinychat.chat.runtime import Chat, ChatSettings, TurnPlan
 from tinychat.chat.replay import replay
 from tinychat.sampler import DEAD_END_MIN_MASS, KEEP_REPLY, LIFT_ALL, TurnHook
 
@@ -69,7 +69,7 @@ def test_the_old_rule_loops_on_the_same_model(looping):
     """The control: lifting every ban at a dead end (what turns recorded before the rule did) goes round the loop."""
     chat = _chat(looping, temperature=0.2)
     user = S.Message("user", "hello", chat.tok.message_ids("user", "hello"))
-    r = chat._turn(user, None, False, dead_end=LIFT_ALL)
+    r = chat.run_turn(TurnPlan(user, dead_end=LIFT_ALL))
     assert repeats(r.token_ids) > 10 and r.stats.lifts > 10
 
 
@@ -105,14 +105,14 @@ def test_the_rule_is_recorded_and_both_rules_replay_exactly(looping):
     chat.send("hello")                                   # this version's rule
     user = S.Message("user", "again", chat.tok.message_ids("user", "again"))
     chat.settings = ChatSettings(penalty=1.0, max_new=40, seed=2, temperature=0.5)
-    chat._turn(user, None, False, dead_end=LIFT_ALL)     # as a turn recorded before the rule ran
+    chat.run_turn(TurnPlan(user, dead_end=LIFT_ALL))     # as a turn recorded before the rule ran
     rec = chat.session.messages[-1]
     old = S.Message(**{**rec.__dict__, "settings": {k: v for k, v in rec.settings.items() if k != "dead_end"}})
     chat.session.messages[-1] = old                      # the file of an older version: no "dead_end"
     S.save(chat.session)
     sess = S.load(chat.session.id)
     assert [m.settings.get("dead_end") for m in sess.messages if m.role == "assistant"] == [KEEP_REPLY, None]
-    assert repeats(chat._content(sess.messages[-1])) > 0
+    assert repeats(chat.timeline.content(sess.messages[-1])) > 0
     report = replay(Chat(looping, tokenizer(), ChatSettings(), model_name="loop", max_len=512, autosave=False), sess)
     assert report.ok and len(report.turns) == 2
 

@@ -63,9 +63,9 @@ def main() -> None:
     switch = [_ms(lambda: chat.switch_alternative("next")) for _ in range(a.repeats)]
     fed = []
     for _ in range(a.repeats):
-        chat._left.clear()               # a branch this chat has not decoded: fed by the restore rule
+        chat.timeline.left.clear()               # a branch this chat has not decoded: fed by the restore rule
         fed.append(_ms(lambda: chat.switch_alternative("next")))
-    rebuild = [_ms(chat._rebuild) for _ in range(max(3, a.repeats // 3))]
+    rebuild = [_ms(lambda: chat.timeline.rebuild(chat.session)) for _ in range(max(3, a.repeats // 3))]
     chat.autosave = True
     save = [_ms(chat.save) for _ in range(max(3, a.repeats // 3))]
     chat.switch_alternative("next")

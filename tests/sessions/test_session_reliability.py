@@ -303,7 +303,7 @@ def test_token_ids_outside_the_vocabulary_are_refused_naming_file_message_and_po
 def test_the_chat_never_feeds_an_id_the_model_has_no_row_for():
     chat = make_chat(max_new=5)
     with pytest.raises(ChatError, match="outside the model's vocabulary"):
-        chat._feed([1, 2, chat.model.cfg.vocab_size + 3])
+        chat.timeline.feed([1, 2, chat.model.cfg.vocab_size + 3])
 
 
 # -- 7. no escape codes -------------------------------------------------------------------------------------------

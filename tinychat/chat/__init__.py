@@ -1,6 +1,9 @@
 """The chat runtime: a conversation on one batch-1 KV cache, recorded to the token.
 
-runtime.py   Chat: turns, restore, autosave (the restore rule: see its docstring)
+runtime.py   Chat, the facade: turns, restore, replay (what it owns: timeline, turns, store, branches)
+timeline.py  the cache and how the active path got into it (the restore rule)
+turns.py     a turn: TurnPlan, GenerateConfig, TurnResult, TurnRunner
+store.py     save, lock, snapshot, the autosave's result
 branches.py  alternatives, edits and forks of a chat's tree
 branch_cache.py  caches of recently left branches, so switching back is cheap
 ab.py        /ab: one prompt, two settings, side by side

@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..sessions import tree as T
+from ..sessions import tree
 from ..sampler import BAN_N, TRACE_TOP, TokenTrace
 from ..settings import ChatError, ChatSettings
 from ..textsafe import safe_line
@@ -124,7 +124,7 @@ def keep(chat: Chat, side: Side, adopt: bool = False, changes: dict[str, str] | 
     """Make `side`'s reply the active one (the other stays a sibling); returns its (place, count) among the
     alternatives. adopt: also apply `changes` (side B's) to the chat's settings from the next turn."""
     index = len(chat.session.messages) - 1
-    sibs, at = T.siblings(chat.session, index)
+    sibs, at = tree.siblings(chat.session, index)
     to = next((i for i, m in enumerate(sibs) if m.id == side.message_id), None)
     if to is None:
         raise ChatError("that reply is no longer an alternative of the last turn")
@@ -145,7 +145,7 @@ def keep_side(chat: Chat, result: ABResult, name: str, adopt: bool = False) -> t
 
 def place_of(chat: Chat, side: Side) -> int | None:
     """The 1-based place of `side`'s reply among the last reply's alternatives (None: not one of them)."""
-    sibs, _ = T.siblings(chat.session, len(chat.session.messages) - 1)
+    sibs, _ = tree.siblings(chat.session, len(chat.session.messages) - 1)
     return next((i + 1 for i, m in enumerate(sibs) if m.id == side.message_id), None)
 
 

@@ -19,36 +19,31 @@ from __future__ import annotations
 import contextlib
 import itertools
 
+from ..plan import step_name
+
 
 class Int8Steps:
     """The steps a chat's int8 model can run here, by name; `use(name)` switches, `running(name)` for a while."""
 
-    def __init__(self, model, decoder, quant: str, device_type: str, options):
-        self.model, self.decoder, self.options = model, decoder, options
-        self.active = quant == "int8" and device_type == "cpu" and decoder.cpu_step is not None
+    def __init__(self, model, decoder, plan):
+        """plan: the chat's ExecutionPlan (plan.py): its mode and device say whether int8 steps run at all, its kernel
+        path and step version name the native ones."""
+        self.model, self.decoder, self.plan = model, decoder, plan
+        self.active = plan.int8_cpu and decoder.cpu_step is not None
         self._nat = decoder.cpu_step.nat if self.active else None
         self._configs: dict[str, tuple] | None = None
         self.default = self._current() if self.active else None
 
     # -- names ---------------------------------------------------------------------------------------------------
     def name(self) -> str | None:
-        """The step the chat runs now, as a session records it (None: not an int8 CPU chat)."""
+        """The step the chat runs now, as a session records it (None: not an int8 CPU chat): plan.step_name of the
+        decode step in use and the prefill GEMM the Linears are set to."""
         if not self.active:
             return None
-        from ..engine.native import kernel_path, step_version
         from ..engine.quant import bulk_prefill_kernel
-        native = self.decoder.cpu_step.nat is not None
-        name = f"native-int8-v{step_version()}" if native else "torch-int8"
-        kernel = bulk_prefill_kernel(self.model)
-        if kernel == "native-gemm" and not native:
-            name += f"+native-prefill-v{step_version()}"
-        elif kernel == "bf16-gemm":
-            name += "+bf16-prefill"
-        elif kernel == "fp32-gemm" and native:
-            name += "+fp32-prefill"
-        if native or kernel == "native-gemm":
-            name += f"@{kernel_path()}"           # vector widths sum in other orders: avx512-vnni, avx2-vnni, ...
-        return name
+        p = self.plan
+        return step_name(self.decoder.cpu_step.nat is not None, bulk_prefill_kernel(self.model), p.step_version,
+                         p.kernel_path)
 
     def available(self) -> dict[str, tuple]:
         """{step name: configuration} of every step this chat can run here (found by trying each configuration)."""
@@ -103,15 +98,14 @@ class Int8Steps:
     def _native(self):
         """The native kernels' view of the model, built when first needed (a chat opened with them off)."""
         if self._nat is None:
-            from ..engine import native
-            if native.load() is not None:
+            if self.plan.kernel_path is not None:       # the kernels load here (decided with the plan)
                 step = self.decoder.cpu_step
                 from ..engine.native_llama_step import _NativeLlama
                 from ..engine.native_step import _NativeStep
                 from ..engine.threads import ThreadTuner
                 self._nat = (_NativeStep if step.tinyagent else _NativeLlama).build(self.model, step)
                 if self._nat is not None:
-                    self._nat.tuner = ThreadTuner(auto=self.options.tune_threads)
+                    self._nat.tuner = ThreadTuner(auto=self.plan.options.tune_threads)
         return self._nat
 
     def _apply(self, cfg: tuple) -> None:

@@ -7,8 +7,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..identity import other_model
-from ..sessions import session as S
-from ..sessions import tree as T
+from ..sessions import session as session_files
+from ..sessions import tree
 from ..sessions.check import text_matches
 from .branches import turn_settings
 from .quant_steps import describe_step  # noqa: F401  (replay.describe_step: its name before quant_steps.py)
@@ -96,13 +96,13 @@ class ReplayReport:
         return sum(len(t.recorded) for t in self.turns)
 
 
-def replay(chat: Chat, sess: S.Session, on_turn=None, on_token=None) -> ReplayReport:
+def replay(chat: Chat, sess: session_files.Session, on_turn=None, on_token=None) -> ReplayReport:
     """Replay `sess` with `chat`'s model (a fresh Chat, autosave off). on_turn(TurnReplay) after each turn;
     on_token(turn, index, token, text, trace, ms) while a turn regenerates."""
     why = other_model(sess, chat.model_name, chat.model_hash)     # before the ids: they are the recording model's
     if why:
         raise ChatError(why)
-    S.check_tokens(sess, chat.model.cfg.vocab_size, chat.tok, frames_only=True)   # texts: told turn by turn
+    session_files.check_tokens(sess, chat.model.cfg.vocab_size, chat.tok, frames_only=True)   # texts: told turn by turn
     msgs = sess.messages
     first = 1 if msgs and msgs[0].role == "system" else 0
     chat.start_replay(sess)
@@ -153,12 +153,12 @@ class BranchReplay:
     report: ReplayReport
 
 
-def replay_tree(chat: Chat, sess: S.Session, on_turn=None, progress=None) -> list[BranchReplay]:
+def replay_tree(chat: Chat, sess: session_files.Session, on_turn=None, progress=None) -> list[BranchReplay]:
     """Replay every root-to-leaf path of `sess` (the active path first), each as a session of its own on the same
     chat. on_turn(label, TurnReplay) after each turn; progress(done, total, what) before the first turn and after
     each one, counting the turns of every path (a turn shared by two paths counts in each: each replays it)."""
     out = []
-    paths = T.paths(sess)
+    paths = tree.paths(sess)
     total = sum(sum(m.role == "user" for m in path) for path in paths)
     done = 0
 
@@ -167,7 +167,7 @@ def replay_tree(chat: Chat, sess: S.Session, on_turn=None, progress=None) -> lis
             progress(done, total, what)
     tick("replaying")
     for i, path in enumerate(paths):
-        label = T.describe_path(sess, path)
+        label = tree.describe_path(sess, path)
         one = dataclasses.replace(sess, messages=list(path), branches=[])
         where = f"branch {i + 1}/{len(paths)}, " if len(paths) > 1 else ""
 
@@ -181,7 +181,7 @@ def replay_tree(chat: Chat, sess: S.Session, on_turn=None, progress=None) -> lis
     return out
 
 
-def _turn_settings(base: ChatSettings, rec: S.Message, sess: S.Session) -> ChatSettings:
+def _turn_settings(base: ChatSettings, rec: session_files.Message, sess: session_files.Session) -> ChatSettings:
     if rec.seed is None and (rec.settings or {}).get("seed") is None:
         raise ChatError(f"session {sess.id}: a turn has no recorded seed, it cannot be replayed")
     try:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from ..sessions import session as S
+from ..sessions import session as session_files
 from .replay import BranchReplay, replay_tree
 from ..settings import ChatError
 from ..textsafe import plural, safe_line
@@ -43,7 +43,7 @@ def summary(session_id: str, results: list[BranchReplay]) -> dict:
             "text": text}
 
 
-def check_folder(folder: Path, open_chat: Callable[[S.Session], object], echo: Callable[[str], None],
+def check_folder(folder: Path, open_chat: Callable[[session_files.Session], object], echo: Callable[[str], None],
                  json_out: bool = False, progress=None) -> int:
     """Check every session file in `folder` (open_chat(session) -> a fresh replay Chat); returns the exit code.
     progress(done, total, what): sessions done of all, what names the session and its turn."""
@@ -58,9 +58,9 @@ def check_folder(folder: Path, open_chat: Callable[[S.Session], object], echo: C
                 progress(_n, len(files), f"session {_n + 1}/{len(files)} {_stem}: {what} ({done}/{total} turns)")
         try:
             turns(0, 0, "loading")
-            sess = S.load(path)
+            sess = session_files.load(path)
             results = replay_tree(open_chat(sess), sess, progress=turns)
-        except (S.SessionError, ChatError, ValueError, RuntimeError, OSError) as e:
+        except (session_files.SessionError, ChatError, ValueError, RuntimeError, OSError) as e:
             msg = " ".join(str(e).split()) or type(e).__name__
             echo(json.dumps({"session": path.stem, "error": msg}) if json_out else safe_line(f"{path.stem}: error: {msg}"))
             code = 2

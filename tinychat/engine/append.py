@@ -336,11 +336,11 @@ def _native_attn(model, cache: KVCache, dev, rows, n_cpu, C: int):
     whose prefill runs on the native kernels (its rounding is the int8 step's, recorded with the step's version and
     the kernel path), one row of fp32 cache on the CPU, every token of the chunk valid, a kernel path whose
     KERNEL_PATHS entry takes prefill's attention (the x86 levels)."""
-    from .quant import native_prefill, quant_mode
+    from .quant import native_prefill
     if dev.type != "cpu" or cache.gk.dtype != torch.float32 or cache.B != 1 or rows is not None \
-            or int(n_cpu[0]) != C or quant_mode(model) != "int8":
+            or int(n_cpu[0]) != C:
         return None
-    if not native_prefill(model):
+    if not native_prefill(model):            # False unless its Linears are int8 (and on the native GEMM)
         return None
     from . import native
     lib = native.load()

@@ -40,12 +40,14 @@ class CpuStep:
     """What the lean step needs besides the model: the fused QKV weights (the model's own, fused.py's fuse_qkv; the
     q/k heads contiguous, so one norm and one RoPE matmul cover them), per-head norm divisors, the
     RoPE helper matrices, a bf16 activation buffer and, for an int8 model with native kernels, their view of the
-    model (`nat`). Build with CpuStep.build(model, options): None for a model quantize_cpu did not touch."""
+    model (`nat`). Build with CpuStep.build(model, options): None for a model quantize_cpu did not touch.
+    mode, native: the plan's quant mode and whether the native step may run (a Decoder given an ExecutionPlan passes
+    them; None: asked of the model's Linears and options.native, for engine callers without a plan)."""
 
-    def __init__(self, model, options: EngineOptions):
+    def __init__(self, model, options: EngineOptions, mode: str | None = None, native: bool | None = None):
         c = model.cfg
         H, Hk, D = c.n_heads, c.n_kv_heads, c.head_dim
-        self.mode = quant_mode(model)
+        self.mode = quant_mode(model) if mode is None else mode
         self.qkv = getattr(model, "fused_qkv", None) or fuse_qkv(model)
         self.nqk, self.ndiv = [], []
         for blk in model.blocks:
@@ -64,14 +66,16 @@ class CpuStep:
         # native kernels: TinyAgentLM's step (native_step.py) or the llama family's (native_llama_step.py); other
         # configs, and every model without the kernels, run the PyTorch steps (lean_step.py picks its own threads)
         builder = _NativeStep if self.tinyagent else _NativeLlama
-        self.nat = builder.build(model, self) if options.native else None
+        self.nat = builder.build(model, self) if (options.native if native is None else native) else None
         if self.nat is not None:
             self.nat.tuner = ThreadTuner(auto=options.tune_threads)
         self.lean_tuner = ThreadTuner(auto=options.tune_threads)       # lean_step.py's
 
     @classmethod
-    def build(cls, model, options: EngineOptions) -> "CpuStep | None":
-        return None if quant_mode(model) == "none" else cls(model, options)
+    def build(cls, model, options: EngineOptions, mode: str | None = None,
+              native: bool | None = None) -> "CpuStep | None":
+        mode = quant_mode(model) if mode is None else mode
+        return None if mode == "none" else cls(model, options, mode, native)
 
 
 def _decode_fast(model, cache: KVCache, idx, L: int, fs: CpuStep):

@@ -4,7 +4,8 @@ CPU (and graph=False): an eager loop, one host-sampled token per step; each step
 append_chunked for one token (_decode_one: bit-identical logits) and sample_top_p. A quantize_cpu model steps through
 a fast CPU step (its state: the cpu_step.CpuStep the Decoder builds; Decoder.fast = False: _decode_one). Which step
 runs is engine/steps.py's table (Decoder.variant).
-options: EngineOptions (native kernels, thread tuning; default EngineOptions.from_env()).
+options: EngineOptions (native kernels, thread tuning; default EngineOptions.from_env()). plan: the ExecutionPlan
+loading decided (plan.py): its options, quant mode and native step (None: asked of the model and options).
 CUDA/XPU (graph=True, the default there; graph="static" runs the same step uncaptured, also on a CPU): one device
 graph per step = append the current token, sample the next one on the device (inverse-CDF draw from a pre-drawn
 uniform), store it; the host only reads the tokens back every sync_every steps. After <|im_end|> the steps are no-ops
@@ -40,11 +41,11 @@ class Decoder:
     last_logits = None
 
     def __init__(self, model, cache: KVCache, graph=None, compile: bool = False, sync_every: int = 8,
-                 feed: bool = True, options: EngineOptions | None = None):
+                 feed: bool = True, options: EngineOptions | None = None, plan=None):
         if cache.B != 1:
             raise ValueError("Decoder is batch 1: make the KVCache with B=1")
         self.model, self.cache = model, cache
-        self.options = options or EngineOptions.from_env()
+        self.options = plan.options if plan is not None else options or EngineOptions.from_env()
         self.dev = cache.gk.device
         api = _graph_api(self.dev)
         if graph == "static":           # the device-loop path without capture (tests on CPU; capture-free fallback)
@@ -61,7 +62,9 @@ class Decoder:
         if self.graph and feed:          # append() of short chunks on this cache: captured graphs too
             cache.static_feed = _StaticFeed(model, cache, self._static_aux(), capture=self.capture)
         # the lean CPU step of a quantized model (None: fp32, or a device loop)
-        self.cpu_step = CpuStep.build(model, self.options) if self.dev.type == "cpu" and not self.graph else None
+        mode, native = (plan.quant, plan.native) if plan is not None else (None, None)
+        self.cpu_step = CpuStep.build(model, self.options, mode, native) \
+            if self.dev.type == "cpu" and not self.graph else None
 
     @property
     def fast(self) -> bool:

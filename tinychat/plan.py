@@ -1,0 +1,99 @@
+"""ExecutionPlan: how a loaded model runs, decided once (decide(), called by loading.open_chat / open_replay_chat
+and bench) and handed down to the Chat, its Decoder and its int8 steps (chat/quant_steps.py), which read it and never
+derive it again from the model's Linear classes or the kernels.
+
+What it holds: the weights' quant mode (the model was quantized to it in loading), the device, the engine options,
+whether the native int8 kernels run here and their path and step version (what sessions record with each int8
+turn: "native-int8-v<N>@<path>"), the prefill GEMM the int8 Linears were set up with, the torch thread count and
+why `--quant auto` chose the mode. Torch-free to import: decide() imports torch and the engine when it runs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .options import EngineOptions
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    quant: str = "none"                 # the weights' mode: none, int8, bf16 (effective: int8 without the torch
+                                        # int8 kernel is bf16)
+    device: str = "cpu"                 # a torch device: cpu, cuda, cuda:1
+    options: EngineOptions = field(default_factory=EngineOptions)
+    graph: bool | str | None = None     # the Decoder's device loop (None: on GPUs; "static": uncaptured, tests)
+    kernel_path: str | None = None      # the native int8 kernels' path here (avx512-vnni, avx2-vnni, neon-dotprod,
+                                        # ...); None: they do not load, or the plan is not an int8 CPU one
+    step_version: int | None = None     # the native int8 step version on that path (native.KERNEL_PATHS)
+    prefill_gemm: str | None = None     # an int8 model's long prefill: native-gemm, bf16-gemm or fp32-gemm (None:
+                                        # not int8)
+    threads: int = 0                    # torch's thread count when decided (0: not known)
+    quant_why: str | None = None        # why `--quant auto` chose the mode (None: a mode given by hand)
+
+    @property
+    def int8_cpu(self) -> bool:
+        """The int8 steps run (and sessions record which one made each turn: quant_steps.py)."""
+        return self.quant == "int8" and self.device.split(":")[0] == "cpu"
+
+    @property
+    def native(self) -> bool:
+        """The decode step runs in the native kernels where the model's shapes let it (they load, options.native)."""
+        return self.int8_cpu and self.kernel_path is not None and self.options.native
+
+    @property
+    def step(self) -> str | None:
+        """The int8 step a chat on this plan runs by default, as sessions record it (None: not an int8 CPU plan);
+        a model the native step cannot express runs the PyTorch one (Int8Steps.name says what runs)."""
+        if not self.int8_cpu:
+            return None
+        return step_name(self.native, self.prefill_gemm, self.step_version, self.kernel_path)
+
+
+def step_name(native: bool, prefill: str | None, version: int | None, path: str | None) -> str:
+    """The int8 step's name as sessions record it: the decode step ("native-int8-v<N>", or "torch-int8", the
+    fallback without kernels), then the prefill's GEMM where it is not the decode step's own rounding
+    ("+native-prefill-v<N>", "+bf16-prefill", "+fp32-prefill"), then, where native kernels run, "@" and their path.
+    native: the decode step runs in the kernels; prefill: the int8 Linears' prefill kernel (Int8Linear.prefill_kernel);
+    version, path: the plan's."""
+    name = f"native-int8-v{version}" if native else "torch-int8"
+    if prefill == "native-gemm" and not native:
+        name += f"+native-prefill-v{version}"
+    elif prefill == "bf16-gemm":
+        name += "+bf16-prefill"
+    elif prefill == "fp32-gemm" and native:
+        name += "+fp32-prefill"
+    if native or prefill == "native-gemm":
+        name += f"@{path}"           # vector widths sum in other orders: avx512-vnni, avx2-vnni, ...
+    return name
+
+
+def decide(model, quant: str | None = None, device: str = "cpu", options: EngineOptions | None = None, *,
+           graph=None, quant_why: str | None = None) -> ExecutionPlan:
+    """Quantize `model` in place to `quant` and decide how it runs: the ExecutionPlan a Chat and its Decoder are
+    handed (loading.open_chat decides it; Chat(model, ..., quant=...) without a plan too, for callers that hand it a
+    bare model). quant: none, int8 or bf16 (None: the model's mode as it is). An fp32 model is quantized
+    (quantize_cpu); a model already quantized to another mode is a ChatError, never a silent switch (a model shared
+    by chats runs one mode). options: EngineOptions (None: EngineOptions.from_env()). The one place that asks the
+    model's Linear classes, the native kernels and the prefill GEMM what runs here."""
+    import torch
+
+    from .engine import native, quantize_cpu
+    from .engine.quant import bulk_prefill_kernel, effective_mode, quant_mode
+    from .settings import ChatError
+    options = options or EngineOptions.from_env()
+    have = quant_mode(model)
+    want = have if quant is None else effective_mode(quant)
+    if want == "none":
+        model.linears_to(torch.float32)   # a model loaded to be quantized (stored_linears) runs in fp32 here
+    if want != have:
+        if have != "none":
+            raise ChatError(f"the model is already loaded as --quant {have}; --quant {want} needs it loaded again")
+        quantize_cpu(model, want, options=options)
+    dev = torch.device(device).type
+    path = version = prefill = None
+    if want == "int8" and dev == "cpu":
+        if native.load() is not None:    # built on first use (cached); the step a session records names its path
+            path = native.kernel_path()
+            version = native.step_version(path)
+        prefill = bulk_prefill_kernel(model)
+    return ExecutionPlan(quant=want, device=str(torch.device(device)), options=options, graph=graph, kernel_path=path,
+                         step_version=version, prefill_gemm=prefill, threads=torch.get_num_threads(),
+                         quant_why=quant_why)
