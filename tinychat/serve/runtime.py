@@ -6,12 +6,17 @@ exactly as the chat runtime's feed schedule left it. A request whose system prom
 conversation's (same texts; the chat's own recorded tokens stand for its replies) extends it: the cache is kept and
 only the new message is prefilled. A request that shares the first k turns takes the later ones back (Chat.undo:
 the cache cut back to its mark). A request that brings turns the chat never had (replies written by the client) gets
-a Chat restored from a session built of them (the restore rule: one prefill per turn, one step per reply token,
-replies recorded as "edited"), so every turn runs on the context a live chat would have: the same tokens for the
-same seed and settings as `tinychat -p`, and each request saved as a session replays exactly."""
+a Chat restored from a session built of them (the restore rule: one prefill per turn, one step per reply token). A
+reply this server sampled in that same conversation comes back as it was recorded (its sampled token ids, seed and
+settings: text re-encoded would be other tokens); any other is recorded as "edited" (given as written). So every turn
+runs on the context a live chat would have: the same tokens for the same seed and settings as `tinychat -p`, the
+same reply whether the cache was kept or rebuilt, and each request saved as a session replays exactly."""
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +24,8 @@ from .errors import bad
 from .logprobs import entry
 from .schema import TurnRequest
 from .stops import StopScanner
+
+REMEMBERED = 512        # replies remembered (their recorded tokens) for conversations that come back later
 
 
 @dataclass
@@ -56,6 +63,7 @@ class ChatRunner:
         self.model_id = rt.name
         self.save_dir = save_dir
         self.options = options
+        self._replies: collections.OrderedDict[str, object] = collections.OrderedDict()   # _key -> reply Message
 
     @property
     def tok(self):
@@ -78,7 +86,10 @@ class ChatRunner:
             st = dataclasses.replace(self.base, system_prompt=system, **req.settings)
         except ChatError as e:
             raise bad(str(e)) from None
-        kept = self._sync(system, req.history, st)
+        try:
+            kept = self._sync(system, req.history, st)
+        except ChatError as e:
+            raise bad(str(e), "messages") from None
         chat = self.chat
         chat.settings = st
         room = chat.max_new_room()
@@ -115,6 +126,8 @@ class ChatRunner:
                       cached_tokens=cached if not res.dropped_turns else 0, seed=res.seed,
                       dropped_turns=res.dropped_turns, ttft_ms=res.ttft_ms, decode_tok_s=res.decode_tok_s,
                       tokens_after_cancel=res.n_tokens - cancel_seen[0] if cancel_seen else None)
+        if finish in ("stop", "length") and stream.scanner.stopped_at is None:    # what the client got, whole
+            self._remember(_key(system, req.history, req.user, out.text), chat.session.messages[-1])
         if self.save_dir is not None:
             from .saving import save_copy
             out.session = save_copy(chat.session, self.save_dir)
@@ -139,12 +152,19 @@ class ChatRunner:
                 chat.undo()                     # the cache cut back to the turn's mark (exact)
         if len(history) == k:
             return True
-        self._restore(history[k:], st)
+        self._restore(system, history, k, st)
         return False
 
-    def _restore(self, given: list[tuple[str, str]], st) -> None:
-        """A Chat restored from the current conversation plus turns the client wrote (replies recorded as
-        "edited": given as they are, never sampled)."""
+    def _remember(self, key: str, reply) -> None:
+        self._replies[key] = reply
+        self._replies.move_to_end(key)
+        while len(self._replies) > REMEMBERED:
+            self._replies.popitem(last=False)
+
+    def _restore(self, system: str, history: list[tuple[str, str]], k: int, st) -> None:
+        """A Chat restored from the current conversation (its first k turns) plus history[k:]: each reply as this
+        server recorded it when it sampled it in this conversation, else as written (recorded "edited": given,
+        never sampled)."""
         from tinychat import session as S
         from tinychat.chat import Chat
         old = self.chat
@@ -152,10 +172,15 @@ class ChatRunner:
         sess = dataclasses.replace(old.session, id=S.new_id(), messages=list(old.session.messages), branches=[],
                                    revision=0, kv_sha256="")
         n = sum(len(m.token_ids) for m in sess.messages)
-        for user, reply in given:
+        for j in range(k, len(history)):
+            user, reply = history[j]
             sess.messages.append(S.Message("user", user, tok.message_ids("user", user)))
-            sess.messages.append(S.Message("assistant", reply, tok.message_ids("assistant", reply),
-                                           settings={**st.sampler(), "seed": 0}, seed=0, finish="edited"))
+            known = self._replies.get(_key(system, history[:j], user, reply))
+            if known is not None:
+                sess.messages.append(dataclasses.replace(known, id=0, parent=None))
+            else:
+                sess.messages.append(S.Message("assistant", reply, tok.message_ids("assistant", reply),
+                                               settings={**st.sampler(), "seed": 0}, seed=0, finish="edited"))
             n += len(sess.messages[-1].token_ids) + len(sess.messages[-2].token_ids)
         if n + st.max_new + 1 > old.max_len:
             raise bad(f"the conversation ({n:,} tokens) and max_tokens {st.max_new:,} do not fit the model's "
@@ -167,6 +192,11 @@ class ChatRunner:
                                  model_name=old.model_name, model_hash=old.model_hash, autosave=False,
                                  max_len=old.max_len, options=self.options)
         old.close()
+
+
+def _key(system: str, history, user: str, reply: str) -> str:
+    """A reply's place: the whole conversation that led to it, and its text."""
+    return hashlib.sha256(json.dumps([system, [list(t) for t in history], user, reply]).encode()).hexdigest()
 
 
 def _turns(msgs) -> list[tuple[str, str]]:
