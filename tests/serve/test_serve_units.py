@@ -91,3 +91,18 @@ def test_a_completion_request_is_one_user_message():
     for bad in ({"prompt": ""}, {"prompt": ["a", "b"]}, {"prompt": "x", "echo": True}, {"prompt": "x", "best_of": 2}):
         with pytest.raises(ApiError):
             parse_completion({"model": "m", **bad}, "m", 10)
+
+
+def test_a_trace_asked_for_n_candidates_holds_the_final_top_n():
+    import torch
+
+    from tinychat.sampler import TRACE_TOP, TurnHook
+    logits = torch.randn(1, 300, generator=torch.Generator().manual_seed(0)) * 3
+    for want in (True, 20):
+        hook = TurnHook({}, 0.8, 0.9, 1.0, [], stop=0, trace=want)
+        hook([], logits)
+        hook._finish_trace(5)
+        top = {c.token for c in hook.traces[0].candidates}
+        n = TRACE_TOP if want is True else want
+        final = torch.softmax(logits / 0.8, -1)[0].topk(n).indices.tolist()
+        assert set(final) <= top and len(top) <= TRACE_TOP + n
