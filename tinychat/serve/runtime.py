@@ -165,7 +165,7 @@ class ChatRunner:
         """A Chat restored from the current conversation (its first k turns) plus history[k:]: each reply as this
         server recorded it when it sampled it in this conversation, else as written (recorded "edited": given,
         never sampled)."""
-        from tinychat import session as S
+        from tinychat.sessions import session as S
         from tinychat.chat import Chat
         old = self.chat
         tok = old.tok
