@@ -4,9 +4,10 @@
 
 Figures (medians over alternated rounds; the server and each headless run are processes of their own, one
 decoding at a time; the client runs in this process):
-- decode tok/s of one streamed reply through the server (measured at the client: tokens after the first chunk over
-  the time between the first and the last chunk; and the server's own figure for the same turn) against the same
-  turn headless (`tinychat -p --json` in its own process: same seed, same tokens);
+- decode tok/s of five streamed turns of one conversation through the server (each request extends the last, so the
+  cache is kept; measured at the client: tokens after each turn's first chunk over the time from its first to its
+  last chunk; and the server's own figure for the same turns) against the same turns headless (`tinychat --plain
+  --json`, five input lines, in its own process: same seed, same tokens, checked);
 - time to first token (client side, streamed) of a turn whose ~1,000-token conversation the server holds in its
   cache, against the same request after the server served another conversation (the cache rebuilt by the restore
   rule: a prefill per turn and a step per reply token) and against one new 1,000-token message (one prefill);
@@ -28,6 +29,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea."
+QUESTIONS = [PROMPT, "What did he see one night?", "Who came to visit him?", "How did the story end?",
+             "Tell it again from the sea's side."]
 SENTENCE = ("The keeper climbed the stairs at dusk, trimmed the wick, and wrote the weather in the log before the "
             "ships came round the point. ")
 
@@ -68,13 +71,32 @@ def stream(base: str, messages: list, max_tokens: int, seed: int = 1, extra: dic
             "wall_s": (last or t0) - t0, "text": "".join(text)}
 
 
-def headless(mode: str, max_tokens: int, seed: int = 1) -> dict:
-    """The same turn headless: `tinychat -p --json` in its own process (as the server runs in its own)."""
-    out = subprocess.run([sys.executable, "-m", "tinychat", "-p", PROMPT, "--seed", str(seed), "--max-new",
+def headless(mode: str, max_tokens: int, seed: int = 1) -> list[dict]:
+    """The same turns headless: `tinychat --plain --json` in its own process (as the server runs in its own), one
+    input line per turn, the seed fixed for every turn."""
+    out = subprocess.run([sys.executable, "-m", "tinychat", "--plain", "--seed", str(seed), "--max-new",
                           str(max_tokens), "--quant", mode, "--no-save", "--json", "--no-ban", "--parrot"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600, check=True)
-    d = json.loads(out.stdout)
-    return {"tok_s": d["decode_tok_s"], "n": d["n_tokens"], "ttft_s": d["ttft_ms"] / 1000}
+                         input="\n".join(QUESTIONS) + "\n", cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         check=True)
+    return [{"tok_s": d["decode_tok_s"], "n": d["n_tokens"], "text": d["text"]}
+            for d in map(json.loads, out.stdout.splitlines())]
+
+
+def served(base: str, max_tokens: int, extra: dict, seed: int = 1) -> list[dict]:
+    """The same turns through the server, streamed, each request extending the conversation (the cache kept)."""
+    msgs, outs = [], []
+    for q in QUESTIONS:
+        msgs.append({"role": "user", "content": q})
+        o = stream(base, msgs, max_tokens, seed=seed, extra=extra)
+        msgs.append({"role": "assistant", "content": o["text"]})
+        outs.append(o)
+    return outs
+
+
+def rate(turns: list[dict], key: str = "tok_s") -> float:
+    """Tokens over decode time, summed over turns (each turn's rate counts its n - 1 tokens after the first)."""
+    toks = sum(t["n"] - 1 for t in turns if t[key] > 0)
+    return toks / sum((t["n"] - 1) / t[key] for t in turns if t[key] > 0)
 
 
 def conversation(tok, target: int) -> list:
@@ -121,11 +143,12 @@ def main() -> int:
         stream(base, ask, 8)                                 # warm both
         for _ in range(a.rounds):
             h = headless(mode, a.tokens)
-            s = stream(base, ask, a.tokens, extra=off)
-            assert h["n"] == s["n"], (h, s)                  # the same seed, the same tokens
-            rows["headless"].append(h["tok_s"])
-            rows["server"].append(s["tok_s"])
-            rows["server_own"].append(s["server_tok_s"])
+            sv = served(base, a.tokens, off)
+            assert [t["text"] for t in h] == [t["text"] for t in sv], "the same seed should give the same turns"
+            rows["headless"].append(rate(h))
+            rows["server"].append(rate(sv))
+            rows["server_own"].append(rate(sv, "server_tok_s"))
+            rows.setdefault("tokens", []).append(sum(t["n"] for t in sv))
         conv = conversation(tok, 1000)
         ttft = {"cached": [], "rebuilt": [], "one_prefill": []}
         prompt_tokens = cached_tokens = 0
@@ -155,7 +178,7 @@ def main() -> int:
         srv.terminate()
         srv.wait(30)
     med = {k: statistics.median(v) for k, v in rows.items()}
-    res = {"quant": mode, "tokens": a.tokens, "rounds": a.rounds, "decode_tok_s": med,
+    res = {"quant": mode, "max_tokens": a.tokens, "rounds": a.rounds, "decode_tok_s": med,
            "ratio_client": med["server"] / med["headless"], "ratio_server_own": med["server_own"] / med["headless"],
            "ttft_ms": {k: round(1000 * statistics.median(v), 1) for k, v in ttft.items()},
            "prefix": {"prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens},

@@ -26,6 +26,23 @@ from .sse import DONE_LINE, Reply, event
 from .worker import DELTA, DONE, ERROR, Job, Worker
 
 
+STREAM_PACE_S = 0.02     # a streamed reply's chunks: at most one per 20 ms (about 8 tokens at 400 tok/s)
+WHOLE_PACE_S = 0.05      # a whole reply's coroutine looks at its job at most this often
+
+
+def _split(batch: list) -> tuple[list, tuple | None]:
+    """(the Deltas of a batch, its ending event (DONE or ERROR, value) or None)."""
+    deltas = [v for k, v in batch if k == DELTA]
+    end = next(((k, v) for k, v in batch if k != DELTA), None)
+    return deltas, end
+
+
+def _merge(deltas: list) -> tuple[str, list, list]:
+    """Deltas as one: (text, logprobs entries, their offsets)."""
+    return ("".join(d.text for d in deltas), [e for d in deltas for e in d.entries],
+            [o for d in deltas for o in d.offsets])
+
+
 def error_response(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
@@ -109,52 +126,42 @@ def create_app(runner, config: ServeConfig) -> Starlette:
         reply = Reply(req.kind, job.seq, req.model, req.logprobs)
         watcher = asyncio.create_task(watch(request, job))
         try:
-            kind, value = await job.events.get()       # the turn has begun (or failed, or ended at once)
-            if kind == ERROR:
-                raise value
+            deltas, end = _split(await job.next_batch())   # the turn has begun (or failed, or ended at once)
+            if end is not None and end[0] == ERROR and not deltas:
+                raise end[1]
             if req.stream:
-                return JobStream(stream(job, reply, (kind, value), req.include_usage), job)
-            text, entries, offsets = [], [], []
-            while kind == DELTA:
-                text.append(value.text)
-                entries += value.entries
-                offsets += value.offsets
-                kind, value = await job.events.get()
-            if kind == ERROR:
-                raise value
-            return JSONResponse(reply.whole("".join(text), entries, offsets, value))
+                return JobStream(stream(job, reply, deltas, end, req.include_usage), job)
+            while end is None:
+                await asyncio.sleep(WHOLE_PACE_S)
+                more, end = _split(await job.next_batch())
+                deltas += more
+            if end[0] == ERROR:
+                raise end[1]
+            text, entries, offsets = _merge(deltas)
+            return JSONResponse(reply.whole(text, entries, offsets, end[1]))
         except asyncio.CancelledError:
             job.cancel()
             raise
         finally:
             watcher.cancel()
 
-    async def stream(job: Job, reply: Reply, first, include_usage: bool):
-        """SSE chunks: what has arrived since the last chunk goes out as one (a slow reader gets fewer, larger
-        chunks; the decoder never waits for the network)."""
+    async def stream(job: Job, reply: Reply, deltas: list, end, include_usage: bool):
+        """SSE chunks: what has arrived since the last chunk goes out as one, at most every STREAM_PACE_S (a slow
+        reader gets fewer, larger chunks; the decoder never waits for the network)."""
         head = reply.first_chunk()
         if head is not None:
             yield head
-        kind, value = first
         while True:
-            text, entries, offsets = [], [], []
-            while kind == DELTA:
-                text.append(value.text)
-                entries += value.entries
-                offsets += value.offsets
-                try:
-                    kind, value = job.events.get_nowait()
-                except asyncio.QueueEmpty:
-                    kind = None
-            if text:
-                yield reply.delta_chunk("".join(text), entries, offsets)
-            if kind == DONE:
-                yield reply.last_chunks(value, include_usage)
+            if deltas:
+                yield reply.delta_chunk(*_merge(deltas))
+            if end is not None:
+                if end[0] == DONE:
+                    yield reply.last_chunks(end[1], include_usage)
+                else:
+                    yield event(end[1].body()) + DONE_LINE
                 return
-            if kind == ERROR:
-                yield event(value.body()) + DONE_LINE
-                return
-            kind, value = await job.events.get()
+            await asyncio.sleep(STREAM_PACE_S)
+            deltas, end = _split(await job.next_batch())
 
     async def chat_completions(request: Request):
         return await complete(request, parse_chat)
