@@ -19,7 +19,8 @@ from .settings import DEAD_END_RULES, KEEP_REPLY, LIFT_ALL  # noqa: F401  (what 
 BAN_N = 3                 # the phrase ban's n-gram order: a token is banned after the (n-1) tokens that preceded it
 DEAD_END_MIN_MASS = 0.05  # a dead end: the ban would leave less than this probability mass
 
-TRACE_TOP = 8             # candidates recorded per token
+TRACE_TOP = 8             # candidates recorded per token (the raw top and the final top; a hook given trace=N > 8
+                          # records the final top N: `tinychat serve`'s top_logprobs, up to 20)
 NUCLEUS_PROBE = 32        # top final probabilities ranked to tell the candidates' nucleus membership
 
 
@@ -112,6 +113,8 @@ class TurnHook:
         self.temperature, self.top_p, self.pen = temperature, top_p, pen
         self.pen_ids = pen_ids
         self.stop, self.trace, self.on_token, self.cancel, self.guard = stop, trace, on_token, cancel, guard
+        # trace: False, True (TRACE_TOP candidates), or an int N: the final distribution's top max(N, TRACE_TOP)
+        self.trace_top = TRACE_TOP if isinstance(trace, bool) else max(TRACE_TOP, int(trace))
         self.keep_probs = keep_probs      # replay: every step's final distribution, to report divergences
         self.probs: list[torch.Tensor] = []
         self.stats = TurnStats(penalised=len(pen_ids))
@@ -250,9 +253,9 @@ class TurnHook:
         p_fin = torch.softmax(final / T, dim=-1)[0]
         raw_h, fin_h = _host(p_raw), _host(p_fin)
         # candidates: the top of the raw and of the final distribution (a banned favourite stays visible)
-        sp, si = p_fin.topk(min(NUCLEUS_PROBE, p_fin.numel()))   # sorted descending
+        sp, si = p_fin.topk(min(max(NUCLEUS_PROBE, self.trace_top), p_fin.numel()))   # sorted descending
         si_l = si.tolist()
-        top = list(dict.fromkeys(p_raw.topk(TRACE_TOP).indices.tolist() + si_l[:TRACE_TOP]))
+        top = list(dict.fromkeys(p_raw.topk(min(TRACE_TOP, p_raw.numel())).indices.tolist() + si_l[:self.trace_top]))
         pf = fin_h[top].tolist()
         if self.temperature > 0:
             nucleus = self._nucleus_members(top, pf, p_fin, sp, si_l)

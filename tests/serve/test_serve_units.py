@@ -1,0 +1,108 @@
+"""The server's pure parts: stop strings over streamed pieces, request validation into TurnRequest."""
+import pytest
+
+from tinychat.serve.errors import ApiError
+from tinychat.serve.schema import parse_chat, parse_completion
+from tinychat.serve.stops import StopScanner
+
+
+def _scan(pieces, stops):
+    s = StopScanner(stops)
+    out = [s.push(p) for p in pieces]
+    return out, s.flush(), s
+
+
+def test_a_stop_string_split_across_pieces_is_held_back_then_cut():
+    out, tail, s = _scan(["Hello wo", "rld, EN", "D here"], ["END"])
+    assert out == ["Hello wo", "rld, ", ""] and tail == "" and s.stopped_at == len("Hello world, ")
+
+
+def test_held_text_that_turns_out_not_to_be_a_stop_is_given_out():
+    out, tail, s = _scan(["abc E", "N", "x and more"], ["END"])
+    assert "".join(out) + tail == "abc ENx and more" and s.stopped_at is None
+    assert out[0] == "abc " and out[1] == ""          # "E", then "EN", could still start END
+
+
+def test_the_earliest_of_several_stops_wins_and_nothing_after_it_is_given():
+    out, tail, s = _scan(["one two three"], ["three", "two"])
+    assert out == ["one "] and s.push("more") == "" and tail == ""
+
+
+def test_no_stops_gives_every_piece_at_once():
+    out, tail, _ = _scan(["a", "b\n", ""], [])
+    assert out == ["a", "b\n", ""] and tail == ""
+
+
+def _chat(**kw):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw}
+    return parse_chat(body, "m", 1000)
+
+
+def test_a_chat_request_maps_onto_tinychat_settings():
+    r = _chat(temperature=0.5, top_p=0.8, max_tokens=12, seed=7, repetition_penalty=1.1, penalty_window=10,
+              phrase_ban=False, no_parrot=False, ban_reply=False, stop="x", logprobs=True, top_logprobs=3,
+              stream=True, stream_options={"include_usage": True})
+    assert r.settings == {"temperature": 0.5, "top_p": 0.8, "max_new": 12, "seed": 7, "penalty": 1.1,
+                          "penalty_window": 10, "ban": False, "no_parrot": False, "ban_reply": False}
+    assert r.stop == ["x"] and r.logprobs and r.top_logprobs == 3 and r.stream and r.include_usage
+
+
+def test_messages_become_system_history_and_the_new_message():
+    r = parse_chat({"model": "m", "messages": [
+        {"role": "developer", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "a"}]},
+        {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]}, "m", 10)
+    assert (r.system, r.history, r.user) == ("be brief", [("a", "b")], "c")
+    assert parse_chat({"model": "m", "messages": [{"role": "user", "content": "q"}]}, "m", 10).system is None
+
+
+@pytest.mark.parametrize("kw, param", [
+    (dict(n=2), "n"), (dict(temperature=2.5), "temperature"), (dict(temperature="hot"), "temperature"),
+    (dict(top_p=0.0), "top_p"), (dict(max_tokens=0), "max_tokens"), (dict(max_tokens=1001), "max_tokens"),
+    (dict(max_tokens=True), "max_tokens"), (dict(seed=-1), "seed"), (dict(top_logprobs=21, logprobs=True),
+                                                                         "top_logprobs"),
+    (dict(top_logprobs=2), "top_logprobs"), (dict(frequency_penalty=0.5), "frequency_penalty"),
+    (dict(presence_penalty=1), "presence_penalty"), (dict(tools=[{"type": "function"}]), "tools"),
+    (dict(logit_bias={"1": 5}), "logit_bias"), (dict(response_format={"type": "json_object"}), "response_format"),
+    (dict(stop=["a", "b", "c", "d", "e"]), "stop"), (dict(stop=[""]), "stop"), (dict(stream="yes"), "stream"),
+    (dict(messages=[]), "messages"), (dict(messages=[{"role": "tool", "content": "x"}]), "messages[0].role"),
+    (dict(messages=[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]), "messages[1]"),
+    (dict(messages=[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]), "messages"),
+    (dict(messages=[{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]), "messages[1]"),
+    (dict(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages[0].content"),
+    (dict(messages=[{"role": "user", "content": "  "}]), "messages"),
+    (dict(temperature=float("nan")), "temperature"),
+])
+def test_each_bad_parameter_is_a_400_naming_it(kw, param):
+    with pytest.raises(ApiError) as e:
+        _chat(**kw)
+    assert e.value.status == 400 and e.value.param == param
+    assert set(e.value.body()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_another_model_is_a_404_and_the_name_is_only_compared():
+    with pytest.raises(ApiError) as e:
+        parse_chat({"model": "../../etc/passwd", "messages": [{"role": "user", "content": "x"}]}, "m", 10)
+    assert e.value.status == 404 and e.value.code == "model_not_found"
+
+
+def test_a_completion_request_is_one_user_message():
+    r = parse_completion({"model": "m", "prompt": ["hello"], "logprobs": 2, "max_tokens": 5}, "m", 10)
+    assert (r.kind, r.user, r.history, r.top_logprobs, r.logprobs) == ("text", "hello", [], 2, True)
+    for bad in ({"prompt": ""}, {"prompt": ["a", "b"]}, {"prompt": "x", "echo": True}, {"prompt": "x", "best_of": 2}):
+        with pytest.raises(ApiError):
+            parse_completion({"model": "m", **bad}, "m", 10)
+
+
+def test_a_trace_asked_for_n_candidates_holds_the_final_top_n():
+    import torch
+
+    from tinychat.sampler import TRACE_TOP, TurnHook
+    logits = torch.randn(1, 300, generator=torch.Generator().manual_seed(0)) * 3
+    for want in (True, 20):
+        hook = TurnHook({}, 0.8, 0.9, 1.0, [], stop=0, trace=want)
+        hook([], logits)
+        hook._finish_trace(5)
+        top = {c.token for c in hook.traces[0].candidates}
+        n = TRACE_TOP if want is True else want
+        final = torch.softmax(logits / 0.8, -1)[0].topk(n).indices.tolist()
+        assert set(final) <= top and len(top) <= TRACE_TOP + n
