@@ -71,11 +71,11 @@ def stream(base: str, messages: list, max_tokens: int, seed: int = 1, extra: dic
             "wall_s": (last or t0) - t0, "text": "".join(text)}
 
 
-def headless(mode: str, max_tokens: int, seed: int = 1) -> list[dict]:
+def headless(mode: str, max_tokens: int, threads: list[str], seed: int = 1) -> list[dict]:
     """The same turns headless: `tinychat --plain --json` in its own process (as the server runs in its own), one
     input line per turn, the seed fixed for every turn."""
     out = subprocess.run([sys.executable, "-m", "tinychat", "--plain", "--seed", str(seed), "--max-new",
-                          str(max_tokens), "--quant", mode, "--no-save", "--json", "--no-ban", "--parrot"],
+                          str(max_tokens), "--quant", mode, "--no-save", "--json", "--no-ban", "--parrot", *threads],
                          input="\n".join(QUESTIONS) + "\n", cwd=ROOT, capture_output=True, text=True, timeout=600,
                          check=True)
     return [{"tok_s": d["decode_tok_s"], "n": d["n_tokens"], "text": d["text"]}
@@ -116,6 +116,7 @@ def main() -> int:
     ap.add_argument("--quant", default="auto")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads for both (default: each tunes its own)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     from tinychat.loading import default_model_path, resolve_quant
@@ -124,7 +125,8 @@ def main() -> int:
     tok = Tokenizer.from_file(default_model_path() / "tokenizer.json")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    srv = subprocess.Popen([sys.executable, "-m", "tinychat", "serve", "--port", str(port), "--quant", mode],
+    threads = ["--threads", str(a.threads)] if a.threads else []
+    srv = subprocess.Popen([sys.executable, "-m", "tinychat", "serve", "--port", str(port), "--quant", mode, *threads],
                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -142,13 +144,14 @@ def main() -> int:
         rows = {"headless": [], "server": [], "server_own": []}
         stream(base, ask, 8)                                 # warm both
         for _ in range(a.rounds):
-            h = headless(mode, a.tokens)
+            h = headless(mode, a.tokens, threads)
             sv = served(base, a.tokens, off)
             assert [t["text"] for t in h] == [t["text"] for t in sv], "the same seed should give the same turns"
             rows["headless"].append(rate(h))
             rows["server"].append(rate(sv))
             rows["server_own"].append(rate(sv, "server_tok_s"))
             rows.setdefault("tokens", []).append(sum(t["n"] for t in sv))
+            rows.setdefault("ratio_per_round", []).append(round(rate(sv) / rate(h), 3))
         conv = conversation(tok, 1000)
         ttft = {"cached": [], "rebuilt": [], "one_prefill": []}
         prompt_tokens = cached_tokens = 0
@@ -177,8 +180,9 @@ def main() -> int:
     finally:
         srv.terminate()
         srv.wait(30)
+    per_round = rows.pop("ratio_per_round")
     med = {k: statistics.median(v) for k, v in rows.items()}
-    res = {"quant": mode, "max_tokens": a.tokens, "rounds": a.rounds, "decode_tok_s": med,
+    res = {"quant": mode, "threads": a.threads, "ratio_per_round": per_round, "max_tokens": a.tokens, "rounds": a.rounds, "decode_tok_s": med,
            "ratio_client": med["server"] / med["headless"], "ratio_server_own": med["server_own"] / med["headless"],
            "ttft_ms": {k: round(1000 * statistics.median(v), 1) for k, v in ttft.items()},
            "prefix": {"prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens},
