@@ -188,9 +188,9 @@ class ChatRunner:
         for m in sess.messages:
             if max(m.token_ids, default=0) >= old.model.cfg.vocab_size:
                 raise bad("a message holds a token outside the model's vocabulary", "messages")
-        self.chat = Chat.restore(sess, old.model, tok, settings=st, quant=None, device=old.device.type,
+        self.chat = Chat.restore(sess, old.model, tok, settings=st, plan=old.plan,   # the plan the server decided
                                  model_name=old.model_name, model_hash=old.model_hash, autosave=False,
-                                 max_len=old.max_len, options=self.options)
+                                 max_len=old.max_len)
         old.close()
 
 
