@@ -81,13 +81,18 @@ INT4_CASES = {"native": (make_model, EngineOptions(tune_threads=False)),
               "lean-llama": (make_llama_model, EngineOptions(native=False))}
 
 
+@pytest.mark.parametrize("keep", [None, ("head", "w_v", "w_k")], ids=["qkv-int8", "qkv-int4"])
 @pytest.mark.parametrize("name", list(INT4_CASES))
-def test_int4_models_take_the_same_variants_and_stay_with_the_reference(name):
-    """--quant int4 (Int4Linear layers, the head int8): the native steps run int4 weights (native_q4.h), the lean
-    PyTorch steps their dequantized rows; each stays with the eager step on the same int4 model."""
+def test_int4_models_take_the_same_variants_and_stay_with_the_reference(name, keep, monkeypatch):
+    """--quant int4 (Int4Linear layers; the head and, by default, the q/k/v projections int8): the native steps run
+    int4 weights (native_q4.h, each kind of matrix in its own format), the lean PyTorch steps their dequantized rows;
+    each stays with the eager step on the same int4 model."""
     make, options = INT4_CASES[name]
     if options.native and native.load() is None:
         pytest.skip(f"no native kernels here: {native.why_not}")
+    if keep is not None:
+        from tinychat.engine import quant
+        monkeypatch.setattr(quant, "INT4_INT8_NAMES", keep)
     model = quantize_cpu(make(), "int4", options=options)
     got, chosen = _walk(model, False, options)
     assert chosen == name

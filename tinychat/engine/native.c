@@ -116,7 +116,7 @@ void tc_norm_gemv(const float *x, float *h, void *xq, float inv, const void *q, 
 
 /* x += wo(y_attn); h = rms(x); u = relu(up(h))^2; x += down(u); then, if nq > 0: h = rms(x); qkv = wq(h).
    x, h: (d,); y_attn: (dv,); u: (hidden,); xq: tc_act_bytes(max(dv, d, hidden)) of scratch; qkv: (nq,). fmt: the
-   four weights' format (gemv_fmt). */
+   weights' formats, a TC_F_* mask (native_q4.h). */
 void tc_tail(float *x, float *h, void *xq, float inv, const float *y_attn, int64_t dv,
              const void *wo_q, const void *wo_s, const void *up_q, const void *up_s,
              const void *dn_q, const void *dn_s, float *u, int64_t hidden, int64_t d,
@@ -124,14 +124,14 @@ void tc_tail(float *x, float *h, void *xq, float inv, const float *y_attn, int64
     tc_act8 a = tc_quant8(y_attn, xq, dv);
 #pragma omp parallel num_threads(threads_for(hidden * d, nt))
     {
-        gemv_fmt(fmt, &a, wo_q, wo_s, x, d, dv, 1);
+        gemv_fmt(TC_FMT(fmt, TC_F_WO), &a, wo_q, wo_s, x, d, dv, 1);
 #pragma omp barrier
 #pragma omp single
         {
             rms(x, h, d, inv);
             a = tc_quant8(h, xq, d);
         }
-        gemv_fmt(fmt, &a, up_q, up_s, u, hidden, d, 0);
+        gemv_fmt(TC_FMT(fmt, TC_F_UP), &a, up_q, up_s, u, hidden, d, 0);
 #pragma omp barrier
 #pragma omp single
         {
@@ -141,7 +141,7 @@ void tc_tail(float *x, float *h, void *xq, float inv, const float *y_attn, int64
             }
             a = tc_quant8(u, xq, hidden);
         }
-        gemv_fmt(fmt, &a, dn_q, dn_s, x, d, hidden, 1);
+        gemv_fmt(TC_FMT(fmt, TC_F_DN), &a, dn_q, dn_s, x, d, hidden, 1);
         if (nq > 0) {
 #pragma omp barrier
 #pragma omp single
@@ -149,7 +149,7 @@ void tc_tail(float *x, float *h, void *xq, float inv, const float *y_attn, int64
                 rms(x, h, d, inv);
                 a = tc_quant8(h, xq, d);
             }
-            gemv_fmt(fmt, &a, wq_q, wq_s, qkv, nq, d, 0);
+            gemv_fmt(TC_FMT(fmt, TC_F_QKV), &a, wq_q, wq_s, qkv, nq, d, 0);
         }
     }
 }
@@ -400,7 +400,7 @@ typedef struct {
     int64_t d, hidden, H, Hk, D, W, gstride, V, n_seg, n1;
     int64_t tab, x, h, xq, qkv, y, u, logits, sc, embed, cos_, sin_, lk, lv, gk, gv, lpos, tokens, lens, lens_cpu,
         head_q, head_s, cid, segs;
-    int64_t wfmt;                                  /* the layers' weights' format (gemv_fmt); the head is int8 */
+    int64_t wfmt;                                  /* the layers' weights' formats (a TC_F_* mask); the head is int8 */
 } tc_plan;
 typedef struct {
     int64_t a, b, qkv_q, qkv_s, qkv_n;             /* layers [a, b); the fused QKV of layer a */
@@ -436,8 +436,8 @@ void tc_step(const tc_plan *p, int64_t tok, int64_t L, float inv, float cap, int
                       (const int8_t *)s->kq, (const float *)s->ks, d, (float *)s->e, (void *)s->exq,
                       (float *)s->ek, (float *)s->ev, nt);
         }
-        tc_norm_gemv(x, h, xq, inv, (const void *)s->qkv_q, (const void *)s->qkv_s, qkv, s->qkv_n, d, (int)p->wfmt,
-                     nt);
+        tc_norm_gemv(x, h, xq, inv, (const void *)s->qkv_q, (const void *)s->qkv_s, qkv, s->qkv_n, d,
+                     TC_FMT(p->wfmt, TC_F_QKV), nt);
         tc_layers((const int64_t *)p->tab, s->a, s->b, x, h, xq, inv, qkv, (float *)p->y, (float *)p->u, p->hidden,
                   d, p->H, p->Hk, p->D, (const float *)p->cos_ + L * half, (const float *)p->sin_ + L * half,
                   (float *)p->lk, (float *)p->lv, W, (float *)p->gk, (float *)p->gv, p->gstride, lpos, L,

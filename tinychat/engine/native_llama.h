@@ -68,7 +68,7 @@ static void rescore(float *logits, int64_t V, int64_t k, const int8_t *q, const 
 typedef struct {
     int64_t d, hidden, H, Hk, D, gstride, V, n_layers, rescore_k, embed_bf16;
     int64_t tab, x, h, xq, qkv, y, u, logits, sc, embed, cos_, sin_, gk, gv, tokens, lens, lens_cpu, head_q, head_s;
-    int64_t wfmt;                                  /* the layers' weights' format (gemv_fmt); the head is int8 */
+    int64_t wfmt;                                  /* the layers' weights' formats (a TC_F_* mask); the head is int8 */
 } tc_lplan;
 
 /* x += w_o(y); h = rms(x); u = up(h); x += down(silu(gate) * up); then, if nq > 0: h = rms(x); qkv = wq(h) + b. */
@@ -80,21 +80,21 @@ static void llama_tail(const int64_t *t, const int64_t *next, float *x, float *h
     tc_act8 a = tc_quant8(y, xq, dv);
 #pragma omp parallel num_threads(threads_for(2 * hidden * d, nt))
     {
-        gemv_fmt(fmt, &a, wo_q, wo_s, x, d, dv, 1);
+        gemv_fmt(TC_FMT(fmt, TC_F_WO), &a, wo_q, wo_s, x, d, dv, 1);
 #pragma omp barrier
 #pragma omp single
         {
             rms_eps(x, h, d, eps);
             a = tc_quant8(h, xq, d);
         }
-        gemv_fmt(fmt, &a, up_q, up_s, u, 2 * hidden, d, 0);
+        gemv_fmt(TC_FMT(fmt, TC_F_UP), &a, up_q, up_s, u, 2 * hidden, d, 0);
 #pragma omp barrier
 #pragma omp single
         {
             swiglu(u, hidden);
             a = tc_quant8(u, xq, hidden);
         }
-        gemv_fmt(fmt, &a, dn_q, dn_s, x, d, hidden, 1);
+        gemv_fmt(TC_FMT(fmt, TC_F_DN), &a, dn_q, dn_s, x, d, hidden, 1);
         if (nq > 0) {
 #pragma omp barrier
 #pragma omp single
@@ -102,7 +102,7 @@ static void llama_tail(const int64_t *t, const int64_t *next, float *x, float *h
                 rms_eps(x, h, d, eps);
                 a = tc_quant8(h, xq, d);
             }
-            gemv_fmt(fmt, &a, (const void *)next[0], (const void *)next[1], qkv, nq, d, 0);
+            gemv_fmt(TC_FMT(fmt, TC_F_QKV), &a, (const void *)next[0], (const void *)next[1], qkv, nq, d, 0);
         }
     }
     if (nq > 0 && next[3])
@@ -138,7 +138,7 @@ void tc_llama_step(const tc_lplan *p, int64_t tok, int64_t L, float eps, float c
         memcpy(x, (const float *)p->embed + tok * d, d * sizeof(float));
     }
     llama_norm_gemv(x, h, xq, eps, (const void *)tab[0], (const void *)tab[1], (const float *)tab[3], qkv, tab[2],
-                    d, (int)p->wfmt, nt);
+                    d, TC_FMT(p->wfmt, TC_F_QKV), nt);
     float qs = (float)(1.0 / sqrt((double)D));
     for (int64_t li = 0; li < p->n_layers; li++) {
         const int64_t *t = tab + li * LTAB_COLS;

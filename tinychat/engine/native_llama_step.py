@@ -29,7 +29,7 @@ def expresses(model, fs) -> bool:
     lin = [b.attn.w_o for b in model.blocks] + [b.mlp.up for b in model.blocks] + [b.mlp.down for b in model.blocks]
     return (not c.has_local and c.kv_group == 1 and c.mlp_kind == "swiglu" and not c.qk_norm
             and all(b.engram is None and b.attn.mode == "full" for b in model.blocks)
-            and layer_format([*fs.qkv, *lin]) is not None and type(fs.head) is Int8Linear and fs.head.bias is None
+            and layer_format(model, fs) is not None and type(fs.head) is Int8Linear and fs.head.bias is None
             and all(m.bias is None for m in lin)
             and model.embed.weight.dtype in (torch.float32, torch.bfloat16))
 
@@ -51,7 +51,7 @@ class _NativeLlama(_PointerView):
         c = model.cfg
         self.lib = lib
         self._keep = []
-        self.wfmt = layer_format(fs.qkv)                    # 0 int8, 1 int4 layers (native_q4.h); the head: int8
+        self.wfmt = layer_format(model, fs)                 # the layers' formats (native_q4.h's TC_F_*); head int8
 
         def w(lin):                                         # (weights, scales)
             return self._ptrs(lin)[:2]

@@ -255,7 +255,14 @@ static void gemv4_rows(const tc_act8 *a, const uint8_t *q, const uint16_t *ws, f
 }
 
 /* A weight matrix of either format, as the steps pass them: fmt 0 int8 rows and fp32 row scales (native_q8.h),
-   fmt 1 int4 rows and fp16 group scales (above). */
+   fmt 1 int4 rows and fp16 group scales (above). A layer's formats travel as one mask (the steps' wfmt): bit
+   TC_F_QKV its fused QKV, TC_F_WO w_o, TC_F_UP up, TC_F_DN down set where that matrix is int4 (quant.py keeps some
+   of them int8 at --quant int4). */
+#define TC_F_QKV 1
+#define TC_F_WO 2
+#define TC_F_UP 4
+#define TC_F_DN 8
+#define TC_FMT(mask, bit) (((mask) & (bit)) ? 1 : 0)
 static inline void gemv_fmt(int fmt, const tc_act8 *a, const void *q, const void *s, float *y, int64_t N, int64_t K,
                             int acc) {
     if (fmt == 1)

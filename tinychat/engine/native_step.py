@@ -19,11 +19,20 @@ def _no_native():
     return None
 
 
-def layer_format(lins) -> int | None:
-    """The native format of a model's layer Linears (native_q4.h's gemv_fmt): 0 all Int8Linear, 1 all Int4Linear,
-    None mixed or other."""
-    kinds = {type(m) for m in lins}
-    return 0 if kinds == {Int8Linear} else 1 if kinds == {Int4Linear} else None
+def layer_format(model, fs) -> int | None:
+    """The native formats of a model's layer Linears, native_q4.h's TC_F_* mask: per kind (the fused QKV, w_o, up,
+    down) its bit set where every layer's is an Int4Linear, clear where every layer's is an Int8Linear; None where a
+    kind mixes them or holds something else."""
+    mask = 0
+    kinds = (fs.qkv, [b.attn.w_o for b in model.blocks], [b.mlp.up for b in model.blocks],
+             [b.mlp.down for b in model.blocks])
+    for bit, lins in zip((1, 2, 4, 8), kinds):
+        types = {type(m) for m in lins}
+        if types == {Int4Linear}:
+            mask |= bit
+        elif types != {Int8Linear}:
+            return None
+    return mask
 
 
 class _PointerView:
@@ -55,7 +64,7 @@ class _NativeStep(_PointerView):
         from . import native
         heads_int8 = isinstance(fs.head, Int8Linear)
         lins = [*fs.qkv, *(m for b in model.blocks for m in (b.attn.w_o, b.mlp.up, b.mlp.down))]
-        if not (layer_format(lins) is not None and heads_int8
+        if not (layer_format(model, fs) is not None and heads_int8
                 and all(m.bias is None for m in lins) and fs.head.bias is None):
             return None
         lib = native.load()
@@ -66,7 +75,7 @@ class _NativeStep(_PointerView):
         self.lib = lib
         self._keep = []
         w = self._ptrs
-        self.wfmt = layer_format(fs.qkv)        # the layers' weights: 0 int8, 1 int4 (native_q4.h); the head: int8
+        self.wfmt = layer_format(model, fs)     # the layers' formats (native_q4.h's TC_F_* mask); the head: int8
         self.qkv = [w(m) for m in fs.qkv]
         self.wo = [w(b.attn.w_o) for b in model.blocks]
         self.up = [w(b.mlp.up) for b in model.blocks]
@@ -295,7 +304,7 @@ def _decode_native(model, cache: KVCache, tok: int, L: int, fs, nat: _NativeStep
                                   ks, d, nat.e.data_ptr(), nat.exq.data_ptr(), nat.ek.data_ptr(),
                                   nat.ev.data_ptr(), nt)
             qp, sp, nq = nat.qkv[a]
-            lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, qp, sp, P["qkvbuf"], nq, d, nat.wfmt, nt)
+            lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, qp, sp, P["qkvbuf"], nq, d, nat.wfmt & 1, nt)
             lib.tc_layers(nat.tab.data_ptr(), a, b, P["x"], P["h"], P["xq"], inv, P["qkvbuf"], P["y"], P["u"], hid, d,
                           H, Hk, D, cosp, sinp, lkp, lvp, W, gkp, gvp, cache.max_len + 1, lposp, L, scp, nat.wfmt, nt)
     group = -1
@@ -306,7 +315,7 @@ def _decode_native(model, cache: KVCache, tok: int, L: int, fs, nat: _NativeStep
             if blk.engram is not None:
                 x.add_(blk.engram(x[None, None], addrs[li])[0, 0])
             qp, sp, nq = nat.qkv[li]
-            lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, qp, sp, P["qkvbuf"], nq, d, nat.wfmt, nt)
+            lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, qp, sp, P["qkvbuf"], nq, d, nat.wfmt & 1, nt)
         full = blk.attn.mode == "full"
         if full:
             group += 1

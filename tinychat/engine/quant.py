@@ -286,6 +286,19 @@ def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed.contiguous(), best_d.view(N, Kp // 32).contiguous()
 
 
+# --quant int4 keeps these Linears int8 (names' last parts): the head (a tied embedding's, the largest matrix; llama.cpp's
+# Q4 files keep it at 6-8 bits), the Engram projections, and the attention's q/k/v projections (one fused matrix in the
+# native steps: int8 or int4 as a whole). The q/k/v rows are the most sensitive to 4 bits: SmolLM2-135M's perplexity
+# on tests/perf/data/held_text.txt, fp32 25.8, int8 26.6, every layer Linear int4 49.1, q/k/v int8 38.1 (+12% bytes
+# a token), q/k/v and down int8 34.3 (+32%); docs/benchmarks.md, "--quant int4".
+INT4_INT8_NAMES = ("head", "w_v", "w_k", "w_q", "w_kv_local", "w_kv_global")
+
+
+def int4_keeps_int8(name: str) -> bool:
+    """Does --quant int4 keep the Linear at this module path int8 (INT4_INT8_NAMES)?"""
+    return name.rsplit(".", 1)[-1] in INT4_INT8_NAMES
+
+
 class Int4Linear(torch.nn.Module):
     """Weight-only int4 Linear (`--quant int4`): rows quantized in groups of 32 columns with one fp16 scale each
     (quantize_int4; native_q4.h's packed layout: ~4.5 bits a weight, half of int8's bytes a token). Runs on the
@@ -432,7 +445,7 @@ def quant_mode(model) -> str:
 
 def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | None = None):
     """In place. mode "int8": weight-only int8 Linear layers (Int8Linear, per-channel scales, bf16 activations).
-    "int4": Int4Linear layers (groups of 32, fp16 scales), the head and Engram projections Int8Linear.
+    "int4": Int4Linear layers (groups of 32, fp16 scales), those int4_keeps_int8 names Int8Linear.
     "bf16": Linear weights stored in bf16 (BF16Linear). Embeddings, Engram tables, norms, RoPE and the KV cache stay
     as they are. head=False keeps the output head in full precision. Use an fp32 KV cache with these.
     options: EngineOptions (its prefill_bf16 is fixed into every layer; default: EngineOptions.from_env()).
@@ -458,9 +471,7 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
                and (head or name != "head")]
     for name, mod in targets:
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-        # int4: the head (a tied embedding's, the largest matrix) and the Engram projections stay int8, as llama.cpp's
-        # Q4 files keep the output matrix at 6-8 bits
-        c = Int8Linear if cls is Int4Linear and (name == "head" or ".engram." in f".{name}.") else cls
+        c = Int8Linear if cls is Int4Linear and int4_keeps_int8(name) else cls
         setattr(parent, name.rsplit(".", 1)[-1], c(mod, pbf, **kw))
         mapped.drop(mod.weight)
     del targets, mod
