@@ -37,16 +37,15 @@ def _load(model_path, config, seed: int = 0, quant: str = "none"):
 
 
 def _int8_kernels(nat):
-    """The int8 kernel path of the native step that ran (engine/native_q8.h), None where none ran."""
+    """The kernel path of the native step that ran (engine/native_q8.h, native_q4.h), None where none ran."""
     return None if nat is None else nat.lib.tc_kernel_path().decode()
 
 
 def _int8_prefill(model, rows: int):
     """The kernel the int8 Linears' prefill of `rows` tokens runs ("native-gemm", "bf16-gemm", "fp32-gemm",
     "int8-gemv"), None for a model without them."""
-    from .engine.quant import Int8Linear
-    lin = next((m for m in model.modules() if type(m) is Int8Linear), None)
-    return None if lin is None else lin.prefill_kernel(rows)
+    from .engine.quant import bulk_prefill_kernel
+    return bulk_prefill_kernel(model, rows)
 
 
 def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = None, quant: str = "none",
@@ -74,8 +73,8 @@ def run_bench(model_path: Optional[str | Path] = None, config: Optional[str] = N
         raise BenchError(f"device must be one of {', '.join(DEVICES)} (got {device!r})")
     if device == "cuda" and not torch.cuda.is_available():
         raise BenchError("--device cuda: no CUDA device is available to this PyTorch build")
-    if device == "cuda" and quant == "int8":
-        raise BenchError("--quant int8 is a CPU mode (weight-only int8 kernels); on cuda use none or bf16")
+    if device == "cuda" and quant in ("int8", "int4"):
+        raise BenchError(f"--quant {quant} is a CPU mode (weight-only {quant} kernels); on cuda use none or bf16")
     prompt_len, gen_len, repeats, warmup = int(prompt_len), int(gen_len), int(repeats), max(0, int(warmup))
     if prompt_len < 1 or gen_len < 1 or repeats < 1:
         raise BenchError("prompt-len, gen-len and repeats must be positive")

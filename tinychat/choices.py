@@ -18,7 +18,8 @@ SIZES = {
                  engram_dim=64),
 }
 
-QUANT_MODES = ("none", "int8", "bf16")      # --quant: full precision, weight-only int8, bf16 weights (CPU modes)
+QUANT_MODES = ("none", "int8", "int4", "bf16")   # --quant: full precision, weight-only int8, 4-bit weights in groups
+                                                # of 32 (int8 head), bf16 weights (CPU modes)
 QUANT_CHOICES = ("auto", *QUANT_MODES)      # a chat's --quant: auto (the default) picks one of QUANT_MODES
                                             # (loading.resolve_quant); sessions record the mode it picked
 DEVICES = ("auto", "cpu", "cuda")           # --device

@@ -97,7 +97,7 @@ def chat(ctx: typer.Context,
          model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="PATH|NAME", help=MODEL_HELP, callback=_model_arg),
          quant: str = typer.Option("auto", "--quant", "-q", metavar=_QUANTS, help="Weights: auto (the int8 fast step where its "
                                    "native kernels build, full precision on a GPU or without them; a continued "
-                                   "session keeps its own), none (fp32: the reference), int8 or bf16."),
+                                   "session keeps its own), none (fp32: the reference), int8, int4 (4-bit weights in groups of 32, int8 head) or bf16."),
          device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda", help="auto, cpu or cuda."),
          seed: Optional[int] = typer.Option(None, "--seed", metavar="N", help="Sampling seed for every turn (default: random, recorded)."),
          temperature: Optional[float] = typer.Option(None, "--temperature", "-t", metavar="F", help=_d("Sampling temperature (0: greedy).", "temperature")),
@@ -617,7 +617,7 @@ def serve(model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="P
 @app.command()
 def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="PATH|NAME", help=MODEL_HELP, callback=_model_arg),
           config: Optional[str] = typer.Option(None, "--config", metavar="tiny|demo|full", help="A named size with random weights: tiny, demo, full."),
-          quant: str = typer.Option("none", "--quant", "-q", metavar="|".join(QUANT_MODES), help="none, int8 or bf16."),
+          quant: str = typer.Option("none", "--quant", "-q", metavar="|".join(QUANT_MODES), help="none, int8, int4 or bf16."),
           device: str = typer.Option("cpu", "--device", metavar="cpu|cuda", help="cpu or cuda."),
           prompt_len: int = typer.Option(100, "--prompt-len", metavar="N", help="Prompt tokens to prefill."),
           gen_len: int = typer.Option(64, "--gen-len", metavar="N", help="Tokens to decode."),

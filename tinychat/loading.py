@@ -79,7 +79,7 @@ def load_model_for(model: Path | None, config: str | None, seed: int = 0, quant:
     if path is None:
         raise LoadError("no model given and no default model is shipped in this install; "
                         "use --model PATH (a folder with config.json and model.safetensors)")
-    return TinyAgentLM.from_pretrained(path, stored_linears=quant in ("int8", "bf16")), str(path)
+    return TinyAgentLM.from_pretrained(path, stored_linears=quant in ("int8", "int4", "bf16")), str(path)
 
 
 def resolve_device(device: str, resolve: bool = True) -> str:
@@ -143,7 +143,7 @@ def load_runtime(model: Path | None, quant: str = "none") -> Runtime:
                         "use --model PATH (a folder with config.json, model.safetensors, tokenizer.json)")
     lock = hold_model(Path(path))
     # NaN / Inf weights are refused by the identity's hashing (one read of the weights, once per file version)
-    m = TinyAgentLM.from_pretrained(path, stored_linears=quant in ("int8", "bf16"), check_finite=False)
+    m = TinyAgentLM.from_pretrained(path, stored_linears=quant in ("int8", "int4", "bf16"), check_finite=False)
     m._tinychat_lock = lock                 # held (shared) for as long as the model is: rm and import wait for it
     if not (Path(path) / TOKENIZER_FILE).is_file():
         raise LoadError(f"{path}: no {TOKENIZER_FILE} (a chat model folder needs its tokenizer)")

@@ -15,14 +15,15 @@ from .options import EngineOptions
 
 @dataclass(frozen=True)
 class ExecutionPlan:
-    quant: str = "none"                 # the weights' mode: none, int8, bf16 (effective: int8 without the torch
-                                        # int8 kernel is bf16)
+    quant: str = "none"                 # the weights' mode: none, int8, int4, bf16 (effective: int8 without the
+                                        # torch int8 kernel is bf16)
     device: str = "cpu"                 # a torch device: cpu, cuda, cuda:1
     options: EngineOptions = field(default_factory=EngineOptions)
     graph: bool | str | None = None     # the Decoder's device loop (None: on GPUs; "static": uncaptured, tests)
     kernel_path: str | None = None      # the native int8 kernels' path here (avx512-vnni, avx2-vnni, neon-dotprod,
                                         # ...); None: they do not load, or the plan is not an int8 CPU one
-    step_version: int | None = None     # the native int8 step version on that path (native.KERNEL_PATHS)
+    step_version: int | None = None     # the native int8 step version on that path (native.KERNEL_PATHS); int4's:
+                                        # native.INT4_STEP_VERSION
     prefill_gemm: str | None = None     # an int8 model's long prefill: native-gemm, bf16-gemm or fp32-gemm (None:
                                         # not int8)
     threads: int = 0                    # torch's thread count when decided (0: not known)
@@ -30,8 +31,8 @@ class ExecutionPlan:
 
     @property
     def int8_cpu(self) -> bool:
-        """The int8 steps run (and sessions record which one made each turn: quant_steps.py)."""
-        return self.quant == "int8" and self.device.split(":")[0] == "cpu"
+        """The int8 (or int4) steps run (and sessions record which one made each turn: quant_steps.py)."""
+        return self.quant in ("int8", "int4") and self.device.split(":")[0] == "cpu"
 
     @property
     def native(self) -> bool:
@@ -44,16 +45,16 @@ class ExecutionPlan:
         a model the native step cannot express runs the PyTorch one (Int8Steps.name says what runs)."""
         if not self.int8_cpu:
             return None
-        return step_name(self.native, self.prefill_gemm, self.step_version, self.kernel_path)
+        return step_name(self.native, self.prefill_gemm, self.step_version, self.kernel_path, self.quant)
 
 
-def step_name(native: bool, prefill: str | None, version: int | None, path: str | None) -> str:
+def step_name(native: bool, prefill: str | None, version: int | None, path: str | None, mode: str = "int8") -> str:
     """The int8 step's name as sessions record it: the decode step ("native-int8-v<N>", or "torch-int8", the
     fallback without kernels), then the prefill's GEMM where it is not the decode step's own rounding
     ("+native-prefill-v<N>", "+bf16-prefill", "+fp32-prefill"), then, where native kernels run, "@" and their path.
     native: the decode step runs in the kernels; prefill: the int8 Linears' prefill kernel (Int8Linear.prefill_kernel);
-    version, path: the plan's."""
-    name = f"native-int8-v{version}" if native else "torch-int8"
+    version, path: the plan's; mode: int8 or int4 ("native-int4-v<N>", "torch-int4")."""
+    name = f"native-{mode}-v{version}" if native else f"torch-{mode}"
     if prefill == "native-gemm" and not native:
         name += f"+native-prefill-v{version}"
     elif prefill == "bf16-gemm":
@@ -89,10 +90,10 @@ def decide(model, quant: str | None = None, device: str = "cpu", options: Engine
         quantize_cpu(model, want, options=options)
     dev = torch.device(device).type
     path = version = prefill = None
-    if want == "int8" and dev == "cpu":
+    if want in ("int8", "int4") and dev == "cpu":
         if native.load() is not None:    # built on first use (cached); the step a session records names its path
             path = native.kernel_path()
-            version = native.step_version(path)
+            version = native.INT4_STEP_VERSION if want == "int4" else native.step_version(path)
         prefill = bulk_prefill_kernel(model)
     return ExecutionPlan(quant=want, device=str(torch.device(device)), options=options, graph=graph, kernel_path=path,
                          step_version=version, prefill_gemm=prefill, threads=torch.get_num_threads(),

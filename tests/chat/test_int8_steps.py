@@ -70,3 +70,30 @@ def test_a_rebuilt_cache_of_a_mixed_session_is_the_one_the_chat_had():
     got = again.cache.state_dict()
     assert all(torch.equal(got[k], want[k]) for k in want)
     assert again.step_name() == first.step_name()             # the chat's own step for its next turns
+
+
+def test_an_int4_chat_records_its_own_step_and_replays_exactly_on_it():
+    """--quant int4: the turns record "native-int4-v<N>@<path>" (or "torch-int4" without kernels), which replay
+    takes as their own step: exact where this machine has it."""
+    def chat(native_on, session=None, **kw):
+        model, options = make_chat_model(), EngineOptions(native=native_on, tune_threads=False)
+        if session is not None:
+            return Chat.restore(session, model, make_chat().tok, quant="int4", options=options, max_len=512,
+                                model_name="tiny-test", model_hash=HASH, **kw)
+        return make_chat(model, quant="int4", options=options, max_new=6, seed=3, model_hash=HASH, **kw)
+    first = chat(True)
+    assert first.quant == "int4" and first.step_name() == f"native-int4-v{native.INT4_STEP_VERSION}@" \
+        f"{native.kernel_path()}"
+    assert any(n.startswith("torch-int4") for n in first.steps.available())
+    first.send("hello there")
+    first.close()
+    sid = first.session.id
+    later = chat(False, S.load(sid))
+    r = later.send("and the dog?")
+    later.close()
+    assert r.notice and "the PyTorch int4 step" in r.notice and "the native int4 step" in r.notice
+    steps = [(m.settings or {}).get("step") for m in S.load(sid).messages if m.role == "assistant"]
+    for native_on in (True, False):
+        [branch] = replay_tree(chat(native_on, autosave=False), S.load(sid))
+        assert branch.report.ok, (native_on, branch.report.step_note(), branch.report.divergences)
+        assert [t.step_here for t in branch.report.turns] == steps

@@ -35,3 +35,14 @@ def test_the_bench_table_counts_in_words():
     assert r.exit_code == 0, r.output
     assert "1 repeat" in r.output and "1 repeats" not in r.output and "1 tokens" not in r.output
     assert "prefill (1 token)" in r.output and "decode (batch 1, 1 token)" in r.output
+
+
+def test_bench_runs_int4_on_the_native_step_where_the_kernels_build():
+    from tinychat.engine import native
+    r = CliRunner().invoke(app, ["bench", "--config", "tiny", "--quant", "int4", "--json", "--repeats", "1",
+                                 "--gen-len", "4", "--prompt-len", "8", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["quant"] == "int4" and res["decode_tok_s"] > 0
+    if native.load() is not None:
+        assert res["int8_kernels"] == native.kernel_path() and res["int8_prefill"] == "native-gemm"

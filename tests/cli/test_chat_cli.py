@@ -164,7 +164,7 @@ def test_plain_mode_through_a_real_pipe(model_dir):
 
 
 def test_bad_flags_are_one_line_errors(model_dir, capsys):
-    for args, msg in [(["--quant", "int4", "--model", model_dir], "--quant must be one of"),
+    for args, msg in [(["--quant", "int3", "--model", model_dir], "--quant must be one of"),
                       (["--temperature", "-1", "--model", model_dir, "--plain"], "temperature must be between"),
                       (["--model", model_dir / "missing", "--plain"], "no such model folder"),
                       (["--model", "no-such-name", "--plain"], "no model folder or imported model named "

@@ -1,10 +1,11 @@
-/* The int8 GEMV and GEMM kernels (tinychat/engine/native_q8.h, native_gemm.h) against a float64 reference, built
+/* The int8 GEMV and GEMM kernels (tinychat/engine/native_q8.h, native_gemm.h) and the int4 ones (native_q4.h)
+   against a float64 reference, built
    for whatever target the compiler is told (x86-64 levels natively, aarch64 under qemu-user:
    tests/unit/test_native_q8_targets.py). Prints the kernel path, then "ok", or what differed (exit 1). No OpenMP:
    one thread. */
 #include <stdio.h>
 #include <stdlib.h>
-#include "native_gemm.h"
+#include "native_q4.h"
 
 static uint64_t rng = 88172645463325252ULL;
 static uint32_t next(void) {
@@ -110,6 +111,56 @@ static int check_gemm(int64_t M, int64_t N, int64_t K) {
     return fails;
 }
 
+/* int4 weights (native_q4.h's layout: random nibbles, random fp16 group scales of both signs, subnormal ones
+   included) against float64 math on the rounded activations: the GEMV (4-row groups and remainder rows) and the GEMM
+   (remainders in every dimension, with and without a bias), and the GEMM's rows equal to the GEMV's. */
+static double w4(const uint8_t *q, int64_t Kp, int64_t n, int64_t k) {
+    uint8_t b = q[n * (Kp / 2) + (k / 64) * 32 + (k % 32)];
+    return (double)((k % 64 < 32 ? b & 15 : b >> 4) - 8);
+}
+
+static int check4(int64_t M, int64_t N, int64_t K) {
+    int64_t Kp = tc_pad64(K);
+    uint8_t *q = malloc(N * Kp / 2);
+    uint16_t *ws = malloc(N * (Kp / 32) * 2);
+    float *b = malloc(N * sizeof(float)), *x = malloc(M * K * sizeof(float)), *y = malloc(M * N * sizeof(float));
+    float *yv = malloc(N * sizeof(float));
+    void *buf = malloc(tc_gemm4_act_bytes(M, K, 1)), *one = malloc(tc_act_bytes(K));
+    for (int64_t i = 0; i < N * Kp / 2; i++) q[i] = (uint8_t)next();
+    for (int64_t i = 0; i < N * (Kp / 32); i++)
+        ws[i] = (uint16_t)((next() & 0x8000) | (i % 13 == 7 ? (next() & 0x3ff) : 0x3000 | (next() & 0x7ff)));
+    for (int64_t n = 0; n < N; n++) b[n] = unif();
+    for (int64_t i = 0; i < M * K; i++) x[i] = unif() * (i % 89 == 5 ? 40.0f : 1.0f);
+    int fails = 0;
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        tc_gemm4_1(x, buf, q, ws, with_bias ? b : NULL, y, M, N, K);
+        double mx = 0.0, err = 0.0, verr = 0.0, rerr = 0.0;
+        for (int64_t m = 0; m < M; m++) {
+            tc_act8 a = tc_quant8(x + m * K, one, K);
+            for (int64_t n = 0; n < N; n++) yv[n] = 2.0f;
+            gemv4_rows(&a, q, ws, yv, N, K, 1);
+            for (int64_t n = 0; n < N; n++) {
+                double r = 0.0;
+                for (int64_t k = 0; k < K; k++)
+                    r += w4(q, Kp, n, k) * tc_h2f_ref(ws[n * (Kp / 32) + k / 32]) * a.q[k] * a.s[(k / TC_QB) * (TC_QB / 4)];
+                double rb = r + (with_bias ? b[n] : 0.0), g = y[m * N + n], v = yv[n] - 2.0f + (with_bias ? b[n] : 0.f);
+                float rf = tc4_dot_ref(&a, q + n * (Kp / 2), ws + n * (Kp / 32), K);
+                mx = fabs(rb) > mx ? fabs(rb) : mx;
+                err = fabs(g - rb) > err ? fabs(g - rb) : err;
+                verr = fabs(g - v) > verr ? fabs(g - v) : verr;
+                rerr = fabs(rf - r) > rerr ? fabs(rf - r) : rerr;
+            }
+        }
+        if (!(err <= 1e-5 * mx) || !(verr <= 1e-5 * mx) || !(rerr <= 1e-5 * mx)) {
+            printf("int4 M=%ld N=%ld K=%ld bias=%d: GEMM error %g, vs the GEMV %g, reference %g, of %g\n", (long)M,
+                   (long)N, (long)K, with_bias, err, verr, rerr, mx);
+            fails++;
+        }
+    }
+    free(q), free(ws), free(b), free(x), free(y), free(yv), free(buf), free(one);
+    return fails;
+}
+
 int main(void) {
     static const int64_t shapes[][2] = {{37, 80}, {64, 768}, {5, 19}, {8, 9000}, {9, 100}, {4, 64}, {7, 33},
                                         {12, 3328}, {1, 1}};
@@ -135,6 +186,8 @@ int main(void) {
                                          {13, 5, 1100}, {7, 6, 520}, {5, 8, 256}, {3, 3, 255}, {9, 7, 1536}};
     for (unsigned i = 0; i < sizeof gshapes / sizeof gshapes[0]; i++)
         fails += check_gemm(gshapes[i][0], gshapes[i][1], gshapes[i][2]);
+    for (unsigned i = 0; i < sizeof gshapes / sizeof gshapes[0]; i++)
+        fails += check4(gshapes[i][0], gshapes[i][1], gshapes[i][2]);
     printf(fails ? "FAILED %d\n" : "ok\n", fails);
     return fails != 0;
 }

@@ -114,7 +114,7 @@ def test_serve_without_its_extra_is_one_line_naming_it(monkeypatch):
 
 
 def test_serve_checks_its_flags_before_loading(tmp_path):
-    for args in (["--port", "70000"], ["--max-queue", "0"], ["--quant", "int4"], ["--api-key", " "]):
+    for args in (["--port", "70000"], ["--max-queue", "0"], ["--quant", "int3"], ["--api-key", " "]):
         r = CliRunner().invoke(app, ["serve", *args])
         assert r.exit_code != 0 and r.exception is not None, args
 

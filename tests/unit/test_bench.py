@@ -65,7 +65,7 @@ def test_fp32_mode_and_bad_arguments():
     r = run_bench(config="tiny", quant="none", prompt_len=8, gen_len=4, repeats=1, warmup=0)
     assert r["quant"] == "none" and r["mode"] == "eager" and r["decode_tok_s"] > 0
     with pytest.raises(ValueError, match="quant"):
-        run_bench(config="tiny", quant="int4")
+        run_bench(config="tiny", quant="int3")
     with pytest.raises(ValueError, match="positive"):
         run_bench(config="tiny", gen_len=0)
     with pytest.raises(ValueError, match="max_seq_len"):

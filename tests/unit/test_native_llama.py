@@ -12,6 +12,7 @@ from tinychat.engine import native
 from tinychat.engine.append import RESCORE_K
 from tinychat.engine.cpu_step import CpuStep
 from tinychat.engine.native_llama_step import _NativeLlama
+from tinychat.engine.quant import Int4Linear
 from tinychat.options import EngineOptions
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native kernels off: {native.why_not}")
@@ -20,7 +21,11 @@ TOKENS = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(
 
 
 def _lin(m, v):
-    """An int8 Linear as the kernels compute it: int8 rows times the int8-rounded activations, in float64."""
+    """An int8 (int4) Linear as the kernels compute it: int8 rows (int4 rows times their group scales) times the
+    int8-rounded activations, in float64."""
+    if type(m) is Int4Linear:
+        y = native.dequant4_ref(m.qweight, m.scale, m.in_features) @ native.quant8_ref(v.float())
+        return y if m.bias is None else y + m.bias.double()
     y = (m.qweight.double() @ native.quant8_ref(v.float())) * m.scale.double()
     return y if m.bias is None else y + m.bias.double()
 
@@ -101,10 +106,11 @@ def _rel(a, b):
     return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
 
 
+@pytest.mark.parametrize("quant", ["int8", "int4"])
 @pytest.mark.parametrize("nt", [1, 2])
 @pytest.mark.parametrize("bias", [True, False], ids=["qkv-bias", "no-bias"])
-def test_native_llama_step_equals_the_float64_reference_of_its_rounding(bias, nt):
-    q = quantize_cpu(make_llama_model(bias=bias), "int8")
+def test_native_llama_step_equals_the_float64_reference_of_its_rounding(bias, nt, quant):
+    q = quantize_cpu(make_llama_model(bias=bias), quant)
     got, step, cache = _native_walk(q, nt, rescore=False)
     ref = RefStep(q, step)
     want = torch.stack([ref(t, L, rescore=False) for L, t in enumerate(TOKENS[0].tolist())])

@@ -57,7 +57,7 @@ def test_int8_linear_matches_dequantized_weights_for_prefill_and_decode_rows():
 
 def test_unknown_quant_mode_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown quant mode"):
-        quantize_cpu(make_model(), "int4")
+        quantize_cpu(make_model(), "int3")
 
 
 def test_quant_mode_names_match_the_quant_classes():

@@ -73,3 +73,30 @@ def test_a_decoder_chooses_again_when_fast_is_switched():
     assert dec.variant.name == "eager" and dec.mode == "eager"
     dec.fast = True
     assert dec.variant.name == "lean"
+
+
+INT4_CASES = {"native": (make_model, EngineOptions(tune_threads=False)),
+              "native-llama": (make_llama_model, EngineOptions(tune_threads=False)),
+              "lean": (make_model, EngineOptions(native=False)),
+              "lean-llama": (make_llama_model, EngineOptions(native=False))}
+
+
+@pytest.mark.parametrize("keep", [None, ("head", "w_v", "w_k")], ids=["qkv-int8", "qkv-int4"])
+@pytest.mark.parametrize("name", list(INT4_CASES))
+def test_int4_models_take_the_same_variants_and_stay_with_the_reference(name, keep, monkeypatch):
+    """--quant int4 (Int4Linear layers; the head and, by default, the q/k/v projections int8): the native steps run
+    int4 weights (native_q4.h, each kind of matrix in its own format), the lean PyTorch steps their dequantized rows;
+    each stays with the eager step on the same int4 model."""
+    make, options = INT4_CASES[name]
+    if options.native and native.load() is None:
+        pytest.skip(f"no native kernels here: {native.why_not}")
+    if keep is not None:
+        from tinychat.engine import quant
+        monkeypatch.setattr(quant, "INT4_INT8_NAMES", keep)
+    model = quantize_cpu(make(), "int4", options=options)
+    got, chosen = _walk(model, False, options)
+    assert chosen == name
+    ref, _ = _walk(model, False, options, fast=False)
+    rel = ((got - ref).abs().max() / ref.abs().max()).item()
+    assert 0 < rel < 0.02
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9

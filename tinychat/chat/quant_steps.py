@@ -1,8 +1,8 @@
-"""The int8 steps of a chat: which one runs here, by the name sessions record with each turn, and running a turn
+"""The int8 (and int4) steps of a chat: which one runs here, by the name sessions record with each turn, and running a turn
 on the step it recorded where this machine has it (issue #33 item 11).
 
 A step's name (Chat.step_name) says what rounds a turn's numbers: the decode step ("native-int8-v<N>" or
-"torch-int8", the PyTorch fallback without kernels), the prefill's GEMM where it is not the decode step's own
+"torch-int8", the PyTorch fallback without kernels; for `--quant int4` "native-int4-v<N>" or "torch-int4"), the prefill's GEMM where it is not the decode step's own
 ("+native-prefill-v<N>", "+bf16-prefill", "+fp32-prefill") and the kernels' path ("@avx512-vnni", ...). A session's
 turns can name different steps: a chat continued where the kernels did not build (a removed cache and a full disk)
 ran its later turns on the PyTorch step. Each turn is replayed, and fed again when a chat rebuilds its cache (a
@@ -43,7 +43,7 @@ class Int8Steps:
         from ..engine.quant import bulk_prefill_kernel
         p = self.plan
         return step_name(self.decoder.cpu_step.nat is not None, bulk_prefill_kernel(self.model), p.step_version,
-                         p.kernel_path)
+                         p.kernel_path, p.quant)
 
     def available(self) -> dict[str, tuple]:
         """{step name: configuration} of every step this chat can run here (found by trying each configuration)."""
@@ -86,9 +86,10 @@ class Int8Steps:
 
     # -- configurations ------------------------------------------------------------------------------------------
     def _linears(self) -> list:
-        from ..engine.quant import Int8Linear
-        out = [m for m in self.model.modules() if type(m) is Int8Linear]
-        return out + [m for m in getattr(self.model, "fused_qkv", None) or () if type(m) is Int8Linear]
+        from ..engine.quant import Int4Linear, Int8Linear
+        kinds = (Int8Linear, Int4Linear)
+        out = [m for m in self.model.modules() if type(m) in kinds]
+        return out + [m for m in getattr(self.model, "fused_qkv", None) or () if type(m) in kinds]
 
     def _current(self) -> tuple:
         lin = next(iter(self._linears()), None)
@@ -130,14 +131,15 @@ def describe_step(step: str | None) -> str:
     if path:
         return f"{describe_step(step)} on {path} kernels"
     decode, _, prefill = step.partition("+")
-    if decode.startswith("native-int8-v"):
-        text = f"the native int8 step v{decode.rsplit('v', 1)[1]}"
-    elif decode == "torch-int8":
-        text = "the PyTorch int8 step" if prefill else "the PyTorch int8 step (the fallback: no native kernels)"
+    mode = "int4" if decode.endswith("-int4") or decode.startswith("native-int4-v") else "int8"
+    if decode.startswith(f"native-{mode}-v"):
+        text = f"the native {mode} step v{decode.rsplit('v', 1)[1]}"
+    elif decode == f"torch-{mode}":
+        text = f"the PyTorch {mode} step" if prefill else f"the PyTorch {mode} step (the fallback: no native kernels)"
     else:
         return f"the int8 step {step!r}"
     if prefill.startswith("native-prefill-v"):
-        return f"{text} after the native int8 prefill v{prefill.rsplit('v', 1)[1]}"
+        return f"{text} after the native {mode} prefill v{prefill.rsplit('v', 1)[1]}"
     if prefill in PREFILLS:
         return f"{text} with {PREFILLS[prefill]}"
-    return text if not prefill else f"the int8 step {step!r}"
+    return text if not prefill else f"the {mode} step {step!r}"

@@ -340,7 +340,7 @@ def _native_attn(model, cache: KVCache, dev, rows, n_cpu, C: int):
     if dev.type != "cpu" or cache.gk.dtype != torch.float32 or cache.B != 1 or rows is not None \
             or int(n_cpu[0]) != C:
         return None
-    if not native_prefill(model):            # False unless its Linears are int8 (and on the native GEMM)
+    if not native_prefill(model):            # False unless its Linears are int8 / int4 (and on the native GEMM)
         return None
     from . import native
     lib = native.load()

@@ -22,6 +22,7 @@
 #include "native_simd.h"     /* the SIMD level and kernel path, decided once for every kernel */
 #include "native_q8.h"
 #include "native_gemm.h"
+#include "native_q4.h"     /* int4 weights (--quant int4): GEMV and GEMM on the same dots */
 #include "native_attn.h"
 #ifdef _OPENMP
 #include <omp.h>
@@ -63,6 +64,39 @@ void tc_gemm(const float *x, void *buf, const int8_t *q, const float *s, const f
     }
 }
 
+/* The int4 GEMV (native_q4.h): y (+)= W4 x; xq: tc_act_bytes(K) of scratch. */
+void tc_gemv4(const float *x, void *xq, const uint8_t *q, const uint16_t *ws, float *y, int64_t N, int64_t K, int acc,
+              int nt) {
+    tc_act8 a = tc_quant8(x, xq, K);
+#pragma omp parallel num_threads(threads_for(N * K, nt))
+    gemv4_rows(&a, q, ws, y, N, K, acc);
+}
+
+/* Prefill's int4 GEMM (native_q4.h): y (M, N) = x (M, K) @ W4^T (+ bias); buf: tc_gemm4_act_bytes(M, K, nt). The
+   same split as tc_gemm; each thread's unpacked rows after the tokens' slots. */
+void tc_gemm4(const float *x, void *buf, const uint8_t *q, const uint16_t *ws, const float *bias, float *y, int64_t M,
+              int64_t N, int64_t K, int nt) {
+    if (M <= 0 || N <= 0) return;
+    if (nt < 1) nt = 1;
+    int nth = threads_for(M * N * K, nt);
+    int64_t gm = tc_gemm_chunk(M, nth), nj = tc_gemm_njobs(M, N, gm);
+    if (nth > nj) nth = (int)nj;
+    int8_t *ex0 = tc_gemm_slot(buf, K, M, nt);
+#pragma omp parallel num_threads(nth)
+    {
+        int me = 0, all = 1;
+#ifdef _OPENMP
+        me = omp_get_thread_num(), all = omp_get_num_threads();
+#endif
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t m = 0; m < M; m++) tc_gemm_quant(x, buf, m, K, nt);
+        tc_gemm4_jobs(buf, tc_gemm_base(buf) + me * tc_gemm_pack_bytes(K), ex0 + me * tc4_extra_bytes(K), q, ws, bias,
+                      y, M, N, K, gm, nt, nj * me / all, nj * (me + 1) / all);
+    }
+}
+
 /* h = x / (|x| * inv) = x * sqrt(d) / |x| (rms_norm without epsilon, as _decode_fast computes it) */
 static void rms(const float *x, float *h, int64_t d, float inv) {
     double ss = 0.0;
@@ -71,31 +105,33 @@ static void rms(const float *x, float *h, int64_t d, float inv) {
     for (int64_t i = 0; i < d; i++) h[i] = x[i] * r;
 }
 
-void tc_norm_gemv(const float *x, float *h, void *xq, float inv, const int8_t *q, const float *s, float *y,
-                  int64_t N, int64_t d, int nt) {
+/* fmt: the weights' format (native_q4.h's gemv_fmt: 0 int8, 1 int4) */
+void tc_norm_gemv(const float *x, float *h, void *xq, float inv, const void *q, const void *s, float *y,
+                  int64_t N, int64_t d, int fmt, int nt) {
     rms(x, h, d, inv);
     tc_act8 a = tc_quant8(h, xq, d);
 #pragma omp parallel num_threads(threads_for(N * d, nt))
-    gemv_rows(&a, q, s, y, N, d, 0);
+    gemv_fmt(fmt, &a, q, s, y, N, d, 0);
 }
 
 /* x += wo(y_attn); h = rms(x); u = relu(up(h))^2; x += down(u); then, if nq > 0: h = rms(x); qkv = wq(h).
-   x, h: (d,); y_attn: (dv,); u: (hidden,); xq: tc_act_bytes(max(dv, d, hidden)) of scratch; qkv: (nq,). */
+   x, h: (d,); y_attn: (dv,); u: (hidden,); xq: tc_act_bytes(max(dv, d, hidden)) of scratch; qkv: (nq,). fmt: the
+   weights' formats, a TC_F_* mask (native_q4.h). */
 void tc_tail(float *x, float *h, void *xq, float inv, const float *y_attn, int64_t dv,
-             const int8_t *wo_q, const float *wo_s, const int8_t *up_q, const float *up_s,
-             const int8_t *dn_q, const float *dn_s, float *u, int64_t hidden, int64_t d,
-             const int8_t *wq_q, const float *wq_s, float *qkv, int64_t nq, int nt) {
+             const void *wo_q, const void *wo_s, const void *up_q, const void *up_s,
+             const void *dn_q, const void *dn_s, float *u, int64_t hidden, int64_t d,
+             const void *wq_q, const void *wq_s, float *qkv, int64_t nq, int fmt, int nt) {
     tc_act8 a = tc_quant8(y_attn, xq, dv);
 #pragma omp parallel num_threads(threads_for(hidden * d, nt))
     {
-        gemv_rows(&a, wo_q, wo_s, x, d, dv, 1);
+        gemv_fmt(TC_FMT(fmt, TC_F_WO), &a, wo_q, wo_s, x, d, dv, 1);
 #pragma omp barrier
 #pragma omp single
         {
             rms(x, h, d, inv);
             a = tc_quant8(h, xq, d);
         }
-        gemv_rows(&a, up_q, up_s, u, hidden, d, 0);
+        gemv_fmt(TC_FMT(fmt, TC_F_UP), &a, up_q, up_s, u, hidden, d, 0);
 #pragma omp barrier
 #pragma omp single
         {
@@ -105,7 +141,7 @@ void tc_tail(float *x, float *h, void *xq, float inv, const float *y_attn, int64
             }
             a = tc_quant8(u, xq, hidden);
         }
-        gemv_rows(&a, dn_q, dn_s, x, d, hidden, 1);
+        gemv_fmt(TC_FMT(fmt, TC_F_DN), &a, dn_q, dn_s, x, d, hidden, 1);
         if (nq > 0) {
 #pragma omp barrier
 #pragma omp single
@@ -113,7 +149,7 @@ void tc_tail(float *x, float *h, void *xq, float inv, const float *y_attn, int64
                 rms(x, h, d, inv);
                 a = tc_quant8(h, xq, d);
             }
-            gemv_rows(&a, wq_q, wq_s, qkv, nq, d, 0);
+            gemv_fmt(TC_FMT(fmt, TC_F_QKV), &a, wq_q, wq_s, qkv, nq, d, 0);
         }
     }
 }
@@ -287,16 +323,16 @@ void tc_attn(float *heads, int64_t H, int64_t Hk, int64_t D, int full, const flo
 void tc_layers(const int64_t *tab, int64_t l0, int64_t l1, float *x, float *h, void *xq, float inv, float *qkv,
                float *y, float *u, int64_t hidden, int64_t d, int64_t H, int64_t Hk, int64_t D, const float *cos_,
                const float *sin_, float *lk, float *lv, int64_t W, float *gk, float *gv, int64_t gstride,
-               const int64_t *lpos, int64_t L, float *sc, int nt) {
+               const int64_t *lpos, int64_t L, float *sc, int fmt, int nt) {
     int64_t lstep = Hk * (W + 1) * D, gstep = Hk * gstride * D;
     for (int64_t li = l0; li < l1; li++) {
         const int64_t *t = tab + li * TAB_COLS;
         const int64_t *n = li + 1 < l1 ? tab + (li + 1) * TAB_COLS : NULL;
         tc_attn(qkv, H, Hk, D, (int)t[3], cos_, sin_, lk + li * lstep, lv + li * lstep, W, gk + t[4] * gstep,
                 gv + t[4] * gstep, gstride, lpos, L, y, sc, nt);
-        tc_tail(x, h, xq, inv, y, H * D, (const int8_t *)t[5], (const float *)t[6], (const int8_t *)t[7],
-                (const float *)t[8], (const int8_t *)t[9], (const float *)t[10], u, hidden, d,
-                n ? (const int8_t *)n[0] : NULL, n ? (const float *)n[1] : NULL, qkv, n ? n[2] : 0, nt);
+        tc_tail(x, h, xq, inv, y, H * D, (const void *)t[5], (const void *)t[6], (const void *)t[7],
+                (const void *)t[8], (const void *)t[9], (const void *)t[10], u, hidden, d,
+                n ? (const void *)n[0] : NULL, n ? (const void *)n[1] : NULL, qkv, n ? n[2] : 0, fmt, nt);
     }
 }
 
@@ -364,6 +400,7 @@ typedef struct {
     int64_t d, hidden, H, Hk, D, W, gstride, V, n_seg, n1;
     int64_t tab, x, h, xq, qkv, y, u, logits, sc, embed, cos_, sin_, lk, lv, gk, gv, lpos, tokens, lens, lens_cpu,
         head_q, head_s, cid, segs;
+    int64_t wfmt;                                  /* the layers' weights' formats (a TC_F_* mask); the head is int8 */
 } tc_plan;
 typedef struct {
     int64_t a, b, qkv_q, qkv_s, qkv_n;             /* layers [a, b); the fused QKV of layer a */
@@ -399,18 +436,19 @@ void tc_step(const tc_plan *p, int64_t tok, int64_t L, float inv, float cap, int
                       (const int8_t *)s->kq, (const float *)s->ks, d, (float *)s->e, (void *)s->exq,
                       (float *)s->ek, (float *)s->ev, nt);
         }
-        tc_norm_gemv(x, h, xq, inv, (const int8_t *)s->qkv_q, (const float *)s->qkv_s, qkv, s->qkv_n, d, nt);
+        tc_norm_gemv(x, h, xq, inv, (const void *)s->qkv_q, (const void *)s->qkv_s, qkv, s->qkv_n, d,
+                     TC_FMT(p->wfmt, TC_F_QKV), nt);
         tc_layers((const int64_t *)p->tab, s->a, s->b, x, h, xq, inv, qkv, (float *)p->y, (float *)p->u, p->hidden,
                   d, p->H, p->Hk, p->D, (const float *)p->cos_ + L * half, (const float *)p->sin_ + L * half,
                   (float *)p->lk, (float *)p->lv, W, (float *)p->gk, (float *)p->gv, p->gstride, lpos, L,
-                  (float *)p->sc, nt);
+                  (float *)p->sc, (int)p->wfmt, nt);
     }
     ((int64_t *)p->lens)[0] += 1;
     ((int64_t *)p->lens_cpu)[0] += 1;
-    tc_norm_gemv(x, h, xq, inv, (const int8_t *)p->head_q, (const float *)p->head_s, (float *)p->logits, p->V, d, nt);
+    tc_norm_gemv(x, h, xq, inv, (const void *)p->head_q, (const void *)p->head_s, (float *)p->logits, p->V, d, 0, nt);
     tc_softcap((float *)p->logits, p->V, cap);
 }
 
 #include "native_llama.h"
 
-int tc_abi_version(void) { return 14; }
+int tc_abi_version(void) { return 15; }

@@ -41,6 +41,8 @@ INT8_STEP_VERSION = 6   # the native step's rounding's version: bump it when the
                         # prefill's included (it fills the KV cache a later turn or a restore reads), and give those
                         # paths the new number in KERNEL_PATHS. What each version changed: docs/benchmarks.md,
                         # "Int8 step versions".
+INT4_STEP_VERSION = 1   # the native int4 step's rounding (native_q4.h: Q4_0-style groups of 32 with fp16 scales, the
+                        # int8 activations of the int8 step): sessions record "native-int4-v<N>@<path>"
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,8 @@ _tried = False
 why_not: str | None = None     # why the kernels are off (None while on or not tried yet)
 
 SOURCES = {n: Path(__file__).with_name(n).read_text(encoding="utf-8")
-           for n in ("native.c", "native_simd.h", "native_q8.h", "native_gemm.h", "native_attn.h", "native_llama.h")}
+           for n in ("native.c", "native_simd.h", "native_q8.h", "native_gemm.h", "native_q4.h", "native_attn.h",
+                     "native_llama.h")}
 SOURCE = SOURCES["native.c"]    # the kernels (C), beside this file; included: native_simd.h (the SIMD level and
                                 # kernel path, decided once), native_q8.h (the int8 GEMV), native_gemm.h (prefill's
                                 # int8 GEMM), native_attn.h (per-head attention), native_llama.h (the llama step)
@@ -104,7 +107,7 @@ def _build(cc: str) -> Path:
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-ABI = 14                # tc_abi_version() of the source this module binds
+ABI = 15                # tc_abi_version() of the source this module binds
 TC_MAXN = 8             # native.c's highest Engram order for tc_step's hashing
 
 
@@ -113,7 +116,7 @@ class TcPlan(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in (
         "d", "hidden", "H", "Hk", "D", "W", "gstride", "V", "n_seg", "n1",
         "tab", "x", "h", "xq", "qkv", "y", "u", "logits", "sc", "embed", "cos_", "sin_", "lk", "lv", "gk", "gv", "lpos",
-        "tokens", "lens", "lens_cpu", "head_q", "head_s", "cid", "segs")]
+        "tokens", "lens", "lens_cpu", "head_q", "head_s", "cid", "segs", "wfmt")]
 
 
 class TcLlamaPlan(ctypes.Structure):
@@ -121,7 +124,7 @@ class TcLlamaPlan(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in (
         "d", "hidden", "H", "Hk", "D", "gstride", "V", "n_layers", "rescore_k", "embed_bf16",
         "tab", "x", "h", "xq", "qkv", "y", "u", "logits", "sc", "embed", "cos_", "sin_", "gk", "gv", "tokens", "lens",
-        "lens_cpu", "head_q", "head_s")]
+        "lens_cpu", "head_q", "head_s", "wfmt")]
 
 
 LTAB_COLS = 10          # native_llama.h's table columns per layer
@@ -136,12 +139,12 @@ class TcSeg(ctypes.Structure):
 
 def _bind(lib):
     lib.tc_gemv.argtypes = [_F, _F, _I8, _F, _F, _I64, _I64, _INT, _INT]
-    lib.tc_norm_gemv.argtypes = [_F, _F, _F, ctypes.c_float, _I8, _F, _F, _I64, _I64, _INT]
+    lib.tc_norm_gemv.argtypes = [_F, _F, _F, ctypes.c_float, _I8, _F, _F, _I64, _I64, _INT, _INT]
     lib.tc_tail.argtypes = [_F, _F, _F, ctypes.c_float, _F, _I64, _I8, _F, _I8, _F, _I8, _F, _F, _I64, _I64,
-                            _I8, _F, _F, _I64, _INT]
+                            _I8, _F, _F, _I64, _INT, _INT]
     lib.tc_attn.argtypes = [_F, _I64, _I64, _I64, _INT, _F, _F, _F, _F, _I64, _F, _F, _I64, _F, _I64, _F, _F, _INT]
     lib.tc_layers.argtypes = [_F, _I64, _I64, _F, _F, _F, ctypes.c_float, _F, _F, _F, _I64, _I64, _I64, _I64, _I64,
-                              _F, _F, _F, _F, _I64, _F, _F, _I64, _F, _I64, _F, _INT]
+                              _F, _F, _F, _F, _I64, _F, _F, _I64, _F, _I64, _F, _INT, _INT]
     lib.tc_engram.argtypes = [_F, _F, _F, _I64, _I64, _I8, _F, _I8, _F, _I64, _F, _F, _F, _F, _INT]
     lib.tc_softcap.argtypes = [_F, _I64, ctypes.c_float]
     lib.tc_step.argtypes = [_F, _I64, _I64, ctypes.c_float, ctypes.c_float, _INT]
@@ -164,6 +167,12 @@ def _bind(lib):
     lib.tc_gemm.restype = lib.tc_gemm_ref.restype = None
     lib.tc_gemm_act_bytes.argtypes = [_I64, _I64, _INT]
     lib.tc_gemm_act_bytes.restype = ctypes.c_int64
+    lib.tc_gemv4.argtypes = [_F, _F, _F, _F, _F, _I64, _I64, _INT, _INT]
+    lib.tc_gemv4_ref.argtypes = [_F, _F, _F, _F, _F, _I64, _I64, _INT]
+    lib.tc_gemm4.argtypes = [_F, _F, _F, _F, _F, _F, _I64, _I64, _I64, _INT]
+    lib.tc_gemv4.restype = lib.tc_gemv4_ref.restype = lib.tc_gemm4.restype = None
+    lib.tc_gemm4_act_bytes.argtypes = [_I64, _I64, _INT]
+    lib.tc_gemm4_act_bytes.restype = ctypes.c_int64
     lib.tc_read_bytes.argtypes = [_I8, _I64]
     lib.tc_read_bytes.restype = ctypes.c_int64
     return lib
@@ -221,6 +230,88 @@ def gemm(lib, x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Ten
     return y
 
 
+Q4G = 32                # native_q4.h's weight group: columns per fp16 scale
+
+
+def pad64(k: int) -> int:
+    return (k + 63) // 64 * 64
+
+
+def unpack4(packed: torch.Tensor, K: int) -> torch.Tensor:
+    """native_q4.h's packed rows (N, Kp / 2) uint8 as int8 values q (N, K) in -8..7 (u - 8; per 64-column chunk byte
+    j: column j in the low nibble, column j + 32 in the high one)."""
+    N = packed.size(0)
+    b = packed.view(N, -1, 32)
+    u = torch.stack([b & 15, b >> 4], dim=2).view(N, -1)        # (N, Kp): chunk-wise [low 32 | high 32]
+    return (u[:, :K].to(torch.int16) - 8).to(torch.int8)
+
+
+def dequant4_ref(packed: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tensor:
+    """The int4 weights (N, K) in float64: q * the group's fp16 scale (exact)."""
+    q = unpack4(packed, K).double()
+    s = scales.double().repeat_interleave(Q4G, dim=1)[:, :K]
+    return q * s
+
+
+def gemm4_ref(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+    """tc_gemm4's (and tc_gemv4's, per token) result in float64: each token rounded as quant8_ref rounds it, times
+    the dequantized int4 rows (N, K), plus the bias: (M, N)."""
+    xr = torch.stack([quant8_ref(r) for r in x.reshape(-1, x.size(-1))]) if x.numel() else x.double()
+    y = xr @ dequant4_ref(packed, scales, x.size(-1)).t()
+    return y if bias is None else y + bias.double()
+
+
+def _check4(x, packed, scales, N, K) -> None:
+    Kp = pad64(K)
+    if not (x.dtype == torch.float32 and x.is_contiguous() and x.size(-1) == K and packed.dtype == torch.uint8
+            and packed.is_contiguous() and packed.shape == (N, Kp // 2) and scales.dtype == torch.float16
+            and scales.is_contiguous() and scales.shape == (N, Kp // Q4G)):
+        raise ValueError("int4: x (.., K) fp32, packed (N, pad64(K) / 2) uint8, scales (N, pad64(K) / 32) fp16, "
+                         "all contiguous")
+
+
+def gemv4(lib, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, nt: int = 1,
+          scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """y (N,) = tc_gemv4 of x (K,) fp32 on the int4 rows (packed, scales)."""
+    N, K = packed.size(0), x.numel()
+    _check4(x, packed, scales, N, K)
+    xq = act_scratch(lib, K) if scratch is None else scratch
+    y = torch.empty(N)
+    lib.tc_gemv4(x.data_ptr(), xq.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), N, K, 0, nt)
+    return y
+
+
+def gemm4(lib, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, nt: int,
+          scratch: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y (M, N) fp32 = tc_gemm4 of x (M, K) fp32 on the int4 rows (packed (N, pad64(K) / 2) uint8, scales
+    (N, pad64(K) / 32) fp16), plus bias (N,) fp32 or None, on nt threads. scratch: a uint8 buffer of at least
+    tc_gemm4_act_bytes(M, K, nt); out: a contiguous fp32 (M, N) to write into."""
+    M, K = x.shape
+    N = packed.size(0)
+    _check4(x, packed, scales, N, K)
+    if bias is not None and not (bias.dtype == torch.float32 and bias.numel() == N and bias.is_contiguous()):
+        raise ValueError("gemm4: bias (N,) fp32 contiguous")
+    need = int(lib.tc_gemm4_act_bytes(M, K, nt))
+    if scratch is None or scratch.numel() < need:
+        scratch = torch.empty(need, dtype=torch.uint8)
+    y = torch.empty(M, N) if out is None else out
+    if not (y.shape == (M, N) and y.dtype == torch.float32 and y.is_contiguous()):
+        raise ValueError("gemm4: out must be a contiguous fp32 (M, N)")
+    lib.tc_gemm4(x.data_ptr(), scratch.data_ptr(), packed.data_ptr(), scales.data_ptr(),
+                 None if bias is None else bias.data_ptr(), y.data_ptr(), M, N, K, nt)
+    return y
+
+
+def random_int4(N: int, K: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random int4 rows in native_q4.h's layout (any nibbles; fp16 scales of both signs), for the tests."""
+    Kp = pad64(K)
+    packed = torch.randint(0, 256, (N, Kp // 2), dtype=torch.uint8, generator=g)
+    scales = ((torch.rand(N, Kp // Q4G, generator=g) + 0.5) * (torch.randint(0, 2, (N, Kp // Q4G), generator=g) * 2
+                                                                 - 1)).to(torch.float16)
+    return packed, scales
+
+
 def _close(y, ref, tol=1e-4) -> bool:
     return bool(torch.allclose(y.double(), ref, rtol=tol, atol=tol * float(ref.abs().max())))
 
@@ -240,6 +331,14 @@ def _self_test(lib) -> bool:
             y = torch.full((N,), 3.0)
             lib.tc_gemv(x.data_ptr(), xq.data_ptr(), q.data_ptr(), s.data_ptr(), y.data_ptr(), N, K, 1, nt)
             if not _close(y - 3.0, ref):
+                return False
+    for N, K in ((37, 80), (8, 576), (5, 19)):          # the int4 GEMV and GEMM (native_q4.h)
+        packed, scales = random_int4(N, K, g)
+        x = torch.randn(3, K, generator=g)
+        ref = gemm4_ref(x, packed, scales)
+        for nt in (1, 2):
+            if not (_close(gemm4(lib, x, packed, scales, None, nt), ref)
+                    and _close(gemv4(lib, x[0].contiguous(), packed, scales, nt), ref[0])):
                 return False
     for M, N, K in ((67, 37, 80), (5, 9, 19)):          # the prefill GEMM: remainder tokens, rows and columns
         q = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)
@@ -267,7 +366,7 @@ def _self_test(lib) -> bool:
         xx, hh, uu, qkv = x0.clone(), torch.empty(d), torch.empty(hid), torch.empty(nq)
         lib.tc_tail(xx.data_ptr(), hh.data_ptr(), xq.data_ptr(), inv, ya.data_ptr(), d, w[0].data_ptr(), sc[0].data_ptr(),
                     w[1].data_ptr(), sc[1].data_ptr(), w[2].data_ptr(), sc[2].data_ptr(), uu.data_ptr(), hid, d,
-                    w[3].data_ptr(), sc[3].data_ptr(), qkv.data_ptr(), nq, nt)
+                    w[3].data_ptr(), sc[3].data_ptr(), qkv.data_ptr(), nq, 0, nt)
         if not (_close(xx, x, 1e-3) and _close(qkv, qkv_ref, 1e-3)):
             return False
     return True

@@ -28,6 +28,8 @@
    the threads: 200 tokens on 2 threads are 4 chunks of 50, not 64, 64, 64, 8. Each output is the same whatever
    the chunking and threads: a register tile's tokens never mix, and the summation order is fixed by K alone. Row
    and token remainders run the full tile on a repeated row / token and store only the real ones. */
+#ifndef TC_NATIVE_GEMM_H
+#define TC_NATIVE_GEMM_H
 #include "native_q8.h"
 
 #ifndef TC_GM
@@ -116,6 +118,8 @@ typedef __m512i tc_vi;
 #define TC_IZERO() _mm512_setzero_si512()
 #define TC_LDI(p) _mm512_load_si512((const void *)(p))
 #define TC_LDS(p) _mm512_load_ps(p)
+#define TC_LDSU(p) _mm512_loadu_ps(p)
+#define TC_MUL(A, B) _mm512_mul_ps(A, B)
 #define TC_FMA(I, S, F) _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), S, F)
 #define TC_HSUM(F) _mm512_reduce_add_ps(F)
 #define TC_ABS(X) (X)
@@ -128,6 +132,8 @@ typedef __m256i tc_vi;
 #define TC_IZERO() _mm256_setzero_si256()
 #define TC_LDI(p) _mm256_load_si256((const __m256i *)(p))
 #define TC_LDS(p) _mm256_load_ps(p)
+#define TC_LDSU(p) _mm256_loadu_ps(p)
+#define TC_MUL(A, B) _mm256_mul_ps(A, B)
 #define TC_FMA(I, S, F) _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), S, F)
 #define TC_HSUM(F) tc_hsum8(F)
 #if defined(TC_256_VNNI)
@@ -147,6 +153,8 @@ typedef int32x4_t tc_vi;                           /* 16 int8 or 4 int32, by use
 #define TC_IZERO() vdupq_n_s32(0)
 #define TC_LDI(p) vld1q_s32((const int32_t *)(const void *)(p))
 #define TC_LDS(p) vld1q_f32(p)
+#define TC_LDSU(p) vld1q_f32(p)
+#define TC_MUL(A, B) vmulq_f32(A, B)
 #define TC_FMA(I, S, F) vfmaq_f32(F, vcvtq_f32_s32(I), S)
 #define TC_HSUM(F) vaddvq_f32(F)
 #define TC_ABS(X) (X)
@@ -347,8 +355,12 @@ static inline __attribute__((always_inline)) void tc_sb_dots(const int8_t *w, co
         for (int t = 0; t < TC_GT; t++) acc[r][t] = c[r][t];
 }
 
-/* out[r][t] = sum_b sx[t, b] * dot(xq[t, b], q[r, b]) for a packed row tile (pk) and TC_GT token slots (a[t]). */
-static inline void tc_tile(const int8_t *pk, const int8_t *const a[TC_GT], int64_t K, float out[TC_GR][TC_GT]) {
+/* out[r][t] = sum_b sx[t, b] * dot(xq[t, b], q[r, b]) for a packed row tile (pk) and TC_GT token slots (a[t]).
+   wl (NULL: none): per row (nwl floats apart) a weight scale per lane of the layout, multiplied into the block
+   scales (native_q4.h's int4 rows: one scale per block). Inlined into each caller, so the int8 GEMM's copy has no
+   trace of it. */
+static inline __attribute__((always_inline)) void tc_tile_w(const int8_t *pk, const int8_t *const a[TC_GT], int64_t K,
+                                                            float out[TC_GR][TC_GT], const float *wl, int64_t nwl) {
     tc_geo g = tc_gemm_geo(K);
     tc_vf f[TC_GR][TC_GT];
     for (int r = 0; r < TC_GR; r++)
@@ -358,7 +370,8 @@ static inline void tc_tile(const int8_t *pk, const int8_t *const a[TC_GT], int64
         tc_sb_dots(pk + sb * 8 * TC_GR * TC_VB, a, sb * 40 * TC_L, acc);
         for (int t = 0; t < TC_GT; t++) {
             tc_vf sv = TC_LDS((const float *)(a[t] + sb * 40 * TC_L + 8 * TC_VB));
-            for (int r = 0; r < TC_GR; r++) f[r][t] = TC_FMA(acc[r][t], sv, f[r][t]);
+            for (int r = 0; r < TC_GR; r++)
+                f[r][t] = TC_FMA(acc[r][t], wl ? TC_MUL(sv, TC_LDSU(wl + r * nwl + sb * TC_L)) : sv, f[r][t]);
         }
     }
     const int8_t *w = pk + g.nsb * 8 * TC_GR * TC_VB;
@@ -380,9 +393,11 @@ static inline void tc_tile(const int8_t *pk, const int8_t *const a[TC_GT], int64
         }
         for (int t = 0; t < TC_GT; t++) {
             __m256 sv = _mm256_load_ps((const float *)(a[t] + o + 256));
-            for (int r = 0; r < TC_GR; r++)
+            for (int r = 0; r < TC_GR; r++) {
+                __m256 svr = wl ? _mm256_mul_ps(sv, _mm256_loadu_ps(wl + r * nwl + g.nsb * TC_L)) : sv;
                 f[r][t] = _mm512_add_ps(f[r][t], _mm512_zextps256_ps512(
-                                                     _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][t]), sv)));
+                                                     _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][t]), svr)));
+            }
         }
         w += 8 * TC_GR * 32;
     }
@@ -397,7 +412,10 @@ static inline void tc_tile(const int8_t *pk, const int8_t *const a[TC_GT], int64
             tc_vf sv = TC_LDS((const float *)(rq + g.rp + i * TC_VB));
             tc_vi c = TC_VNNI ? TC_LDI(rq + 2 * g.rp + i * TC_VB) : TC_IZERO();
             (void)ax;
-            for (int r = 0; r < TC_GR; r++) f[r][t] = TC_FMA(TC_ACC(c, wv[r], xv, ax), sv, f[r][t]);
+            for (int r = 0; r < TC_GR; r++)
+                f[r][t] = TC_FMA(TC_ACC(c, wv[r], xv, ax),
+                                 wl ? TC_MUL(sv, TC_LDSU(wl + r * nwl + g.nsb * TC_L + g.hsb * 8 + i * TC_L)) : sv,
+                                 f[r][t]);
         }
     }
 #if TC_GR * TC_GT % 8 == 0 && !defined(TC_NEON)
@@ -406,6 +424,10 @@ static inline void tc_tile(const int8_t *pk, const int8_t *const a[TC_GT], int64
     for (int r = 0; r < TC_GR; r++)
         for (int t = 0; t < TC_GT; t++) out[r][t] = TC_HSUM(f[r][t]);
 #endif
+}
+
+static inline void tc_tile(const int8_t *pk, const int8_t *const a[TC_GT], int64_t K, float out[TC_GR][TC_GT]) {
+    tc_tile_w(pk, a, K, out, NULL, 0);
 }
 #define TC_PACKED 1
 #else
@@ -507,3 +529,4 @@ void tc_gemm_ref(const float *x, void *buf, const int8_t *q, const float *s, con
         }
     }
 }
+#endif /* TC_NATIVE_GEMM_H */

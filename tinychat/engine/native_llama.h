@@ -68,32 +68,33 @@ static void rescore(float *logits, int64_t V, int64_t k, const int8_t *q, const 
 typedef struct {
     int64_t d, hidden, H, Hk, D, gstride, V, n_layers, rescore_k, embed_bf16;
     int64_t tab, x, h, xq, qkv, y, u, logits, sc, embed, cos_, sin_, gk, gv, tokens, lens, lens_cpu, head_q, head_s;
+    int64_t wfmt;                                  /* the layers' weights' formats (a TC_F_* mask); the head is int8 */
 } tc_lplan;
 
 /* x += w_o(y); h = rms(x); u = up(h); x += down(silu(gate) * up); then, if nq > 0: h = rms(x); qkv = wq(h) + b. */
 static void llama_tail(const int64_t *t, const int64_t *next, float *x, float *h, void *xq, float eps, const float *y,
-                       int64_t dv, float *u, int64_t hidden, int64_t d, float *qkv, int nt) {
-    const int8_t *wo_q = (const int8_t *)t[4], *up_q = (const int8_t *)t[6], *dn_q = (const int8_t *)t[8];
-    const float *wo_s = (const float *)t[5], *up_s = (const float *)t[7], *dn_s = (const float *)t[9];
+                       int64_t dv, float *u, int64_t hidden, int64_t d, float *qkv, int fmt, int nt) {
+    const void *wo_q = (const void *)t[4], *up_q = (const void *)t[6], *dn_q = (const void *)t[8];
+    const void *wo_s = (const void *)t[5], *up_s = (const void *)t[7], *dn_s = (const void *)t[9];
     int64_t nq = next ? next[2] : 0;
     tc_act8 a = tc_quant8(y, xq, dv);
 #pragma omp parallel num_threads(threads_for(2 * hidden * d, nt))
     {
-        gemv_rows(&a, wo_q, wo_s, x, d, dv, 1);
+        gemv_fmt(TC_FMT(fmt, TC_F_WO), &a, wo_q, wo_s, x, d, dv, 1);
 #pragma omp barrier
 #pragma omp single
         {
             rms_eps(x, h, d, eps);
             a = tc_quant8(h, xq, d);
         }
-        gemv_rows(&a, up_q, up_s, u, 2 * hidden, d, 0);
+        gemv_fmt(TC_FMT(fmt, TC_F_UP), &a, up_q, up_s, u, 2 * hidden, d, 0);
 #pragma omp barrier
 #pragma omp single
         {
             swiglu(u, hidden);
             a = tc_quant8(u, xq, hidden);
         }
-        gemv_rows(&a, dn_q, dn_s, x, d, hidden, 1);
+        gemv_fmt(TC_FMT(fmt, TC_F_DN), &a, dn_q, dn_s, x, d, hidden, 1);
         if (nq > 0) {
 #pragma omp barrier
 #pragma omp single
@@ -101,7 +102,7 @@ static void llama_tail(const int64_t *t, const int64_t *next, float *x, float *h
                 rms_eps(x, h, d, eps);
                 a = tc_quant8(h, xq, d);
             }
-            gemv_rows(&a, (const int8_t *)next[0], (const float *)next[1], qkv, nq, d, 0);
+            gemv_fmt(TC_FMT(fmt, TC_F_QKV), &a, (const void *)next[0], (const void *)next[1], qkv, nq, d, 0);
         }
     }
     if (nq > 0 && next[3])
@@ -109,12 +110,12 @@ static void llama_tail(const int64_t *t, const int64_t *next, float *x, float *h
 }
 
 /* h = rms(x); qkv = wq(h) + b (the first layer's; the head's without bias). */
-static void llama_norm_gemv(const float *x, float *h, void *xq, float eps, const int8_t *q, const float *s,
-                            const float *b, float *y, int64_t N, int64_t d, int nt) {
+static void llama_norm_gemv(const float *x, float *h, void *xq, float eps, const void *q, const void *s,
+                            const float *b, float *y, int64_t N, int64_t d, int fmt, int nt) {
     rms_eps(x, h, d, eps);
     tc_act8 a = tc_quant8(h, xq, d);
 #pragma omp parallel num_threads(threads_for(N * d, nt))
-    gemv_rows(&a, q, s, y, N, d, 0);
+    gemv_fmt(fmt, &a, q, s, y, N, d, 0);
     if (b)
         for (int64_t i = 0; i < N; i++) y[i] += b[i];
 }
@@ -136,8 +137,8 @@ void tc_llama_step(const tc_lplan *p, int64_t tok, int64_t L, float eps, float c
     } else {
         memcpy(x, (const float *)p->embed + tok * d, d * sizeof(float));
     }
-    llama_norm_gemv(x, h, xq, eps, (const int8_t *)tab[0], (const float *)tab[1], (const float *)tab[3], qkv, tab[2],
-                    d, nt);
+    llama_norm_gemv(x, h, xq, eps, (const void *)tab[0], (const void *)tab[1], (const float *)tab[3], qkv, tab[2],
+                    d, TC_FMT(p->wfmt, TC_F_QKV), nt);
     float qs = (float)(1.0 / sqrt((double)D));
     for (int64_t li = 0; li < p->n_layers; li++) {
         const int64_t *t = tab + li * LTAB_COLS;
@@ -156,12 +157,12 @@ void tc_llama_step(const tc_lplan *p, int64_t tok, int64_t L, float eps, float c
         }
         attend_all(qkv, H, Hk, D, K, Vc, gs, K, Vc, 0, NULL, L, y, (float *)p->sc, nt);
         llama_tail(t, li + 1 < p->n_layers ? t + LTAB_COLS : NULL, x, h, xq, eps, y, H * D, (float *)p->u, p->hidden,
-                   d, qkv, nt);
+                   d, qkv, (int)p->wfmt, nt);
     }
     ((int64_t *)p->lens)[0] += 1;
     ((int64_t *)p->lens_cpu)[0] += 1;
     float *logits = (float *)p->logits;
-    llama_norm_gemv(x, h, xq, eps, (const int8_t *)p->head_q, (const float *)p->head_s, NULL, logits, p->V, d, nt);
+    llama_norm_gemv(x, h, xq, eps, (const void *)p->head_q, (const void *)p->head_s, NULL, logits, p->V, d, 0, nt);
     if (p->rescore_k > 0)
         rescore(logits, p->V, p->rescore_k, (const int8_t *)p->head_q, (const float *)p->head_s, h, d);
     if (cap > 0.f) tc_softcap(logits, p->V, cap);

@@ -5,7 +5,8 @@ PyTorch step it must equal is lean_step._decode_lean).
 
 What it expresses: every layer global (kv_group 1, no local ring), no QK-norm, SwiGLU, RMSNorm with an epsilon,
 optional q/k/v biases, an optional softcap, no Engram, int8 Linears (no bias on w_o, up, down or the head), an
-fp32 cache of batch 1. Anything else runs lean_step."""
+fp32 cache of batch 1. Anything else runs lean_step. `--quant int4`: the same step on int4 layer weights (native_q4.h),
+the head int8."""
 from __future__ import annotations
 
 import ctypes
@@ -17,7 +18,7 @@ import torch
 from .append import RESCORE_K
 from .cache import KVCache
 from .native import act_scratch
-from .native_step import _PointerView
+from .native_step import _PointerView, layer_format
 from .quant import Int8Linear
 from .threads import ThreadTuner
 
@@ -28,8 +29,8 @@ def expresses(model, fs) -> bool:
     lin = [b.attn.w_o for b in model.blocks] + [b.mlp.up for b in model.blocks] + [b.mlp.down for b in model.blocks]
     return (not c.has_local and c.kv_group == 1 and c.mlp_kind == "swiglu" and not c.qk_norm
             and all(b.engram is None and b.attn.mode == "full" for b in model.blocks)
-            and all(type(m) is Int8Linear for m in fs.qkv) and type(fs.head) is Int8Linear and fs.head.bias is None
-            and all(type(m) is Int8Linear and m.bias is None for m in lin)
+            and layer_format(model, fs) is not None and type(fs.head) is Int8Linear and fs.head.bias is None
+            and all(m.bias is None for m in lin)
             and model.embed.weight.dtype in (torch.float32, torch.bfloat16))
 
 
@@ -50,6 +51,7 @@ class _NativeLlama(_PointerView):
         c = model.cfg
         self.lib = lib
         self._keep = []
+        self.wfmt = layer_format(model, fs)                 # the layers' formats (native_q4.h's TC_F_*); head int8
 
         def w(lin):                                         # (weights, scales)
             return self._ptrs(lin)[:2]
@@ -100,7 +102,7 @@ class _NativeLlama(_PointerView):
             return None
         p = TcLlamaPlan(d=c.d_model, hidden=c.mlp_hidden, H=c.n_heads, Hk=c.n_kv_heads, D=c.head_dim,
                         gstride=cache.max_len + 1, V=self.head[2], n_layers=len(model.blocks), rescore_k=self.rescore_k,
-                        embed_bf16=int(emb.dtype == torch.bfloat16))
+                        embed_bf16=int(emb.dtype == torch.bfloat16), wfmt=self.wfmt)
         for name in ("x", "h", "xq", "qkv", "y", "u", "logits", "sc"):
             setattr(p, name, getattr(self, name).data_ptr())
         p.tab, p.embed = self.tab.data_ptr(), emb.data_ptr()

@@ -11,12 +11,28 @@ import torch
 
 from .cache import KVCache
 from .native import act_scratch as native_act_scratch
-from .quant import Int8Linear
+from .quant import Int4Linear, Int8Linear
 from .threads import ThreadTuner
 
 
 def _no_native():
     return None
+
+
+def layer_format(model, fs) -> int | None:
+    """The native formats of a model's layer Linears, native_q4.h's TC_F_* mask: per kind (the fused QKV, w_o, up,
+    down) its bit set where every layer's is an Int4Linear, clear where every layer's is an Int8Linear; None where a
+    kind mixes them or holds something else."""
+    mask = 0
+    kinds = (fs.qkv, [b.attn.w_o for b in model.blocks], [b.mlp.up for b in model.blocks],
+             [b.mlp.down for b in model.blocks])
+    for bit, lins in zip((1, 2, 4, 8), kinds):
+        types = {type(m) for m in lins}
+        if types == {Int4Linear}:
+            mask |= bit
+        elif types != {Int8Linear}:
+            return None
+    return mask
 
 
 class _PointerView:
@@ -30,7 +46,10 @@ class _PointerView:
         return (_no_native, ())
 
     def _ptrs(self, lin) -> tuple[int, int, int]:
-        """(int8 weights, fp32 scales, rows) of an Int8Linear (the fused QKV: out_features 1)."""
+        """(int8 weights, fp32 scales, rows) of an Int8Linear (the fused QKV: out_features 1); of an Int4Linear
+        (packed int4 weights, fp16 group scales, rows: native_q4.h's layout)."""
+        if type(lin) is Int4Linear:
+            return lin.qweight.data_ptr(), lin.scale.data_ptr(), lin.qweight.size(0)
         s = lin.scale.float().contiguous()
         self._keep.append(s)
         return lin.qweight.data_ptr(), s.data_ptr(), lin.qweight.size(0)
@@ -44,11 +63,9 @@ class _NativeStep(_PointerView):
     def build(cls, model, fs):
         from . import native
         heads_int8 = isinstance(fs.head, Int8Linear)
-        if not (all(type(m) is Int8Linear for m in fs.qkv) and heads_int8
-                and all(type(b.attn.w_o) is Int8Linear and type(b.mlp.up) is Int8Linear
-                        and type(b.mlp.down) is Int8Linear and b.attn.w_o.bias is None and b.mlp.up.bias is None
-                        and b.mlp.down.bias is None for b in model.blocks)
-                and all(m.bias is None for m in fs.qkv) and fs.head.bias is None):
+        lins = [*fs.qkv, *(m for b in model.blocks for m in (b.attn.w_o, b.mlp.up, b.mlp.down))]
+        if not (layer_format(model, fs) is not None and heads_int8
+                and all(m.bias is None for m in lins) and fs.head.bias is None):
             return None
         lib = native.load()
         return None if lib is None else cls(model, fs, lib)
@@ -58,6 +75,7 @@ class _NativeStep(_PointerView):
         self.lib = lib
         self._keep = []
         w = self._ptrs
+        self.wfmt = layer_format(model, fs)     # the layers' formats (native_q4.h's TC_F_* mask); the head: int8
         self.qkv = [w(m) for m in fs.qkv]
         self.wo = [w(b.attn.w_o) for b in model.blocks]
         self.up = [w(b.mlp.up) for b in model.blocks]
@@ -170,7 +188,7 @@ class _NativeStep(_PointerView):
                 s.n_tab, s.size, s.hash, s.addrs = len(rows), size, hash_.data_ptr(), addrs.data_ptr()
                 s.e, s.exq, s.ek, s.ev = (t.data_ptr() for t in (self.e, self.exq, self.ek, self.ev))
         p = TcPlan(d=c.d_model, hidden=c.mlp_hidden, H=c.n_heads, Hk=c.n_kv_heads, D=c.head_dim, W=c.swa_window,
-                   gstride=cache.max_len + 1, V=self.head[2], n_seg=len(self.segments), n1=self.n1)
+                   gstride=cache.max_len + 1, V=self.head[2], n_seg=len(self.segments), n1=self.n1, wfmt=self.wfmt)
         for name in ("x", "h", "xq", "y", "u", "logits", "sc"):
             setattr(p, name, getattr(self, name).data_ptr())
         p.tab, p.qkv, p.embed, p.cid = self.tab.data_ptr(), self.qkvbuf.data_ptr(), emb.data_ptr(), cid.data_ptr()
@@ -286,9 +304,9 @@ def _decode_native(model, cache: KVCache, tok: int, L: int, fs, nat: _NativeStep
                                   ks, d, nat.e.data_ptr(), nat.exq.data_ptr(), nat.ek.data_ptr(),
                                   nat.ev.data_ptr(), nt)
             qp, sp, nq = nat.qkv[a]
-            lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, qp, sp, P["qkvbuf"], nq, d, nt)
+            lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, qp, sp, P["qkvbuf"], nq, d, nat.wfmt & 1, nt)
             lib.tc_layers(nat.tab.data_ptr(), a, b, P["x"], P["h"], P["xq"], inv, P["qkvbuf"], P["y"], P["u"], hid, d,
-                          H, Hk, D, cosp, sinp, lkp, lvp, W, gkp, gvp, cache.max_len + 1, lposp, L, scp, nt)
+                          H, Hk, D, cosp, sinp, lkp, lvp, W, gkp, gvp, cache.max_len + 1, lposp, L, scp, nat.wfmt, nt)
     group = -1
     n_layers = len(model.blocks)
     have_qkv = False
@@ -297,7 +315,7 @@ def _decode_native(model, cache: KVCache, tok: int, L: int, fs, nat: _NativeStep
             if blk.engram is not None:
                 x.add_(blk.engram(x[None, None], addrs[li])[0, 0])
             qp, sp, nq = nat.qkv[li]
-            lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, qp, sp, P["qkvbuf"], nq, d, nt)
+            lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, qp, sp, P["qkvbuf"], nq, d, nat.wfmt & 1, nt)
         full = blk.attn.mode == "full"
         if full:
             group += 1
@@ -328,11 +346,11 @@ def _decode_native(model, cache: KVCache, tok: int, L: int, fs, nat: _NativeStep
         wq, sq, nq = nat.qkv[nxt] if have_qkv else (None, None, 0)
         (op, os_, _), (up, us, _), (dp, ds, _) = nat.wo[li], nat.up[li], nat.down[li]
         lib.tc_tail(P["x"], P["h"], P["xq"], inv, P["y"], H * D, op, os_, up, us, dp, ds, P["u"], hid, d,
-                    wq, sq, P["qkvbuf"], nq, nt)
+                    wq, sq, P["qkvbuf"], nq, nat.wfmt, nt)
     lens_h[0] += 1
     lens_cpu_h[0] += 1
     hp, hs, V = nat.head
-    lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, hp, hs, P["logits"], V, d, nt)
+    lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, hp, hs, P["logits"], V, d, 0, nt)
     lib.tc_softcap(P["logits"], V, c.logit_softcap)     # one thread: torch.tanh would start a parallel region
     nat.tuner.record(time.perf_counter() - t0, ceiling)
     return nat.logits.clone()                           # callers keep logits across steps; the buffer is reused

@@ -1,8 +1,8 @@
-"""CPU speed modes (`--quant int8|bf16`): weight-only quantized Linears and quantize_cpu (the lean batch-1 step
+"""CPU speed modes (`--quant int8|int4|bf16`): weight-only quantized Linears and quantize_cpu (the lean batch-1 step
 that runs them is engine/cpu_step.py).
 
 Batch-1 decode on a CPU is memory-bound: every token streams all Linear weights once. Storing them in bf16 halves
-the bytes, int8 quarters them. The kernels take bf16 activations (fp32 accumulation inside); the residual stream,
+the bytes, int8 quarters them, int4 (Int4Linear: groups of 32 with an fp16 scale, ~4.5 bits a weight) takes an eighth. The kernels take bf16 activations (fp32 accumulation inside); the residual stream,
 norms, attention, softmax and the KV cache stay fp32. Every quant Linear has mm(xb): bf16 (rows, in) -> bf16
 (rows, out), the call the lean CPU step makes. These modes change the logits slightly."""
 from __future__ import annotations
@@ -254,24 +254,156 @@ class Int8Linear(torch.nn.Module):
         return y.view(*shape[:-1], self.out_features).to(x.dtype)
 
 
-def bulk_prefill_kernel(model, rows: int = 64) -> str | None:
-    """Which kernel the model's Int8Linears prefill `rows` tokens on (Int8Linear.prefill_kernel), None without any:
-    what a session records beside the decode step (a bf16 GEMM and the native int8 GEMM round differently)."""
+INT4_CANDIDATES = (-8.0, -8.5, -7.75, -7.5, -7.25, -7.0, -6.5, -6.0)   # d = (largest-magnitude value) / c
+
+
+def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K) -> (packed (N, Kp / 2) uint8, scales (N, Kp / 32) fp16), native_q4.h's layout (Kp: K rounded up to
+    64, zero columns past K). Per group of 32: Q4_0's form, q = clamp(round(w / d), -8, 7) with d = m / c for m the
+    group's value of largest magnitude (the first such), d stored in fp16 and q rounded against the stored value;
+    c is the first of INT4_CANDIDATES (-8: Q4_0's own) with the least squared error (a search llama.cpp's Q4_K does
+    too; here it costs a few % of the loading time). Deterministic: the same bytes on every machine."""
+    from .native import pad64
+    N, K = w.shape
+    Kp = pad64(K)
+    g = torch.nn.functional.pad(w.float(), (0, Kp - K)).view(N, Kp // 32, 32)
+    m = g.gather(-1, g.abs().argmax(dim=-1, keepdim=True))
+    best_q = best_d = best_e = None
+    for c in INT4_CANDIDATES:
+        d = (m / c).clamp_(-65504.0, 65504.0).to(torch.float16)
+        df = d.float()
+        q = torch.where(df != 0, g / torch.where(df != 0, df, 1.0), 0.0).round_().clamp_(-8, 7)
+        e = (q * df - g).square_().sum(-1, keepdim=True)
+        if best_e is None:
+            best_q, best_d, best_e = q, d, e
+        else:
+            better = e < best_e
+            best_q = torch.where(better, q, best_q)
+            best_d = torch.where(better, d, best_d)
+            best_e = torch.minimum(e, best_e)
+    u = (best_q + 8).to(torch.uint8).view(N, Kp // 64, 2, 32)
+    packed = (u[:, :, 0] | (u[:, :, 1] << 4)).reshape(N, Kp // 2)
+    return packed.contiguous(), best_d.view(N, Kp // 32).contiguous()
+
+
+# --quant int4 keeps these Linears int8 (names' last parts): the head (a tied embedding's, the largest matrix; llama.cpp's
+# Q4 files keep it at 6-8 bits), the Engram projections, and the attention's q/k/v projections (one fused matrix in the
+# native steps: int8 or int4 as a whole). The q/k/v rows are the most sensitive to 4 bits: SmolLM2-135M's perplexity
+# on tests/perf/data/held_text.txt, fp32 25.8, int8 26.6, every layer Linear int4 49.1, q/k/v int8 38.1 (+12% bytes
+# a token), q/k/v and down int8 34.3 (+32%); docs/benchmarks.md, "--quant int4".
+INT4_INT8_NAMES = ("head", "w_v", "w_k", "w_q", "w_kv_local", "w_kv_global")
+
+
+def int4_keeps_int8(name: str) -> bool:
+    """Does --quant int4 keep the Linear at this module path int8 (INT4_INT8_NAMES)?"""
+    return name.rsplit(".", 1)[-1] in INT4_INT8_NAMES
+
+
+class Int4Linear(torch.nn.Module):
+    """Weight-only int4 Linear (`--quant int4`): rows quantized in groups of 32 columns with one fp16 scale each
+    (quantize_int4; native_q4.h's packed layout: ~4.5 bits a weight, half of int8's bytes a token). Runs on the
+    native kernels: decode in the native steps (native_q4.h's GEMV on the int8 step's activation rounding), prefill on
+    the int4 GEMM (tc_gemm4: the same rounding per token). Without them (or native off): the dequantized weights
+    through fp32 GEMMs (prefill) and bf16 ones (mm, the lean PyTorch step): slow, a fallback. prefill_bf16 is kept
+    for the steps' configurations and not used."""
+
+    def __init__(self, lin: torch.nn.Linear, prefill_bf16: bool | None = None, native: bool = True,
+                 mapped: MappedWeights | None = None):
+        super().__init__()
+        src = lin.weight.detach()
+        parts, ss = [], []
+        for block in mapped.blocks(src) if mapped is not None else (src,):
+            for w in block.split(QUANT_ROWS):
+                p, s = quantize_int4(_quant_buffer(*w.shape).copy_(w))
+                parts.append(p)
+                ss.append(s)
+        self.in_features, self.out_features = lin.in_features, lin.out_features
+        self.register_buffer("qweight", torch.cat(parts).contiguous())
+        self.register_buffer("scale", torch.cat(ss).contiguous())
+        self.bias = None if lin.bias is None else torch.nn.Parameter(lin.bias.detach().float(), requires_grad=False)
+        self.prefill_bf16 = prefill_bf16
+        self.native = bool(native)
+
+    @classmethod
+    def from_rows(cls, pieces) -> "Int4Linear":
+        """One Int4Linear of the rows (lin, start, end) of Int4Linears, in order (exact: rows are kept)."""
+        first = pieces[0][0]
+        out = cls.__new__(cls)
+        torch.nn.Module.__init__(out)
+        q = torch.cat([lin.qweight[a:b] for lin, a, b in pieces]).contiguous()
+        out.in_features, out.out_features, out.prefill_bf16 = first.in_features, q.size(0), first.prefill_bf16
+        out.native = getattr(first, "native", True)
+        out.register_buffer("qweight", q)
+        out.register_buffer("scale", torch.cat([lin.scale[a:b] for lin, a, b in pieces]).contiguous())
+        out.bias = _rows_bias(pieces)
+        return out
+
+    @property
+    def weight(self):   # dequantized fp32 copy (N, K)
+        from .native import unpack4
+        q = unpack4(self.qweight, self.in_features).float()
+        return q * self.scale.float().repeat_interleave(32, dim=1)[:, :self.in_features]
+
+    def mm(self, xb):
+        y = torch.nn.functional.linear(xb, self.weight.to(xb.dtype))
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def gemm_lib(self):
+        """The native kernels this layer runs on, or None (native off, or no kernels here)."""
+        if not getattr(self, "native", True):
+            return None
+        from . import native
+        return native.load()
+
+    def prefill_kernel(self, rows: int, cpu: bool = True) -> str:
+        """"native-gemm" (tc_gemm4) where the kernels run, else "fp32-gemm" (the dequantized weights)."""
+        return "native-gemm" if cpu and self.gemm_lib() is not None else "fp32-gemm"
+
+    def forward(self, x):
+        shape = x.shape
+        lib = self.gemm_lib() if x.device.type == "cpu" else None
+        if lib is None:
+            b = None if self.bias is None else self.bias.to(x.dtype)
+            return torch.nn.functional.linear(x, self.weight.to(x.dtype), b)
+        from . import native
+        x2 = x.reshape(-1, shape[-1]).float().contiguous()
+        nt = torch.get_num_threads()
+        scratch = _act_scratch(int(lib.tc_gemm4_act_bytes(min(x2.size(0), INT8_GEMM_CHUNK), x2.size(1), nt)))
+        b = None if self.bias is None else self.bias.float().contiguous()
+        y = torch.empty(x2.size(0), self.out_features)
+        for i in range(0, x2.size(0), INT8_GEMM_CHUNK):
+            native.gemm4(lib, x2[i:i + INT8_GEMM_CHUNK], self.qweight, self.scale, b, nt, scratch,
+                         out=y[i:i + INT8_GEMM_CHUNK])
+        return y.view(*shape[:-1], self.out_features).to(x.dtype)
+
+
+def _bulk_linear(model):
+    """The Linear whose prefill a session records: the first Int4Linear (an int4 model's head is int8), else the first
+    Int8Linear, else None."""
+    first8 = None
     for m in model.modules():
-        if type(m) is Int8Linear:
-            return m.prefill_kernel(rows)
-    return None
+        if type(m) is Int4Linear:
+            return m
+        if first8 is None and type(m) is Int8Linear:
+            first8 = m
+    return first8
+
+
+def bulk_prefill_kernel(model, rows: int = 64) -> str | None:
+    """Which kernel the model's quantized Linears prefill `rows` tokens on (Int8Linear / Int4Linear.prefill_kernel),
+    None without any: what a session records beside the decode step (a bf16 GEMM and the native int8 GEMM round
+    differently)."""
+    m = _bulk_linear(model)
+    return None if m is None else m.prefill_kernel(rows)
 
 
 def native_prefill(model) -> bool:
-    """Does the model's int8 prefill run on the native int8 GEMM (its Int8Linears may, and the kernels load)?"""
-    for m in model.modules():
-        if type(m) is Int8Linear:
-            return m.gemm_lib() is not None
-    return False
+    """Does the model's int8 / int4 prefill run on the native GEMM (its Linears may, and the kernels load)?"""
+    m = _bulk_linear(model)
+    return m is not None and m.gemm_lib() is not None
 
 
-QUANT_CLASSES = {"int8": Int8Linear, "bf16": BF16Linear}     # every QUANT_MODES name but "none"
+QUANT_CLASSES = {"int8": Int8Linear, "int4": Int4Linear, "bf16": BF16Linear}   # every QUANT_MODES name but "none"
 
 
 @functools.cache
@@ -300,7 +432,10 @@ def effective_mode(mode: str | None) -> str:
 
 
 def quant_mode(model) -> str:
-    """What a model's Linears are: "int8", "bf16" (quantize_cpu ran on it) or "none"."""
+    """What a model's Linears are: "int4" (its head and Engram projections int8), "int8", "bf16" (quantize_cpu ran on
+    it) or "none"."""
+    if any(type(m) is Int4Linear for m in model.modules()):
+        return "int4"
     for m in model.modules():
         for mode, cls in QUANT_CLASSES.items():
             if type(m) is cls:
@@ -310,6 +445,7 @@ def quant_mode(model) -> str:
 
 def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | None = None):
     """In place. mode "int8": weight-only int8 Linear layers (Int8Linear, per-channel scales, bf16 activations).
+    "int4": Int4Linear layers (groups of 32, fp16 scales), those int4_keeps_int8 names Int8Linear.
     "bf16": Linear weights stored in bf16 (BF16Linear). Embeddings, Engram tables, norms, RoPE and the KV cache stay
     as they are. head=False keeps the output head in full precision. Use an fp32 KV cache with these.
     options: EngineOptions (its prefill_bf16 is fixed into every layer; default: EngineOptions.from_env()).
@@ -330,12 +466,13 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
     opts = options or EngineOptions.from_env()
     pbf = opts.prefill_bf16
     mapped = MappedWeights()            # weights used where the file lies: its pages go back once quantized
-    kw = {"native": opts.native, "mapped": mapped} if cls is Int8Linear else {"mapped": mapped}
+    kw = {"native": opts.native, "mapped": mapped} if cls in (Int8Linear, Int4Linear) else {"mapped": mapped}
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)
                and (head or name != "head")]
     for name, mod in targets:
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-        setattr(parent, name.rsplit(".", 1)[-1], cls(mod, pbf, **kw))
+        c = Int8Linear if cls is Int4Linear and int4_keeps_int8(name) else cls
+        setattr(parent, name.rsplit(".", 1)[-1], c(mod, pbf, **kw))
         mapped.drop(mod.weight)
     del targets, mod
     if hasattr(model, "blocks"):
