@@ -205,10 +205,10 @@ def _session_for_auto(quant: str, ref: str | None):
     to open_chat's own load to report."""
     if quant != "auto" or ref is None:
         return None
-    from .sessions import session as S
+    from .sessions import session as session_files
     try:
-        return S.load(ref)
-    except S.SessionError:
+        return session_files.load(ref)
+    except session_files.SessionError:
         return None
 
 
@@ -398,13 +398,13 @@ def _list_sessions(json_out: bool, grep: Optional[str]) -> None:
     import json
     import time
 
-    from .sessions import session as S
+    from .sessions import session as session_files
     errors: list = []
-    infos = S.list_sessions(errors=errors)
+    infos = session_files.list_sessions(errors=errors)
     if grep is not None:
         if not grep.strip():
             raise UsageError("--grep needs some text")
-        infos = [i for i in infos if S.matches(i.path, grep)]
+        infos = [i for i in infos if session_files.matches(i.path, grep)]
     if json_out:
         typer.echo(json.dumps([{"id": i.id, "path": str(i.path), "title": i.title, "updated": i.updated,
                                 "n_turns": i.n_turns, "model": i.model} for i in infos]))
@@ -423,10 +423,10 @@ def _list_sessions(json_out: bool, grep: Optional[str]) -> None:
 @sessions_app.command("show")
 def sessions_show(ref: str = typer.Argument(..., metavar="ID|PATH")):
     """Print a session as markdown."""
-    from .sessions import session as S
+    from .sessions import session as session_files
     from .textsafe import safe_text
-    from .sessions import export as SE
-    typer.echo(safe_text(SE.export_markdown(S.load(ref))))
+    from .sessions import export as session_export
+    typer.echo(safe_text(session_export.export_markdown(session_files.load(ref))))
 
 
 @sessions_app.command("export")
@@ -434,11 +434,11 @@ def sessions_export(ref: str = typer.Argument(..., metavar="ID|PATH"),
                     fmt: str = typer.Option("md", "--format", "-f", metavar="md|json", help="md or json."),
                     out: Optional[Path] = typer.Option(None, "--out", "-o", metavar="PATH", help="Write to a file (default: stdout).")):
     """Export a session as markdown or JSON."""
-    from .sessions import session as S
+    from .sessions import session as session_files
     check_choice("--format", fmt, ("md", "json"))
-    sess = S.load(ref)
-    from .sessions import export as SE
-    text = SE.export_markdown(sess) if fmt == "md" else SE.export_json(sess)
+    sess = session_files.load(ref)
+    from .sessions import export as session_export
+    text = session_export.export_markdown(sess) if fmt == "md" else session_export.export_json(sess)
     if out is None:
         from .textsafe import safe_text
         typer.echo(safe_text(text))
@@ -452,8 +452,8 @@ def sessions_export(ref: str = typer.Argument(..., metavar="ID|PATH"),
 @sessions_app.command("rename")
 def sessions_rename(ref: str = typer.Argument(..., metavar="ID"), title: str = typer.Argument(...)):
     """Give a session a new title."""
-    from .sessions import session as S
-    S.rename(ref, title)
+    from .sessions import session as session_files
+    session_files.rename(ref, title)
 
 
 @sessions_app.command("copy")
@@ -463,10 +463,10 @@ def sessions_copy(ref: str = typer.Argument(..., metavar="ID"),
     """Save a copy of a session under a new id (also while it is open elsewhere); continue it with -s NEW_ID."""
     import json
 
-    from .sessions import session as S
-    ref = S.resolve_id(ref)                     # the whole id, for the message below
-    dup = S.copy(ref, title=title)
-    path = S.session_path(dup.id)
+    from .sessions import session as session_files
+    ref = session_files.resolve_id(ref)                     # the whole id, for the message below
+    dup = session_files.copy(ref, title=title)
+    path = session_files.session_path(dup.id)
     if json_out:
         typer.echo(json.dumps({"id": dup.id, "path": str(path), "title": dup.title}))
     else:
@@ -479,9 +479,9 @@ def sessions_copy(ref: str = typer.Argument(..., metavar="ID"),
 @sessions_app.command("rm")
 def sessions_rm(ref: str = typer.Argument(..., metavar="ID")):
     """Delete a session (and its KV snapshot)."""
-    from .sessions import session as S
-    sid = S.resolve_id(ref)
-    if not S.delete(sid):
+    from .sessions import session as session_files
+    sid = session_files.resolve_id(ref)
+    if not session_files.delete(sid):
         raise UsageError(f"no session {ref!r} (`tinychat sessions` lists the saved ones)")
     typer.echo(f"deleted {sid}", err=True)
 
@@ -502,7 +502,7 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved s
 
     Exit 0 when every branch regenerates token-exact, 1 on a divergence (with the branch and token), 2 on any
     error."""
-    from .sessions import session as S
+    from .sessions import session as session_files
     if not 0 <= speed < float("inf"):
         raise UsageError(f"--speed must be 0 (as fast as it decodes) or more (got {speed})")
     dev = resolve_device(device)
@@ -522,7 +522,7 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved s
         raise typer.Exit(code)
     if json_out:
         raise UsageError("--json goes with a folder and --check")
-    sess = S.load(ref)
+    sess = session_files.load(ref)
     model = model_for_session(model, ref)
     if play and sys.stdin.isatty() and sys.stdout.isatty():
         from .tui.app import run_replay

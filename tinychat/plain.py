@@ -8,14 +8,14 @@ import sys
 import textwrap
 import threading
 
-from . import commands as C
+from . import commands
 from .chat.runtime import Chat, ChatError, TurnResult
 from .sampler_defaults import TINYCHAT
 from .sessions.session import SessionError
 from .textin import lf
 from .textsafe import plural, safe_line, safe_text
 
-PLAIN_HANDLERS = C.Handlers("plain")     # the plain mode's handler of each command of the table (below, in PlainREPL)
+PLAIN_HANDLERS = commands.Handlers("plain")     # the plain mode's handler of each command of the table (below, in PlainREPL)
 ENDLESS = 64 << 20      # characters of one line dropped before the input counts as endless (/dev/zero), not text
 
 
@@ -244,10 +244,10 @@ class PlainREPL:
     # -- slash commands ---------------------------------------------------------------------------------------
     def command(self, line: str) -> str | None:
         """Run one slash command (its handler in PLAIN_HANDLERS, by the table's name); "quit" to leave."""
-        cmd, args = C.parse(line)
+        cmd, args = commands.parse(line)
         try:
             return PLAIN_HANDLERS.find(cmd)(self, args)
-        except (C.CommandError, ChatError, SessionError) as e:
+        except (commands.CommandError, ChatError, SessionError) as e:
             self.errors += 1
             self.note(safe_line(f"error: {e}"))
         return None
@@ -258,7 +258,7 @@ class PlainREPL:
 
     @PLAIN_HANDLERS("/help")
     def _help(self, args: list[str]) -> None:
-        self.note(C.plain_help())
+        self.note(commands.plain_help())
 
     @PLAIN_HANDLERS("/new")
     def _new(self, args: list[str]) -> None:
@@ -287,7 +287,7 @@ class PlainREPL:
 
     @PLAIN_HANDLERS("/set")
     def _set(self, args: list[str]) -> None:
-        kv = C.parse_set(args)
+        kv = commands.parse_set(args)
         if kv is None:
             from_ = getattr(self.chat, "sources", {})
             for k, v in vars(self.chat.settings).items():
@@ -304,7 +304,7 @@ class PlainREPL:
 
     @PLAIN_HANDLERS("/fork")
     def _fork(self, args: list[str]) -> None:
-        pos, token = C.parse_fork(args)
+        pos, token = commands.parse_fork(args)
         r = self.turn(lambda on_token, on_reply: self.chat.fork(pos, token, on_token=on_token, on_reply=on_reply))
         if r is not None:
             at, n = self.chat.alternatives()
@@ -312,7 +312,7 @@ class PlainREPL:
 
     @PLAIN_HANDLERS("/alt")
     def _alt(self, args: list[str]) -> None:
-        at, n = self.chat.switch_alternative(C.parse_alt(args))
+        at, n = self.chat.switch_alternative(commands.parse_alt(args))
         self.note(f"reply {at}/{n}")
         if not self.json_out:
             self.out(self.chat.session.messages[-1].content)
@@ -320,7 +320,7 @@ class PlainREPL:
 
     @PLAIN_HANDLERS("/ab")
     def _ab(self, args: list[str]) -> None:
-        self.ab(C.parse_ab(args))
+        self.ab(commands.parse_ab(args))
 
     @PLAIN_HANDLERS("/undo")
     def _undo(self, args: list[str]) -> None:
@@ -330,7 +330,7 @@ class PlainREPL:
 
     @PLAIN_HANDLERS("/trace")
     def _trace(self, args: list[str]) -> None:
-        self.chat.trace = C.parse_trace(args)
+        self.chat.trace = commands.parse_trace(args)
         self.note(f"trace {args[0]}")
 
     @PLAIN_HANDLERS("/info")

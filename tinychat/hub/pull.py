@@ -97,20 +97,20 @@ def _endpoint() -> str:
 
 def _hub_error(e: Exception, ref: RepoRef, what: str = "") -> PullError:
     """A huggingface_hub exception as one line that says what to do."""
-    from huggingface_hub import errors as E
+    from huggingface_hub import errors as hub_errors
     repo = ref.repo
     response = getattr(e, "response", None)
     status = getattr(response, "status_code", None)
     code = getattr(response, "headers", {}).get("X-Error-Code") if response is not None else None
-    if isinstance(e, E.GatedRepoError) or code == "GatedRepo":
+    if isinstance(e, hub_errors.GatedRepoError) or code == "GatedRepo":
         how = "set HF_TOKEN to a token with access" if not _token() else "the token in HF_TOKEN has no access yet"
         return PullError(f"{repo} is gated: accept its terms at {_endpoint()}/{repo}, then {how}")
-    if isinstance(e, E.RevisionNotFoundError):
+    if isinstance(e, hub_errors.RevisionNotFoundError):
         return PullError(f"{repo} has no revision {ref.revision!r}")
-    if isinstance(e, E.RepositoryNotFoundError):
+    if isinstance(e, hub_errors.RepositoryNotFoundError):
         private = "" if _token() else " (a private repo needs HF_TOKEN)"
         return PullError(f"{repo}: no such model on {_endpoint()}{private}")
-    if isinstance(e, E.RemoteEntryNotFoundError):
+    if isinstance(e, hub_errors.RemoteEntryNotFoundError):
         return PullError(f"{repo}: {what or 'a file'} is not in the repo at this revision")
     if _network_error(e):
         cached = snapshot_for(ref) is not None

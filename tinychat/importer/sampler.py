@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import sampler_defaults as SD
+from .. import sampler_defaults
 from .errors import ImportRefused
 
 
-def model_sampler(src: Path, hints: list[str], context: int | None = None) -> SD.ModelDefaults:
+def model_sampler(src: Path, hints: list[str], context: int | None = None) -> sampler_defaults.ModelDefaults:
     """The defaults for the model imported from src (a GGUF file or an HF folder). hints: names of the model besides
     the file's (the repo id, the chat template's default system prompt) that the family table matches; context: the
     positions a chat on it may hold."""
@@ -23,12 +23,12 @@ def model_sampler(src: Path, hints: list[str], context: int | None = None) -> SD
                 meta = read_metadata(f, str(src))
         except (OSError, ImportRefused):
             meta = {}
-        values, sources, unused = SD.from_gguf_fields(meta)
+        values, sources, unused = sampler_defaults.from_gguf_fields(meta)
         hints += [str(meta.get(k) or "") for k in ("general.basename", "general.name")]
     else:
         try:
             gen = json.loads((src / "generation_config.json").read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError):
             gen = None
-        values, sources, unused = SD.from_generation_config(gen)
-    return SD.derive(values, sources, hints, unused, context)
+        values, sources, unused = sampler_defaults.from_generation_config(gen)
+    return sampler_defaults.derive(values, sources, hints, unused, context)

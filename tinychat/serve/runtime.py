@@ -165,21 +165,21 @@ class ChatRunner:
         """A Chat restored from the current conversation (its first k turns) plus history[k:]: each reply as this
         server recorded it when it sampled it in this conversation, else as written (recorded "edited": given,
         never sampled)."""
-        from tinychat.sessions import session as S
+        from tinychat.sessions import session as session_files
         from tinychat.chat import Chat
         old = self.chat
         tok = old.tok
-        sess = dataclasses.replace(old.session, id=S.new_id(), messages=list(old.session.messages), branches=[],
+        sess = dataclasses.replace(old.session, id=session_files.new_id(), messages=list(old.session.messages), branches=[],
                                    revision=0, kv_sha256="")
         n = sum(len(m.token_ids) for m in sess.messages)
         for j in range(k, len(history)):
             user, reply = history[j]
-            sess.messages.append(S.Message("user", user, tok.message_ids("user", user)))
+            sess.messages.append(session_files.Message("user", user, tok.message_ids("user", user)))
             known = self._replies.get(_key(system, history[:j], user, reply))
             if known is not None:
                 sess.messages.append(dataclasses.replace(known, id=0, parent=None))
             else:
-                sess.messages.append(S.Message("assistant", reply, tok.message_ids("assistant", reply),
+                sess.messages.append(session_files.Message("assistant", reply, tok.message_ids("assistant", reply),
                                                settings={**st.sampler(), "seed": 0}, seed=0, finish="edited"))
             n += len(sess.messages[-1].token_ids) + len(sess.messages[-2].token_ids)
         if n + st.max_new + 1 > old.max_len:

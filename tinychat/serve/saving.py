@@ -9,8 +9,8 @@ from pathlib import Path
 
 def save_copy(session, folder: Path) -> str:
     """Save a copy of `session` (the active path only) under a new id in `folder`; returns the id."""
-    from tinychat.sessions import session as S
-    copy = dataclasses.replace(session, id=S.new_id(), title="", branches=[], revision=0, kv_sha256="",
+    from tinychat.sessions import session as session_files
+    copy = dataclasses.replace(session, id=session_files.new_id(), title="", branches=[], revision=0, kv_sha256="",
                                messages=[dataclasses.replace(m, id=0, parent=None) for m in session.messages])
-    S.save(copy, folder)
+    session_files.save(copy, folder)
     return copy.id

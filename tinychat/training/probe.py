@@ -24,13 +24,13 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from . import topic_lists as L
+from . import topic_lists
 from .dialogue import contains_answer
 from .questions import article, countries, first_names, held_out, plural
 
 # Frames used only here: questions.py never writes these (tests/unit/test_training_probe.py checks it).
 CAPITAL_FRAMES = ["Tell me the capital of {c}.", "Quick question: which city is the capital of {c}?"]
-WELL_KNOWN = L.split("""Japan|France|Italy|Germany|Spain|Portugal|United Kingdom|Ireland|Norway|Sweden|Finland|
+WELL_KNOWN = topic_lists.split("""Japan|France|Italy|Germany|Spain|Portugal|United Kingdom|Ireland|Norway|Sweden|Finland|
 Denmark|Poland|Greece|Turkey|Egypt|Kenya|Nigeria|Morocco|South Africa|India|China|Russia|Canada|Mexico|Brazil|
 Argentina|Peru|Chile|Colombia|Australia|New Zealand|Thailand|Vietnam|Indonesia|Philippines|South Korea|Iran|Iraq|
 Israel|Saudi Arabia|Pakistan|Cuba|Austria|Switzerland|Belgium|Netherlands|Hungary|Ukraine|Venezuela""")
@@ -54,31 +54,31 @@ def candidates() -> list[dict]:
         c = by_name.get(name)
         if c and c["continent"]:
             add("continent", [f"In which continent would I find {name}?"], [c["continent"]])
-    for a, n in list(sorted(L.ANIMAL_LEGS.items()))[::4]:
-        add("legs", [f"Tell me how many legs {article(a)} has."], [n, L.NUMBER_WORDS[int(n)]])
-    for a, s in sorted(L.ANIMAL_SOUNDS.items())[::2]:
+    for a, n in list(sorted(topic_lists.ANIMAL_LEGS.items()))[::4]:
+        add("legs", [f"Tell me how many legs {article(a)} has."], [n, topic_lists.NUMBER_WORDS[int(n)]])
+    for a, s in sorted(topic_lists.ANIMAL_SOUNDS.items())[::2]:
         add("sound", [f"Which sound does {article(a)} make?"], [s, s + "s", s + "ing", s + "es"])
-    for a, b in sorted(L.BABY_ANIMALS.items())[::2]:
+    for a, b in sorted(topic_lists.BABY_ANIMALS.items())[::2]:
         add("young", [f"Tell me what a young {a} is called."], [b, plural(b)])
-    for x, col in sorted(L.COLOURS_OF.items())[::2]:
+    for x, col in sorted(topic_lists.COLOURS_OF.items())[::2]:
         add("colour", [f"Tell me the color of {x}."], [col])
-    for w, o in sorted(L.OPPOSITES.items())[::2]:
+    for w, o in sorted(topic_lists.OPPOSITES.items())[::2]:
         add("opposite", [f"Which word means the opposite of {w}?"], [o])
     sums = [(a, b) for a in range(1, 20) for b in range(1, 20) if held_out(f"{a}+{b}", "sum")]
     for a, b in rng.sample(sums, min(30, len(sums))):
         add("sum", [rng.choice(["Please compute {a} + {b}.", "Tell me what {a} plus {b} equals."]).format(a=a, b=b)],
-            [a + b] + ([L.NUMBER_WORDS[a + b]] if a + b < len(L.NUMBER_WORDS) else []))
+            [a + b] + ([topic_lists.NUMBER_WORDS[a + b]] if a + b < len(topic_lists.NUMBER_WORDS) else []))
     for i in range(7):
-        add("next-day", [f"Tell me which day follows {L.WEEKDAYS[i]}."], [L.WEEKDAYS[(i + 1) % 7]])
+        add("next-day", [f"Tell me which day follows {topic_lists.WEEKDAYS[i]}."], [topic_lists.WEEKDAYS[(i + 1) % 7]])
     for i in range(0, 12, 2):
-        add("next-month", [f"Tell me which month follows {L.MONTHS[i]}."], [L.MONTHS[(i + 1) % 12]])
+        add("next-month", [f"Tell me which month follows {topic_lists.MONTHS[i]}."], [topic_lists.MONTHS[(i + 1) % 12]])
     for q, a in [("Tell me how many days a week has.", ["7", "seven"]), ("Tell me how many months a year has.",
                  ["12", "twelve"]), ("Tell me how many legs a person has.", ["2", "two"]),
                  ("Tell me how many sides a square has.", ["4", "four"]),
                  ("Tell me how many wheels a car usually has.", ["4", "four"])]:
         add("count", [q], a)
     names = [n for n in first_names() if held_out(n, "name")]
-    topics = ["Tell me a fun fact about " + plural(a) + "." for a in L.ANIMALS[:40]]
+    topics = ["Tell me a fun fact about " + plural(a) + "." for a in topic_lists.ANIMALS[:40]]
     for n in rng.sample(names, min(40, len(names))):   # (fewer without faker's names)
         add("name", [f"Hello! I am {n}. {rng.choice(topics)}", rng.choice(["Tell me my name.", "What name did I give you?"])],
             [n])

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from . import topic_lists as L
+from . import topic_lists
 from .prompts import chitchat_pool
 
 
@@ -104,7 +104,7 @@ def countries() -> tuple[dict, ...]:
             continent = {"South America": "South America", "Northern America": "North America"}.get(sub, "")
         langs = d.get("languages") or []
         out.append({"name": name, "capital": capital, "continent": continent,
-                    "language": L.LANGUAGE_NAMES.get(langs[0], "") if langs else "",
+                    "language": topic_lists.LANGUAGE_NAMES.get(langs[0], "") if langs else "",
                     "demonym": d.get("demonym") or ""})
     return tuple(out)
 
@@ -126,7 +126,7 @@ def first_names() -> tuple[str, ...]:
         names = set(Provider.first_names_female) | set(Provider.first_names_male)
     except ImportError:
         names = set()
-    return tuple(sorted(names | set(L.NAMES_EXTRA)))
+    return tuple(sorted(names | set(topic_lists.NAMES_EXTRA)))
 
 
 @functools.lru_cache(maxsize=1)
@@ -135,7 +135,7 @@ def topic_words() -> tuple[str, ...]:
     try:
         import wordfreq
     except ImportError:
-        return tuple(L.ANIMALS + L.OBJECTS + L.HOBBIES)
+        return tuple(topic_lists.ANIMALS + topic_lists.OBJECTS + topic_lists.HOBBIES)
     return tuple(w for w in wordfreq.top_n_list("en", 15000)[800:] if w.isalpha() and w.isascii() and len(w) >= 5)
 
 
@@ -154,7 +154,7 @@ def question_pool(path: str | None) -> tuple[str, ...]:
 # Follow-ups
 # ----------------------------------------------------------------------------------------------------------------
 
-GENERIC = L.split("""Why?|Can you say more?|Can you give me an example?|Thanks! Anything else?|How so?|
+GENERIC = topic_lists.split("""Why?|Can you say more?|Can you give me an example?|Thanks! Anything else?|How so?|
 Can you explain that more simply?|Interesting. Tell me more.|Can you make it shorter?|What else should I know?|
 Thank you!|Really? Why is that?|Can you sum that up in one sentence?|Okay, and then what?|Cool! What else?|
 Is that true?|How do you know?|That's interesting. Why does that happen?|Could you explain it to a child?|
@@ -170,7 +170,7 @@ How would you explain that to a friend?|What's the short version?|And why is tha
 # An acknowledgment before 60 % of the generic follow-ups: 41 questions alone made each ~0.5 % of all user turns
 # (`training stats` on shards-6's first 7,422 conversations: "how do you know" 0.55 %); with these, ~10x as many
 # distinct follow-ups share those turns.
-ACKS = L.split("""Okay.|Ok.|Thanks.|Thanks!|Got it.|I see.|Hmm.|Interesting.|Wow.|Nice.|Cool.|Right.|Oh.|
+ACKS = topic_lists.split("""Okay.|Ok.|Thanks.|Thanks!|Got it.|I see.|Hmm.|Interesting.|Wow.|Nice.|Cool.|Right.|Oh.|
 Huh.|Good to know.|Makes sense.|Alright.|Sure.|Neat.|Hm, okay.""")
 
 
@@ -181,7 +181,7 @@ def _generic(rng: random.Random) -> Turn:
     return _t(text)
 
 
-DETAIL = L.split("""What do you mean by "{w}"?|Tell me more about {w}.|Why did you mention {w}?|
+DETAIL = topic_lists.split("""What do you mean by "{w}"?|Tell me more about {w}.|Why did you mention {w}?|
 Can you explain the part about {w}?|What is {w}, exactly?|How does {w} fit in?|You said {w}. Can you give an example?|
 Wait, what's {w}?|Can you say more about {w}?|Why is {w} important here?|I didn't know about {w}. Tell me more.|
 How is {w} related to my question?""")
@@ -221,15 +221,15 @@ def _t(text: str, *answers) -> Turn:
 
 
 # Question frames the probe set uses are never used here (probe.py holds them; tests check the two apart).
-CAPITAL = L.split("""What is the capital of {c}?|What's the capital city of {c}?|Which city is the capital of {c}?|
+CAPITAL = topic_lists.split("""What is the capital of {c}?|What's the capital city of {c}?|Which city is the capital of {c}?|
 Do you know the capital of {c}?|What city is the capital of {c}?|Name the capital of {c}.|
 I forgot: what is the capital of {c}?|What is {c}'s capital?""")
-CONTINENT = L.split("""Which continent is {c} in?|On what continent is {c}?|Is {c} in Europe, Asia or somewhere else?|
+CONTINENT = topic_lists.split("""Which continent is {c} in?|On what continent is {c}?|Is {c} in Europe, Asia or somewhere else?|
 Where in the world is {c}?""")
-LANGUAGE = L.split("""What language do people speak in {c}?|What is the main language of {c}?|
+LANGUAGE = topic_lists.split("""What language do people speak in {c}?|What is the main language of {c}?|
 Which language is spoken in {c}?""")
-DEMONYM = L.split("""What do you call a person from {c}?|What are people from {c} called?""")
-COUNTRY_MORE = L.split("""What is {c} famous for?|What food is {c} known for?|What is the weather like in {c}?|
+DEMONYM = topic_lists.split("""What do you call a person from {c}?|What are people from {c} called?""")
+COUNTRY_MORE = topic_lists.split("""What is {c} famous for?|What food is {c} known for?|What is the weather like in {c}?|
 What should I see if I visit {c}?|Tell me something interesting about {c}.|Is {c} a big country?|
 What is {cap} like?|What can I do in {cap}?""")
 
@@ -253,7 +253,7 @@ def _country(rng: random.Random):
         c2 = r.choice(cs)
         if not c2.get(field):
             return None
-        return _t(r.choice(L.split("And what about {c}?|What about {c}?|And {c}?|How about {c}?")).format(c=c2["name"]),
+        return _t(r.choice(topic_lists.split("And what about {c}?|What about {c}?|And {c}?|How about {c}?")).format(c=c2["name"]),
                   c2[field])
 
     def more(r):
@@ -264,56 +264,56 @@ def _country(rng: random.Random):
 def _animal_fact(rng):
     kind = rng.random()
     if kind < 0.3:
-        a, n = rng.choice(sorted(L.ANIMAL_LEGS.items()))
-        words = L.NUMBER_WORDS[int(n)] if int(n) < len(L.NUMBER_WORDS) else n
-        frame = rng.choice(L.split("How many legs does {a} have?|How many legs do {p} have?|"
+        a, n = rng.choice(sorted(topic_lists.ANIMAL_LEGS.items()))
+        words = topic_lists.NUMBER_WORDS[int(n)] if int(n) < len(topic_lists.NUMBER_WORDS) else n
+        frame = rng.choice(topic_lists.split("How many legs does {a} have?|How many legs do {p} have?|"
                                    "Does {a} have many legs? How many?"))
         first = _t(frame.format(a=article(a), p=plural(a)), n, words)
-        table = L.ANIMAL_LEGS
+        table = topic_lists.ANIMAL_LEGS
     elif kind < 0.55:
-        a, s = rng.choice(sorted(L.ANIMAL_SOUNDS.items()))
-        frame = rng.choice(L.split("What sound does {a} make?|What noise do {p} make?|How does {a} sound?"))
+        a, s = rng.choice(sorted(topic_lists.ANIMAL_SOUNDS.items()))
+        frame = rng.choice(topic_lists.split("What sound does {a} make?|What noise do {p} make?|How does {a} sound?"))
         first = _t(frame.format(a=article(a), p=plural(a)), s, s + "s", s + "ing", s + "es")
-        table = L.ANIMAL_SOUNDS
+        table = topic_lists.ANIMAL_SOUNDS
     else:
-        a, b = rng.choice(sorted(L.BABY_ANIMALS.items()))
-        frame = rng.choice(L.split("What is a baby {a} called?|What do you call a baby {a}?|What's the name for a young {a}?"))
+        a, b = rng.choice(sorted(topic_lists.BABY_ANIMALS.items()))
+        frame = rng.choice(topic_lists.split("What is a baby {a} called?|What do you call a baby {a}?|What's the name for a young {a}?"))
         first = _t(frame.format(a=a), b, plural(b))
-        table = L.BABY_ANIMALS
+        table = topic_lists.BABY_ANIMALS
 
     def again(r):
         a2, v = r.choice(sorted(table.items()))
-        checks = (v, L.NUMBER_WORDS[int(v)]) if v.isdigit() and int(v) <= 20 else (v, v + "s", plural(v))
-        return _t(r.choice(L.split("What about {a}?|And {a}?|How about {a}?")).format(a=article(a2)), *checks)
+        checks = (v, topic_lists.NUMBER_WORDS[int(v)]) if v.isdigit() and int(v) <= 20 else (v, v + "s", plural(v))
+        return _t(r.choice(topic_lists.split("What about {a}?|And {a}?|How about {a}?")).format(a=article(a2)), *checks)
     return first, [again, lambda r: _t(r.choice(ANIMAL_MORE).format(p=plural(a), a=article(a)))], "fact"
 
 
-ANIMAL_MORE = L.split("""Where do {p} live?|What do {p} eat?|How long do {p} live?|Are {p} good pets?|
+ANIMAL_MORE = topic_lists.split("""Where do {p} live?|What do {p} eat?|How long do {p} live?|Are {p} good pets?|
 Can {p} swim?|Tell me a fun fact about {p}.|Are {p} smart?|How big do {p} get?|Why are {p} important?""")
 
 
 def _colour(rng):
-    thing, col = rng.choice(sorted(L.COLOURS_OF.items()))
-    first = _t(rng.choice(L.split("What color is {x}?|What colour is {x}?|Tell me, what color is {x}?")).format(x=thing),
+    thing, col = rng.choice(sorted(topic_lists.COLOURS_OF.items()))
+    first = _t(rng.choice(topic_lists.split("What color is {x}?|What colour is {x}?|Tell me, what color is {x}?")).format(x=thing),
                col)
 
     def again(r):
-        t2, c2 = r.choice(sorted(L.COLOURS_OF.items()))
+        t2, c2 = r.choice(sorted(topic_lists.COLOURS_OF.items()))
         return _t(f"And {t2}?", c2)
-    return first, [again, lambda r: _t(r.choice(L.split("Why is it that color?|What else is that color?")))], "fact"
+    return first, [again, lambda r: _t(r.choice(topic_lists.split("Why is it that color?|What else is that color?")))], "fact"
 
 
 def _opposite(rng):
-    items = sorted(L.OPPOSITES.items())
+    items = sorted(topic_lists.OPPOSITES.items())
     w, o = rng.choice(items)
     if rng.random() < 0.5:
         w, o = o, w
-    first = _t(rng.choice(L.split('What is the opposite of "{w}"?|What\'s the opposite of {w}?|'
+    first = _t(rng.choice(topic_lists.split('What is the opposite of "{w}"?|What\'s the opposite of {w}?|'
                                   'Give me the opposite of the word "{w}".')).format(w=w), o)
 
     def again(r):
         w2, o2 = r.choice(items)
-        return _t(r.choice(L.split('And "{w}"?|What about "{w}"?|Now the opposite of "{w}".')).format(w=w2), o2)
+        return _t(r.choice(topic_lists.split('And "{w}"?|What about "{w}"?|Now the opposite of "{w}".')).format(w=w2), o2)
     return first, [again, lambda r: _t(f'Can you use "{o}" in a sentence?')], "fact"
 
 
@@ -332,21 +332,21 @@ def arithmetic_item(rng: random.Random) -> tuple[str, int, str]:
                   "-": "What is {a} minus {b}?|What is {a} - {b}?|If I have {a} cookies and eat {b}, how many are left?|"
                        "Subtract {b} from {a}.",
                   "*": "What is {a} times {b}?|What is {a} x {b}?|Multiply {a} by {b}.|What is {a} multiplied by {b}?"}
-        return op, ans, rng.choice(L.split(frames[op])).format(a=a, b=b)
+        return op, ans, rng.choice(topic_lists.split(frames[op])).format(a=a, b=b)
 
 
 def _arithmetic(rng):
     op, ans, text = arithmetic_item(rng)
-    checks = (ans, L.NUMBER_WORDS[ans]) if 0 <= ans < len(L.NUMBER_WORDS) else (ans,)
+    checks = (ans, topic_lists.NUMBER_WORDS[ans]) if 0 <= ans < len(topic_lists.NUMBER_WORDS) else (ans,)
 
     def again(r):
         op2, ans2, text2 = arithmetic_item(r)
-        c2 = (ans2, L.NUMBER_WORDS[ans2]) if 0 <= ans2 < len(L.NUMBER_WORDS) else (ans2,)
+        c2 = (ans2, topic_lists.NUMBER_WORDS[ans2]) if 0 <= ans2 < len(topic_lists.NUMBER_WORDS) else (ans2,)
         return _t(r.choice(["And ", "Now: ", "Next one: ", ""]) + text2[0].lower() + text2[1:], *c2)
-    return _t(text, *checks), [again, lambda r: _t(r.choice(L.split("How did you get that?|Can you show the steps?")))], "fact"
+    return _t(text, *checks), [again, lambda r: _t(r.choice(topic_lists.split("How did you get that?|Can you show the steps?")))], "fact"
 
 
-SHAPES = L.table("triangle=3|square=4|rectangle=4|pentagon=5|hexagon=6|octagon=8")
+SHAPES = topic_lists.table("triangle=3|square=4|rectangle=4|pentagon=5|hexagon=6|octagon=8")
 COUNTS = [("How many days are in a week?", "7", "seven"), ("How many months are in a year?", "12", "twelve"),
           ("How many hours are in a day?", "24", "24"), ("How many minutes are in an hour?", "60", "sixty"),
           ("How many seconds are in a minute?", "60", "sixty"), ("How many days are in a year?", "365", "365"),
@@ -359,38 +359,38 @@ def _calendar(rng):
     if r < 0.3:
         i = rng.randrange(7)
         after = rng.random() < 0.6
-        ans = L.WEEKDAYS[(i + 1) % 7] if after else L.WEEKDAYS[i - 1]
-        first = _t(f"What day comes {'after' if after else 'before'} {L.WEEKDAYS[i]}?", ans)
+        ans = topic_lists.WEEKDAYS[(i + 1) % 7] if after else topic_lists.WEEKDAYS[i - 1]
+        first = _t(f"What day comes {'after' if after else 'before'} {topic_lists.WEEKDAYS[i]}?", ans)
     elif r < 0.6:
         i = rng.randrange(12)
         after = rng.random() < 0.6
-        ans = L.MONTHS[(i + 1) % 12] if after else L.MONTHS[i - 1]
-        first = _t(f"Which month comes {'after' if after else 'before'} {L.MONTHS[i]}?", ans)
+        ans = topic_lists.MONTHS[(i + 1) % 12] if after else topic_lists.MONTHS[i - 1]
+        first = _t(f"Which month comes {'after' if after else 'before'} {topic_lists.MONTHS[i]}?", ans)
     elif r < 0.8:
         s, n = rng.choice(sorted(SHAPES.items()))
-        first = _t(rng.choice(L.split("How many sides does {a} have?|How many corners does {a} have?")).format(a=article(s)),
-                   n, L.NUMBER_WORDS[int(n)])
+        first = _t(rng.choice(topic_lists.split("How many sides does {a} have?|How many corners does {a} have?")).format(a=article(s)),
+                   n, topic_lists.NUMBER_WORDS[int(n)])
     else:
         q, a, w = rng.choice(COUNTS)
         first = _t(q, a, w)
-    return first, [lambda r2: _t(r2.choice(L.split("How can I remember that?|Is that the same everywhere?|"
+    return first, [lambda r2: _t(r2.choice(topic_lists.split("How can I remember that?|Is that the same everywhere?|"
                                                    "Who decided that?|Has it always been that way?")))], "fact"
 
 
 MEMORY_OPEN = {
-    "name": L.split("""Hi! My name is {x}.|Hello, I'm {x}. Nice to meet you!|Hey there, {x} here.|
+    "name": topic_lists.split("""Hi! My name is {x}.|Hello, I'm {x}. Nice to meet you!|Hey there, {x} here.|
 My name is {x}. How are you today?|Hi, I'm {x}. Can you help me with something?"""),
-    "colour": L.split("""My favorite color is {x}.|I really love the color {x}.|{x} is my favorite color."""),
-    "pet": L.split("""I have {n} {p} at home.|We have {n} {p}.|My family has {n} {p}."""),
-    "city": L.split("""I live in {x}.|I just moved to {x}.|I'm from {x}."""),
+    "colour": topic_lists.split("""My favorite color is {x}.|I really love the color {x}.|{x} is my favorite color."""),
+    "pet": topic_lists.split("""I have {n} {p} at home.|We have {n} {p}.|My family has {n} {p}."""),
+    "city": topic_lists.split("""I live in {x}.|I just moved to {x}.|I'm from {x}."""),
 }
 MEMORY_ASK = {
-    "name": L.split("""What's my name?|Do you remember my name?|What did I say my name was?|Who am I?"""),
-    "colour": L.split("""What's my favorite color?|Do you remember my favorite color?|Which color do I love?"""),
-    "pet": L.split("""How many {p} do I have?|Do you remember how many {p} I have?"""),
-    "city": L.split("""Where do I live?|Which city did I mention?|Do you remember where I live?"""),
+    "name": topic_lists.split("""What's my name?|Do you remember my name?|What did I say my name was?|Who am I?"""),
+    "colour": topic_lists.split("""What's my favorite color?|Do you remember my favorite color?|Which color do I love?"""),
+    "pet": topic_lists.split("""How many {p} do I have?|Do you remember how many {p} I have?"""),
+    "city": topic_lists.split("""Where do I live?|Which city did I mention?|Do you remember where I live?"""),
 }
-COLOUR_NAMES = L.split("red|blue|green|yellow|purple|orange|pink|black|white|brown|gray|teal")
+COLOUR_NAMES = topic_lists.split("red|blue|green|yellow|purple|orange|pink|black|white|brown|gray|teal")
 
 
 def _memory(rng):
@@ -404,7 +404,7 @@ def _memory(rng):
     elif what == "pet":
         n = rng.randint(2, 6)
         p = plural(rng.choice(["cat", "dog", "rabbit", "hamster", "goldfish", "chicken", "parrot", "turtle"]))
-        opener, ans = rng.choice(MEMORY_OPEN[what]).format(n=n, p=p), (str(n), L.NUMBER_WORDS[n])
+        opener, ans = rng.choice(MEMORY_OPEN[what]).format(n=n, p=p), (str(n), topic_lists.NUMBER_WORDS[n])
     else:
         cs = countries()
         x = rng.choice([c["capital"] for c in cs]) if cs else rng.choice(["Paris", "Lima", "Oslo", "Cairo"])
@@ -416,121 +416,121 @@ def _memory(rng):
 
 
 def _animal_open(rng):
-    a = rng.choice(L.ANIMALS)
-    first = _t(rng.choice(ANIMAL_MORE + L.split("Tell me about {p}.|What kind of animal is {a}?")).format(
+    a = rng.choice(topic_lists.ANIMALS)
+    first = _t(rng.choice(ANIMAL_MORE + topic_lists.split("Tell me about {p}.|What kind of animal is {a}?")).format(
         p=plural(a), a=article(a)))
     return first, [lambda r: _t(r.choice(ANIMAL_MORE).format(p=plural(a), a=article(a))),
-                   lambda r: _t(r.choice(ANIMAL_MORE).format(p=plural(b := r.choice(L.ANIMALS)), a=article(b)))], "explain"
+                   lambda r: _t(r.choice(ANIMAL_MORE).format(p=plural(b := r.choice(topic_lists.ANIMALS)), a=article(b)))], "explain"
 
 
 def _howto(rng):
-    task = rng.choice(L.TASKS)
-    first = _t(rng.choice(L.split("""How do I {x}?|What's the easiest way to {x}?|Can you teach me how to {x}?|
+    task = rng.choice(topic_lists.TASKS)
+    first = _t(rng.choice(topic_lists.split("""How do I {x}?|What's the easiest way to {x}?|Can you teach me how to {x}?|
 Give me the steps to {x}.|I want to {x}. Where do I start?|Any tips on how to {x}?|What do I need to {x}?""")).format(x=task))
-    more = L.split("""What do I need for that?|How long does it take?|What's the hardest part?|What if I make a mistake?|
+    more = topic_lists.split("""What do I need for that?|How long does it take?|What's the hardest part?|What if I make a mistake?|
 Can you make the steps shorter?|Is there a faster way?|What should I do first?|Any safety tips?""")
     return first, [lambda r: _t(r.choice(more)),
-                   lambda r: _t(r.choice(L.split("And how do I {x}?|What about how to {x}?")).format(x=r.choice(L.TASKS)))], "howto"
+                   lambda r: _t(r.choice(topic_lists.split("And how do I {x}?|What about how to {x}?")).format(x=r.choice(topic_lists.TASKS)))], "howto"
 
 
 def _job(rng):
     j = rng.choice(jobs())
-    frames = L.split("""What does {a} do?|How do I become {a}?|What skills does {a} need?|Is being {a} a good job?|
+    frames = topic_lists.split("""What does {a} do?|How do I become {a}?|What skills does {a} need?|Is being {a} a good job?|
 What is a typical day like for {a}?|What do you study to become {a}?""")
     first = _t(rng.choice(frames).format(a=article(j)))
     return first, [lambda r: _t(r.choice(frames).format(a=article(r.choice(jobs())))),
-                   lambda r: _t(r.choice(L.split("Is it well paid?|Is it hard?|What's the best part of that job?")))], "explain"
+                   lambda r: _t(r.choice(topic_lists.split("Is it well paid?|Is it hard?|What's the best part of that job?")))], "explain"
 
 
 def _food(rng):
-    f = rng.choice(L.FOODS)
-    frames = L.split("""How do you make {f}?|Are {f} healthy?|What goes well with {f}?|Where do {f} come from?|
+    f = rng.choice(topic_lists.FOODS)
+    frames = topic_lists.split("""How do you make {f}?|Are {f} healthy?|What goes well with {f}?|Where do {f} come from?|
 Is it okay to eat {f} every day?|What's a good recipe with {f}?|Why do people like {f}?|How should I store {f}?""")
     first = _t(rng.choice(frames).format(f=f))
-    return first, [lambda r: _t(r.choice(frames).format(f=r.choice(L.FOODS))),
-                   lambda r: _t(r.choice(L.split("Is that easy to make?|What's a healthier option?|Can kids eat that?")))], "explain"
+    return first, [lambda r: _t(r.choice(frames).format(f=r.choice(topic_lists.FOODS))),
+                   lambda r: _t(r.choice(topic_lists.split("Is that easy to make?|What's a healthier option?|Can kids eat that?")))], "explain"
 
 
 def _explain_object(rng):
-    o = rng.choice(L.OBJECTS)
-    frames = L.split("""What is {a} used for?|How does {a} work?|Who invented the {o}?|How do I choose a good {o}?|
+    o = rng.choice(topic_lists.OBJECTS)
+    frames = topic_lists.split("""What is {a} used for?|How does {a} work?|Who invented the {o}?|How do I choose a good {o}?|
 What did people use before the {o}?|Why is the {o} useful?|How do I take care of my {o}?|Explain how {a} works in simple words.""")
     first = _t(rng.choice(frames).format(a=article(o), o=o))
-    return first, [lambda r: _t(r.choice(frames).format(a=article(o2 := r.choice(L.OBJECTS)), o=o2))], "explain"
+    return first, [lambda r: _t(r.choice(frames).format(a=article(o2 := r.choice(topic_lists.OBJECTS)), o=o2))], "explain"
 
 
 def _place(rng):
-    p = rng.choice(L.PLACES)
-    frames = L.split("""What can I do at {p}?|What should I bring to {p}?|Describe {p} in three sentences.|
+    p = rng.choice(topic_lists.PLACES)
+    frames = topic_lists.split("""What can I do at {p}?|What should I bring to {p}?|Describe {p} in three sentences.|
 What is it like to live near {p}?|Is {p} a good place for a day out?|What is the best time of day to go to {p}?""")
-    return _t(rng.choice(frames).format(p=p)), [lambda r: _t(r.choice(frames).format(p=r.choice(L.PLACES)))], "explain"
+    return _t(rng.choice(frames).format(p=p)), [lambda r: _t(r.choice(frames).format(p=r.choice(topic_lists.PLACES)))], "explain"
 
 
 def _hobby(rng):
-    pool = L.HOBBIES + L.SPORTS + ["playing the " + i for i in L.INSTRUMENTS] + ["studying " + s for s in L.SUBJECTS]
+    pool = topic_lists.HOBBIES + topic_lists.SPORTS + ["playing the " + i for i in topic_lists.INSTRUMENTS] + ["studying " + s for s in topic_lists.SUBJECTS]
     h = rng.choice(pool)
-    frames = L.split("""How do I get started with {h}?|Is {h} hard to learn?|What are the benefits of {h}?|
+    frames = topic_lists.split("""How do I get started with {h}?|Is {h} hard to learn?|What are the benefits of {h}?|
 Why do people enjoy {h}?|What equipment do I need for {h}?|How can I get better at {h}?|Is {h} a good hobby for kids?|
 How much time should I spend on {h} each week?""")
     return _t(rng.choice(frames).format(h=h)), [lambda r: _t(r.choice(frames).format(h=r.choice(pool)))], "advice"
 
 
 def _compare(rng):
-    cat = rng.choice([L.ANIMALS, L.FOODS, L.OBJECTS, L.SPORTS, L.INSTRUMENTS, L.SUBJECTS, L.HOBBIES])
+    cat = rng.choice([topic_lists.ANIMALS, topic_lists.FOODS, topic_lists.OBJECTS, topic_lists.SPORTS, topic_lists.INSTRUMENTS, topic_lists.SUBJECTS, topic_lists.HOBBIES])
     x, y = rng.sample(cat, 2)
-    frames = L.split("""What's the difference between {x} and {y}?|Which is better, {x} or {y}?|
+    frames = topic_lists.split("""What's the difference between {x} and {y}?|Which is better, {x} or {y}?|
 How are {x} and {y} alike?|{X} or {y}: which would you pick, and why?|Compare {x} and {y} in two sentences.""")
     text = rng.choice(frames).format(x=x, y=y, X=x[0].upper() + x[1:])
-    more = L.split("""Which one do you prefer?|What do they have in common?|Which one is cheaper?|
+    more = topic_lists.split("""Which one do you prefer?|What do they have in common?|Which one is cheaper?|
 Which is easier for a beginner?|Which one would a child like more?|Is one of them healthier?|Which is older?|
 Which one is more popular?|Can you give one example of each?|Which would you choose for a gift?""")
     return _t(text), [lambda r: _t(r.choice(more)),
-                      lambda r: _t(r.choice(L.split("What about {y}?|And how does {y} compare?")).format(y=r.choice(cat)))], "compare"
+                      lambda r: _t(r.choice(topic_lists.split("What about {y}?|And how does {y} compare?")).format(y=r.choice(cat)))], "compare"
 
 
 def _define(rng):
     w = rng.choice(topic_words())
-    frames = L.split("""What does the word "{w}" mean?|Define "{w}".|What is the meaning of "{w}"?|
+    frames = topic_lists.split("""What does the word "{w}" mean?|Define "{w}".|What is the meaning of "{w}"?|
 Can you use the word "{w}" in a sentence?|What's a synonym for "{w}"?|Explain the word "{w}" to a child.""")
-    return _t(rng.choice(frames).format(w=w)), [lambda r: _t(r.choice(L.split(
+    return _t(rng.choice(frames).format(w=w)), [lambda r: _t(r.choice(topic_lists.split(
         "Can you use it in a sentence?|What is the opposite?|Give me a synonym.|Where does the word come from?")))], "define"
 
 
 def _opinion(rng):
-    a, b = rng.sample(L.PLACES, 2)
-    frames = [f"Would you rather visit {a} or {b}?", f"Do you like {rng.choice(L.FOODS)}?",
-              f"What do you think about {rng.choice(L.HOBBIES)}?", f"Is {rng.choice(L.SPORTS)} fun to watch?",
-              f"What's better for a rainy day: {rng.choice(L.HOBBIES)} or {rng.choice(L.HOBBIES)}?",
-              f"Would a {rng.choice(L.ANIMALS)} make a good pet?",
-              f"Which is more useful, {article(rng.choice(L.OBJECTS))} or {article(rng.choice(L.OBJECTS))}?"]
-    return _t(rng.choice(frames)), [lambda r: _t(r.choice(L.split("Why do you think so?|What would change your mind?|"
+    a, b = rng.sample(topic_lists.PLACES, 2)
+    frames = [f"Would you rather visit {a} or {b}?", f"Do you like {rng.choice(topic_lists.FOODS)}?",
+              f"What do you think about {rng.choice(topic_lists.HOBBIES)}?", f"Is {rng.choice(topic_lists.SPORTS)} fun to watch?",
+              f"What's better for a rainy day: {rng.choice(topic_lists.HOBBIES)} or {rng.choice(topic_lists.HOBBIES)}?",
+              f"Would a {rng.choice(topic_lists.ANIMALS)} make a good pet?",
+              f"Which is more useful, {article(rng.choice(topic_lists.OBJECTS))} or {article(rng.choice(topic_lists.OBJECTS))}?"]
+    return _t(rng.choice(frames)), [lambda r: _t(r.choice(topic_lists.split("Why do you think so?|What would change your mind?|"
                                                                    "Interesting! And what about me?")))], "opinion"
 
 
 def _creative(rng):
-    any_ = rng.choice([article(rng.choice(L.ANIMALS)), rng.choice(L.FOODS), article(rng.choice(L.OBJECTS)),
-                       rng.choice(L.PLACES), rng.choice(topic_words())])
-    frames = L.split("""Write a haiku about {x}.|Write a two-line poem about {x}.|Tell me a joke about {x}.|
+    any_ = rng.choice([article(rng.choice(topic_lists.ANIMALS)), rng.choice(topic_lists.FOODS), article(rng.choice(topic_lists.OBJECTS)),
+                       rng.choice(topic_lists.PLACES), rng.choice(topic_words())])
+    frames = topic_lists.split("""Write a haiku about {x}.|Write a two-line poem about {x}.|Tell me a joke about {x}.|
 Describe {x} in three words.|Write one sentence that makes {x} sound exciting.|Give me a fun name for a {a}.|
 Tell me a very short story about a {a} who loves {h}.|Write a riddle about {x}.""")
-    text = rng.choice(frames).format(x=any_, a=rng.choice(L.ANIMALS), h=rng.choice(L.HOBBIES))
-    return _t(text), [lambda r: _t(r.choice(L.split("Make it funnier.|Now make it rhyme.|Can you write another one?|"
+    text = rng.choice(frames).format(x=any_, a=rng.choice(topic_lists.ANIMALS), h=rng.choice(topic_lists.HOBBIES))
+    return _t(text), [lambda r: _t(r.choice(topic_lists.split("Make it funnier.|Now make it rhyme.|Can you write another one?|"
                                                     "Give it a title.|Make it shorter, please.")))], "creative"
 
 
 def _advice(rng):
-    trait, task = rng.choice(L.TRAITS), rng.choice(L.TASKS)
+    trait, task = rng.choice(topic_lists.TRAITS), rng.choice(topic_lists.TASKS)
     frames = [f"How can I be more {trait}?", f"My friend wants to {task}. What should I tell them?",
               f"I'm nervous about {rng.choice(SITUATIONS)}. Any advice?",
               f"What's a good way to spend a free afternoon {rng.choice(WHEN)}?",
-              f"How do I stay motivated to keep {rng.choice(L.HOBBIES)}?",
+              f"How do I stay motivated to keep {rng.choice(topic_lists.HOBBIES)}?",
               f"What should I do if I can't {task}?"]
-    return _t(rng.choice(frames)), [lambda r: _t(r.choice(L.split("What if that doesn't work?|What should I do first?|"
+    return _t(rng.choice(frames)), [lambda r: _t(r.choice(topic_lists.split("What if that doesn't work?|What should I do first?|"
                                                                    "How long will it take?|Any other advice?")))], "advice"
 
 
-WHEN = L.split("in winter|in summer|on a rainy day|with kids|alone|with friends|on a budget|in a small town|at home")
-SITUATIONS = L.split("""my exams|a new job|moving to a new city|my presentation tomorrow|my first day at school|
+WHEN = topic_lists.split("in winter|in summer|on a rainy day|with kids|alone|with friends|on a budget|in a small town|at home")
+SITUATIONS = topic_lists.split("""my exams|a new job|moving to a new city|my presentation tomorrow|my first day at school|
 a job interview|my driving test|meeting new people|a long flight|speaking in class|a doctor's appointment|a big game""")
 
 

@@ -21,7 +21,7 @@ import re
 import time
 from pathlib import Path
 
-from . import topic_lists as L
+from . import topic_lists
 
 INSTRUCTIONS = ["Write one short question that a curious person might ask about {t}. Write only the question.",
                 "Ask me one interesting question about {t}. Only the question, please.",
@@ -32,7 +32,7 @@ _BAD_START = re.compile(r"^(sure|here|certainly|question|q:|of course|absolutely
 
 def topics(rng: random.Random) -> str:
     from .questions import countries, jobs, topic_words
-    pools = [L.ANIMALS, L.FOODS, L.OBJECTS, L.PLACES, L.HOBBIES, L.SPORTS, L.INSTRUMENTS, L.SUBJECTS,
+    pools = [topic_lists.ANIMALS, topic_lists.FOODS, topic_lists.OBJECTS, topic_lists.PLACES, topic_lists.HOBBIES, topic_lists.SPORTS, topic_lists.INSTRUMENTS, topic_lists.SUBJECTS,
              list(jobs()), [c["name"] for c in countries()], list(topic_words())]
     weights = [1, 1, 1, 1, 1, 0.5, 0.5, 0.5, 1, 1, 4]
     return rng.choice(rng.choices(pools, weights=weights)[0])

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..commands import parse_ab
-from ..sessions import tree as T
+from ..sessions import tree as session_tree
 from ..textsafe import plural
 from .messages import AbReady
 from .screens.ab import ABScreen
@@ -74,7 +74,7 @@ class ABFlow:
             app.notify("kept A (B stays an alternative of the reply)")
             app.prompt.focus()
             return
-        sibs, _ = T.siblings(app.chat.session, len(app.chat.session.messages) - 1)
+        sibs, _ = session_tree.siblings(app.chat.session, len(app.chat.session.messages) - 1)
         place = next((i + 1 for i, m in enumerate(sibs) if m.id == result.b.message_id), None)
         if place is None or not ctl.can_run("keeping B"):
             return

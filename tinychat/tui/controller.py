@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ..numbers import is_count
 from ..settings import ChatError
-from . import jobs as J
+from . import jobs
 from .runtime import Backend, Pace
 from .state import Busy, ChatState
 
@@ -70,12 +70,12 @@ class ChatController:
         finally:
             self.set_busy(None)
 
-    def start(self, job: J.Job) -> None:
+    def start(self, job: jobs.Job) -> None:
         """Run `job` on a thread worker of its group (one at a time); what it finds arrives as a message."""
         self.host.run_worker(partial(job.run, self.host.post_message), name=job.name, group=job.group, thread=True,
                              exclusive=True, exit_on_error=False)
 
-    def run(self, kind: Busy, job: J.Job) -> None:
+    def run(self, kind: Busy, job: jobs.Job) -> None:
         self.set_busy(kind)
         self.start(job)
 
@@ -101,7 +101,7 @@ class ChatController:
 
     # -- the operations -----------------------------------------------------------------------------------------------
     def load(self) -> None:
-        self.start(J.Load(self.backend))
+        self.start(jobs.Load(self.backend))
 
     def loaded(self, chat: Chat) -> None:
         self.state.chat = chat
@@ -109,15 +109,15 @@ class ChatController:
             chat.autosave = False                   # a replay never writes sessions
 
     def turn(self, kind: Busy, text: str = "", trace: bool = False, edit_at: int | None = None,
-             fork_at: tuple[int, int, int] | None = None) -> J.Turn:
+             fork_at: tuple[int, int, int] | None = None) -> jobs.Turn:
         """A new turn's job (a new turn id; busy with `kind`), for `start` once its reply is on screen."""
         self.state.turn_id += 1
         self.state.job_text = text
         self.set_busy(kind)
-        return J.Turn(self.chat, kind, self.state.turn_id, self.pace, text, trace, edit_at, fork_at)
+        return jobs.Turn(self.chat, kind, self.state.turn_id, self.pace, text, trace, edit_at, fork_at)
 
     def replay(self) -> None:
-        self.run(Busy.REPLAY, J.Replay(self.chat, self.replay_sess, self.replay_speed, self.pace, self.stop_replay))
+        self.run(Busy.REPLAY, jobs.Replay(self.chat, self.replay_sess, self.replay_speed, self.pace, self.stop_replay))
 
     def undo(self) -> None:
         if not self.can_run("undo"):
@@ -125,15 +125,15 @@ class ChatController:
         if not self.chat.session.n_turns:
             self.notify("no turn to undo")
             return
-        self.run(Busy.UNDO, J.Undo(self.chat))
+        self.run(Busy.UNDO, jobs.Undo(self.chat))
 
     def new_chat(self) -> None:
         if self.can_run("start a new chat"):
-            self.run(Busy.NEW, J.NewChat(self.chat))
+            self.run(Busy.NEW, jobs.NewChat(self.chat))
 
     def save(self, title: str | None) -> None:
         if self.can_run("save"):
-            self.run(Busy.SAVE, J.Save(self.chat, title))
+            self.run(Busy.SAVE, jobs.Save(self.chat, title))
 
     def switch_alt(self, which: str, index: int | None = None) -> None:
         """Show another alternative of message `index` (default: the last reply): "next", "prev" or a 1-based
@@ -160,12 +160,12 @@ class ChatController:
     def keep_alt(self, which: str, index: int | None = None, what: str = "reply") -> None:
         """Switch to alternative `which`, unchecked (an A/B's side B, which the chat just made)."""
         self.alt_what = what
-        self.run(Busy.ALT, J.SwitchAlt(self.chat, which, index))
+        self.run(Busy.ALT, jobs.SwitchAlt(self.chat, which, index))
 
     def edit_reply(self, index: int, text: str) -> None:
         """Keep reply `index` as written (no decoding: the view is rebuilt when it is done)."""
         self.alt_what = "reply"
-        self.run(Busy.ALT, J.EditReply(self.chat, index, text))
+        self.run(Busy.ALT, jobs.EditReply(self.chat, index, text))
 
     def check_settings(self, changes: dict) -> str | None:
         """Why the settings waiting plus `changes` cannot apply (one line), None when they can."""
@@ -193,7 +193,7 @@ class ChatController:
         """The settings that waited for the operation that ended, now (called whenever one ends)."""
         if self.state.pending_settings and self.busy is None and self.chat is not None:
             changes, self.state.pending_settings = self.state.pending_settings, {}
-            self.run(Busy.SET, J.ApplySettings(self.chat, tuple(changes.items())))
+            self.run(Busy.SET, jobs.ApplySettings(self.chat, tuple(changes.items())))
 
     def open_session(self, sid: str) -> bool:
         """Open saved session `sid` in place of the chat; False when it cannot start (said why)."""
@@ -202,14 +202,14 @@ class ChatController:
         if self.chat.session.id == sid:
             self.notify("that session is open")
             return False
-        self.run(Busy.OPEN, J.OpenSession(self.backend, self.chat, sid))
+        self.run(Busy.OPEN, jobs.OpenSession(self.backend, self.chat, sid))
         return True
 
     def switch_model(self, where, sid: str) -> bool:
         """Load the model at `where` and open session `sid` on it; False when it cannot start now."""
         if not self.can_run("switch models"):
             return False
-        self.run(Busy.OPEN, J.SwitchModel(self.backend, self.chat, where, sid))
+        self.run(Busy.OPEN, jobs.SwitchModel(self.backend, self.chat, where, sid))
         return True
 
     def opened(self, chat: Chat) -> None:
@@ -226,7 +226,7 @@ class ChatController:
         if err:
             self.notify(err, severity="error")
             return False
-        self.run(Busy.AB, J.RunAB(self.chat, tuple(changes.items())))
+        self.run(Busy.AB, jobs.RunAB(self.chat, tuple(changes.items())))
         return True
 
     def take_queued(self) -> str | None:

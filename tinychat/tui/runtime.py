@@ -148,10 +148,10 @@ class Backend:
         from ..loading import resolve_quant
         sess = None
         if self.quant == "auto" and session_ref is not None:
-            from ..sessions import session as S
+            from ..sessions import session as session_files
             try:
-                sess = S.load(session_ref)
-            except S.SessionError:
+                sess = session_files.load(session_ref)
+            except session_files.SessionError:
                 pass                                    # open_chat's own load reports it
         return resolve_quant(self.quant, self.device, sess)
 

@@ -25,8 +25,8 @@ class SessionsFlow:
         chat = self.app.chat
         if chat is not None and chat.session.id == sid:
             chat.session.title = title      # the next autosave keeps the new title
-            from ..sessions import session as S          # ... over the renamed file: take its revision
-            S.adopt_revision(chat.session, getattr(chat, "sessions_dir", None))
+            from ..sessions import session as session_files          # ... over the renamed file: take its revision
+            session_files.adopt_revision(chat.session, getattr(chat, "sessions_dir", None))
 
     def screen_done(self, result: tuple | None) -> None:
         if not result:

@@ -14,8 +14,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Static
 
-from ...sessions import session as S
-from ...sessions import export as SE
+from ...sessions import session as session_files
+from ...sessions import export as session_export
 from ...fsutil import OutPathError, write_out
 from .dialogs import ConfirmDialog, TextDialog
 
@@ -70,10 +70,10 @@ class SessionsScreen(ModalScreen[tuple | None]):
         self.current, self.sessions_dir = current, sessions_dir
         self.export_dir = export_dir
         self.on_renamed = on_renamed
-        self.infos: list[S.SessionInfo] = []       # the rows shown (filtered)
-        self.every: list[S.SessionInfo] = []       # every readable session, newest first
+        self.infos: list[session_files.SessionInfo] = []       # the rows shown (filtered)
+        self.every: list[session_files.SessionInfo] = []       # every readable session, newest first
         self.errors: list = []
-        self._texts: dict[tuple, str] = {}         # (path, updated) -> S.search_text: each file read once
+        self._texts: dict[tuple, str] = {}         # (path, updated) -> session_files.search_text: each file read once
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="sessions"):
@@ -94,14 +94,14 @@ class SessionsScreen(ModalScreen[tuple | None]):
 
     def reload(self, keep: str | None = None) -> None:
         errors: list = []
-        self.every = S.list_sessions(self.sessions_dir, errors=errors)
+        self.every = session_files.list_sessions(self.sessions_dir, errors=errors)
         self.errors = errors
         self.show(keep)
 
-    def _text(self, info: S.SessionInfo) -> str:
+    def _text(self, info: session_files.SessionInfo) -> str:
         key = (str(info.path), info.updated)
         if key not in self._texts:
-            self._texts[key] = S.search_text(info.path)
+            self._texts[key] = session_files.search_text(info.path)
         return self._texts[key]
 
     def show(self, keep: str | None = None) -> None:
@@ -159,7 +159,7 @@ class SessionsScreen(ModalScreen[tuple | None]):
     def action_filter(self) -> None:
         self.query_one("#sessions-filter", Input).focus()
 
-    def selected(self) -> S.SessionInfo | None:
+    def selected(self) -> session_files.SessionInfo | None:
         table = self.query_one(DataTable)
         if not self.infos or table.cursor_row is None or not 0 <= table.cursor_row < len(self.infos):
             return None
@@ -193,8 +193,8 @@ class SessionsScreen(ModalScreen[tuple | None]):
             if not title or not title.strip():
                 return
             try:
-                S.rename(info.id, title, self.sessions_dir)
-            except (S.SessionError, OSError) as e:
+                session_files.rename(info.id, title, self.sessions_dir)
+            except (session_files.SessionError, OSError) as e:
                 self.notify(str(e), severity="error")
                 return
             if self.on_renamed is not None:
@@ -211,8 +211,8 @@ class SessionsScreen(ModalScreen[tuple | None]):
             if not yes:
                 return
             try:
-                S.delete(info.id, self.sessions_dir)
-            except (S.SessionError, OSError) as e:
+                session_files.delete(info.id, self.sessions_dir)
+            except (session_files.SessionError, OSError) as e:
                 self.notify(str(e), severity="error")
                 return
             self.notify(f"deleted {info.title}")
@@ -232,9 +232,9 @@ class SessionsScreen(ModalScreen[tuple | None]):
 
         def write(out: Path) -> None:
             try:
-                sess = S.load(info.id, self.sessions_dir)
-                write_out(out, SE.export_markdown(sess).encode("utf-8"))     # a link: its target written
-            except (S.SessionError, OutPathError, OSError) as e:
+                sess = session_files.load(info.id, self.sessions_dir)
+                write_out(out, session_export.export_markdown(sess).encode("utf-8"))     # a link: its target written
+            except (session_files.SessionError, OutPathError, OSError) as e:
                 self.notify(f"not exported: {e}", severity="error")
                 return
             self.notify(f"exported to {out}")
