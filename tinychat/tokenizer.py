@@ -312,6 +312,14 @@ class Tokenizer:
             out.append(bytes(table[c] for c in tok))
         return out
 
+    def token_bytes(self, tid: int) -> bytes:
+        """The exact bytes token `tid` stands for: a byte-level token that holds part of a UTF-8 character gives those
+        bytes (decoding it alone gives U+FFFD); other tokenizers give their decoded text's UTF-8."""
+        raw = self._token_bytes
+        if raw is not None and 0 <= tid < len(raw):
+            return raw[tid]
+        return self._hf.decode([tid], skip_special_tokens=False).encode("utf-8")
+
     def token_strings(self) -> list[str]:
         """Display text of every id (index = id).
 

@@ -106,3 +106,19 @@ def test_a_trace_asked_for_n_candidates_holds_the_final_top_n():
         n = TRACE_TOP if want is True else want
         final = torch.softmax(logits / 0.8, -1)[0].topk(n).indices.tolist()
         assert set(final) <= top and len(top) <= TRACE_TOP + n
+
+
+def test_a_logprobs_entry_carries_a_partial_characters_own_bytes():
+    """A byte-level token holding part of a UTF-8 character decodes to U+FFFD alone; its `bytes` are its own, so a
+    client can join the bytes of consecutive tokens into the character (as OpenAI's field is meant for)."""
+    from support import tokenizer
+
+    from tinychat.serve.logprobs import _item
+    tok = tokenizer()
+    partial = next(i for i in range(tok.vocab_size) if tok.decode([i]) == "\ufffd")
+    item = _item(tok, partial, 0.5)
+    assert item["token"] == "\ufffd" and item["bytes"] != list("\ufffd".encode())
+    assert bytes(item["bytes"]) == tok.token_bytes(partial) and len(item["bytes"]) == 1
+    # a whole character's bytes split over two tokens join back into it
+    ids = tok.encode("é")
+    assert b"".join(tok.token_bytes(i) for i in ids).decode("utf-8") == "é"

@@ -31,8 +31,8 @@ def _text(tok, tid: int) -> str:
 
 
 def _item(tok, tid: int, p: float) -> dict:
-    t = _text(tok, tid)
-    return {"token": t, "logprob": logprob(p), "bytes": list(t.encode("utf-8"))}
+    """token: the text (a partial UTF-8 character decodes to U+FFFD), bytes: the token's own bytes, exact."""
+    return {"token": _text(tok, tid), "logprob": logprob(p), "bytes": list(tok.token_bytes(tid))}
 
 
 def explain(tok, tr) -> dict:
