@@ -122,3 +122,42 @@ def test_a_logprobs_entry_carries_a_partial_characters_own_bytes():
     # a whole character's bytes split over two tokens join back into it
     ids = tok.encode("é")
     assert b"".join(tok.token_bytes(i) for i in ids).decode("utf-8") == "é"
+
+
+def test_a_pacing_reader_sees_the_end_of_its_job_at_once():
+    """A streamed reply's coroutine waits a pace between chunks; when the job ends meanwhile the wait stops, so the
+    last chunk is not held back (the bound is loose: the pace here is 5 s, the end comes after 0.05 s)."""
+    import asyncio
+    import threading
+    import time
+
+    from tinychat.serve.worker import DELTA, DONE, Job
+
+    async def run():
+        job = Job(req=None)
+        job.put(DELTA, "first")
+        await job.next_batch()
+        threading.Timer(0.05, job.put, (DONE, "outcome")).start()
+        t = time.monotonic()
+        await job.pace(5.0)
+        waited = time.monotonic() - t
+        return waited, await job.next_batch()
+
+    waited, batch = asyncio.run(run())
+    assert waited < 2.5 and batch == [(DONE, "outcome")]
+
+
+def test_a_pace_without_an_end_waits_it_out():
+    import asyncio
+    import time
+
+    from tinychat.serve.worker import DELTA, Job
+
+    async def run():
+        job = Job(req=None)
+        job.put(DELTA, "x")
+        t = time.monotonic()
+        await job.pace(0.05)
+        return time.monotonic() - t
+
+    assert asyncio.run(run()) >= 0.04

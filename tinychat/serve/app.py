@@ -132,7 +132,7 @@ def create_app(runner, config: ServeConfig) -> Starlette:
             if req.stream:
                 return JobStream(stream(job, reply, deltas, end, req.include_usage), job)
             while end is None:
-                await asyncio.sleep(WHOLE_PACE_S)
+                await job.pace(WHOLE_PACE_S)
                 more, end = _split(await job.next_batch())
                 deltas += more
             if end[0] == ERROR:
@@ -160,7 +160,7 @@ def create_app(runner, config: ServeConfig) -> Starlette:
                 else:
                     yield event(end[1].body()) + DONE_LINE
                 return
-            await asyncio.sleep(STREAM_PACE_S)
+            await job.pace(STREAM_PACE_S)
             deltas, end = _split(await job.next_batch())
 
     async def chat_completions(request: Request):

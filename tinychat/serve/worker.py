@@ -40,6 +40,7 @@ class Job:
         self._lock = threading.Lock()
         self._told = False                      # a wake-up is on its way (or the buffer was not taken since)
         self._ready = asyncio.Event()
+        self._ended = asyncio.Event()           # DONE or ERROR was put: a pacing reader stops waiting
         self._cancel = threading.Event()
         self.on_cancel = None                   # set by the worker while the job runs
         self.started = self.finished = None     # perf_counter times
@@ -48,12 +49,21 @@ class Job:
         """From the worker thread: add an event; wake the loop if it has not been woken since it last took them."""
         with self._lock:
             self._buf.append((kind, value))
-            if self._told:
-                return
-            self._told = True
+            told, self._told = self._told, True
         try:
-            self.loop.call_soon_threadsafe(self._ready.set)
+            if kind != DELTA:
+                self.loop.call_soon_threadsafe(self._ended.set)
+            if not told:
+                self.loop.call_soon_threadsafe(self._ready.set)
         except RuntimeError:                    # the loop is gone (server shutting down): nobody listens
+            pass
+
+    async def pace(self, seconds: float) -> None:
+        """Wait `seconds` (a streaming reader's pace), or less if the job ends meanwhile: the last chunk goes out at
+        once, not up to a pace later (at ~1,000 tok/s a 0.4 s reply lost 5 % of its rate to that)."""
+        try:
+            await asyncio.wait_for(self._ended.wait(), seconds)
+        except asyncio.TimeoutError:
             pass
 
     async def next_batch(self) -> list:
