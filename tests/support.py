@@ -89,3 +89,21 @@ def make_llama_model(seed: int = 0, bias: bool = True, **overrides) -> TinyAgent
                 if lin.bias is not None:
                     lin.bias.copy_(torch.randn(lin.bias.shape, generator=g))
     return m.eval()
+
+
+def run_main(args, capsys):
+    """`tinychat ARGS` through cli.main in this process: (exit code, stdout, stderr)."""
+    import sys
+
+    import pytest
+
+    from tinychat.cli import main
+    old = sys.argv
+    sys.argv = ["tinychat", *map(str, args)]
+    try:
+        with pytest.raises(SystemExit) as e:
+            main()
+    finally:
+        sys.argv = old
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err

@@ -3,28 +3,14 @@ errors from inside torch), `/set max-new` must fit the context (100000 on a 2,04
 later turn failed with a misleading "system prompt too long"), `bench --threads 0` ran while a chat refused it, and
 the other counts a flag takes are bounded the same way."""
 import json
-import sys
 
 import pytest
-from support import make_chat
+from support import make_chat, run_main
 
 from tinychat.sessions import session as S
 from tinychat.chat.ab import run_ab
 from tinychat.bench import run_bench
-from tinychat.cli import main
 from tinychat.settings import ChatError
-
-
-def _main(args, capsys):
-    old = sys.argv
-    sys.argv = ["tinychat", *map(str, args)]
-    try:
-        with pytest.raises(SystemExit) as e:
-            main()
-    finally:
-        sys.argv = old
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
 
 
 @pytest.mark.parametrize("value", [-5, 0, 1.5, True, [1], "512", 10 ** 9])
@@ -65,7 +51,7 @@ def test_a_max_new_flag_no_turn_could_hold_is_refused_before_the_first_turn(caps
     from support import make_chat_model, tokenizer
     make_chat_model().save_pretrained(tmp_path / "m")
     tokenizer().save(tmp_path / "m" / "tokenizer.json")
-    code, out, err = _main(["--model", tmp_path / "m", "--max-new", "100000", "-p", "hi"], capsys)
+    code, out, err = run_main(["--model", tmp_path / "m", "--max-new", "100000", "-p", "hi"], capsys)
     assert code == 2 and "max-new 100,000 does not fit the 512-token context" in err and err.count("\n") == 1
 
 
@@ -77,7 +63,7 @@ def test_a_max_new_flag_no_turn_could_hold_is_refused_before_the_first_turn(caps
     (["replay", "nope", "--speed", "nan"], "--speed must be 0"),
 ])
 def test_counts_out_of_range_are_refused_in_one_line(capsys, args, words):
-    code, _, err = _main(args, capsys)
+    code, _, err = run_main(args, capsys)
     assert code == 2 and words in err and err.count("\n") == 1
 
 

@@ -4,14 +4,12 @@ was edited to "Cats are reptiles... TAMPERED" still replayed "token-exact" (exit
 is not (not token-exact: exit 1), a chat refuses to continue such a session, and a reply whose ids lack the chat
 frame is refused by both."""
 import json
-import sys
 
 import pytest
-from support import make_chat
+from support import make_chat, run_main
 
 from tinychat.sessions import session as S
 from tinychat.chat.runtime import Chat
-from tinychat.cli import main
 from tinychat.chat.replay import replay, replay_tree
 from tinychat.sessions.check import text_problem
 
@@ -32,22 +30,10 @@ def _edit(path, where, **fields):
     path.write_text(json.dumps(d))
 
 
-def _main(args, capsys):
-    old = sys.argv
-    sys.argv = ["tinychat", *map(str, args)]
-    try:
-        with pytest.raises(SystemExit) as e:
-            main()
-    finally:
-        sys.argv = old
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
-
-
 def test_a_reply_whose_text_was_edited_does_not_replay_token_exact(capsys, monkeypatch, model_folder):
     sid, path = _recorded()
     _edit(path, ("messages", 2), content="Cats are reptiles that live on the moon. TAMPERED")
-    code, out, err = _main(["replay", sid, "--check", "--model", model_folder], capsys)
+    code, out, err = run_main(["replay", sid, "--check", "--model", model_folder], capsys)
     assert code == 1, out + err
     assert "turn 1: the reply's text is not what its recorded tokens decode to" in out
     assert "token-exact" not in out
@@ -56,9 +42,9 @@ def test_a_reply_whose_text_was_edited_does_not_replay_token_exact(capsys, monke
 def test_an_edited_reply_on_another_branch_is_named_with_its_branch(capsys, model_folder):
     sid, path = _recorded()
     _edit(path, ("branches", 0), content="TAMPERED")
-    code, out, _ = _main(["replay", sid, "--check", "--model", model_folder], capsys)
+    code, out, _ = run_main(["replay", sid, "--check", "--model", model_folder], capsys)
     assert code == 1 and "branch turn 2 reply 1/2: turn 2: the reply's text is not" in out
-    code, out, _ = _main(["replay", str(path.parent), "--check", "--json", "--model", model_folder], capsys)
+    code, out, _ = run_main(["replay", str(path.parent), "--check", "--json", "--model", model_folder], capsys)
     rows = [json.loads(x) for x in out.splitlines()]
     [row] = [r for r in rows if r["session"] == sid]
     assert code == 1 and row["ok"] is False and "TAMPERED" not in row["text"] and "text is not" in row["text"]

@@ -2,22 +2,9 @@
 real model; `import` telling a path from a repo id."""
 import sys
 
-import pytest
+from support import run_main
 
-from tinychat.cli import main
 from tinychat.hub import RECOMMENDED, RECOMMENDED_NAME
-
-
-def _main(args, capsys):
-    old = sys.argv
-    sys.argv = ["tinychat", *map(str, args)]
-    try:
-        with pytest.raises(SystemExit) as e:
-            main()
-    finally:
-        sys.argv = old
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
 
 
 def test_without_huggingface_hub_pull_says_how_to_install_it(monkeypatch, capsys):
@@ -25,16 +12,16 @@ def test_without_huggingface_hub_pull_says_how_to_install_it(monkeypatch, capsys
         monkeypatch.delitem(sys.modules, mod)
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)          # import huggingface_hub fails
     for args in (["pull", "org/model"], ["pull", "org/model", "--list"], ["pull", "org/model", "--offline"]):
-        code, out, err = _main(args, capsys)
+        code, out, err = run_main(args, capsys)
         assert code == 2 and err == ("tinychat: error: this needs huggingface_hub, the Hugging Face client: "
                                      "pip install huggingface_hub\n"), err
-    code, out, err = _main(["models"], capsys)                       # the imported models still list
+    code, out, err = run_main(["models"], capsys)                       # the imported models still list
     assert code == 0 and "no imported models" in out
 
 
 def test_help_says_the_shipped_model_is_a_demo_and_how_to_get_a_real_one(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
-    code, out, _ = _main(["--help"], capsys)
+    code, out, _ = run_main(["--help"], capsys)
     assert code == 0
     assert "The shipped model is a 21.7M-parameter demo" in out
     assert f"tinychat pull {RECOMMENDED} (then: tinychat -m {RECOMMENDED_NAME})" in out
@@ -42,16 +29,16 @@ def test_help_says_the_shipped_model_is_a_demo_and_how_to_get_a_real_one(capsys,
                           ("--max-new", "256")):
         line = next(ln for ln in out.splitlines() if flag in ln)
         assert f"Default: {default} (or the model's own" in line, line
-    code, out, _ = _main(["pull", "--help"], capsys)
+    code, out, _ = run_main(["pull", "--help"], capsys)
     assert code == 0 and "HF_TOKEN" in out and "--offline" in out and "--list" in out
 
 
 def test_import_of_a_missing_path_says_so_and_of_an_uncached_repo_how_to_pull_it(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for path in (tmp_path / "nothing.gguf", "models/nothing.gguf"):
-        code, _, err = _main(["import", path], capsys)
+        code, _, err = run_main(["import", path], capsys)
         assert code == 2 and err.strip().endswith("nothing.gguf: no such file or folder"), err
-    code, _, err = _main(["import", "org/model"], capsys)
+    code, _, err = run_main(["import", "org/model"], capsys)
     assert code == 2 and err == (f"tinychat: error: org/model: no such file or folder here, nor a repo in the "
                                  f"Hugging Face cache ({tmp_path / 'hf' / 'hub'}): tinychat pull org/model "
                                  f"downloads it\n")

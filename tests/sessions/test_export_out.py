@@ -4,26 +4,12 @@ what is there what it is: a link is followed, a FIFO or a character device writt
 device refused."""
 import os
 import stat
-import sys
 import threading
 
 import pytest
-from support import make_chat
+from support import make_chat, run_main
 
-from tinychat.cli import main
 from tinychat.fsutil import OutPathError, write_out
-
-
-def _main(args, capsys):
-    old = sys.argv
-    sys.argv = ["tinychat", *map(str, args)]
-    try:
-        with pytest.raises(SystemExit) as e:
-            main()
-    finally:
-        sys.argv = old
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
 
 
 @pytest.fixture
@@ -38,7 +24,7 @@ def test_export_through_a_symlink_writes_its_target_and_keeps_the_link(sid, tmp_
     target, link = tmp_path / "notes.md", tmp_path / "link.md"
     target.write_text("old")
     link.symlink_to(target)
-    code, _, err = _main(["sessions", "export", sid, "--out", link], capsys)
+    code, _, err = run_main(["sessions", "export", sid, "--out", link], capsys)
     assert code == 0, err
     assert link.is_symlink() and os.readlink(link) == str(target)
     assert "hello there" in target.read_text()
@@ -47,7 +33,7 @@ def test_export_through_a_symlink_writes_its_target_and_keeps_the_link(sid, tmp_
 def test_export_to_a_dangling_link_creates_its_target(sid, tmp_path, capsys):
     link = tmp_path / "link.md"
     link.symlink_to(tmp_path / "new.md")
-    code, _, err = _main(["sessions", "export", sid, "--out", link, "--format", "json"], capsys)
+    code, _, err = run_main(["sessions", "export", sid, "--out", link, "--format", "json"], capsys)
     assert code == 0, err
     assert link.is_symlink() and '"hello there"' in (tmp_path / "new.md").read_text()
 
@@ -58,7 +44,7 @@ def test_export_to_a_fifo_writes_through_it_and_the_fifo_stays(sid, tmp_path, ca
     got = []
     reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))
     reader.start()
-    code, _, err = _main(["sessions", "export", sid, "--out", fifo], capsys)
+    code, _, err = run_main(["sessions", "export", sid, "--out", fifo], capsys)
     reader.join(30)
     assert code == 0, err
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and b"hello there" in got[0]
@@ -77,7 +63,7 @@ def test_a_device_node_is_written_through_and_stays_a_device(tmp_path):
 
 
 def test_a_folder_or_a_missing_folder_is_refused_in_one_line(sid, tmp_path, capsys):
-    code, _, err = _main(["sessions", "export", sid, "--out", tmp_path], capsys)
+    code, _, err = run_main(["sessions", "export", sid, "--out", tmp_path], capsys)
     assert code == 2 and "a folder" in err and len(err.strip().splitlines()) == 1
     with pytest.raises(OutPathError, match="no folder"):
         write_out(tmp_path / "nope" / "x.md", b"x")

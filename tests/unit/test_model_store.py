@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support import run_main
 
 from tinychat import paths
-from tinychat.cli import main
 from tinychat.importer import import_model, list_models
 from tinychat.importer import lock as L
 from tinychat.importer import run as R
@@ -32,18 +32,6 @@ REPO = Path(__file__).resolve().parents[2]
 def src(tmp_path):
     cfg = _llama._config("llama")
     return _llama.write_hf(tmp_path / "hf", cfg, _llama._weights(cfg))
-
-
-def _main(args, capsys):
-    old = sys.argv
-    sys.argv = ["tinychat", *map(str, args)]
-    try:
-        with pytest.raises(SystemExit) as e:
-            main()
-    finally:
-        sys.argv = old
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
 
 
 def test_a_second_import_of_a_name_being_imported_is_refused_and_the_first_completes(src, monkeypatch):
@@ -78,20 +66,20 @@ def test_an_import_in_another_process_refuses_a_second_one_in_one_line(src, caps
                               stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
     try:
         assert holder.stdout.readline().strip() == b"held"
-        code, _, err = _main(["import", src, "--name", "twin"], capsys)
+        code, _, err = run_main(["import", src, "--name", "twin"], capsys)
         assert code == 2 and err.count("\n") == 1
         assert f"model 'twin' is being imported by another tinychat (pid {holder.pid})" in err
     finally:
         holder.stdin.close()
         holder.wait(60)
-    code, _, err = _main(["import", src, "--name", "twin"], capsys)      # free again once it exited
+    code, _, err = run_main(["import", src, "--name", "twin"], capsys)      # free again once it exited
     assert code == 0, err
 
 
 def test_rm_and_a_forced_import_are_refused_while_a_chat_holds_the_model(src, capsys):
     dest = import_model(src, name="held")
     rt = load_runtime(dest)
-    code, _, err = _main(["models", "rm", "held"], capsys)
+    code, _, err = run_main(["models", "rm", "held"], capsys)
     assert code == 2 and "model 'held' is open in a chat: close that chat first" in err and err.count("\n") == 1
     with pytest.raises(L.ModelBusy, match="open in a chat"):
         import_model(src, name="held", force=True)
@@ -100,7 +88,7 @@ def test_rm_and_a_forced_import_are_refused_while_a_chat_holds_the_model(src, ca
     assert (dest / "config.json").is_file()
     del rt
     gc.collect()                                         # the chat's model is gone: so is its lock
-    code, _, err = _main(["models", "rm", "held"], capsys)
+    code, _, err = run_main(["models", "rm", "held"], capsys)
     assert code == 0 and "deleted held" in err
     assert not dest.exists() and list_models() == [] and not (dest.parent / ".held.lock").exists()
 
@@ -122,12 +110,12 @@ def test_a_chat_in_another_process_keeps_its_model_from_rm(src, capsys):
         chat.stdin.write(b"hello\n")
         chat.stdin.flush()
         assert json.loads(chat.stdout.readline())["n_tokens"] >= 0          # the chat has its model open
-        code, _, err = _main(["models", "rm", "inuse"], capsys)
+        code, _, err = run_main(["models", "rm", "inuse"], capsys)
         assert code == 2 and "open in a chat" in err and dest.is_dir()
     finally:
         chat.stdin.close()
         chat.wait(60)
-    code, _, err = _main(["models", "rm", "inuse"], capsys)
+    code, _, err = run_main(["models", "rm", "inuse"], capsys)
     assert code == 0 and not dest.exists()
 
 
@@ -140,7 +128,7 @@ def test_leftovers_of_killed_imports_are_swept_unless_an_import_is_under_way(src
         (left / "model.safetensors").write_bytes(b"\0" * 4096)
     (folder / ".gone.removing").mkdir()
     with L.acquire(folder, "alive", shared=False, action="import"):     # an import of "alive" is under way
-        code, _, _ = _main(["models"], capsys)
+        code, _, _ = run_main(["models"], capsys)
         assert code == 0
         assert not (folder / ".dead.importing").exists() and not (folder / ".gone.removing").exists()
         assert (folder / ".alive.importing").is_dir()
@@ -160,19 +148,19 @@ def test_a_killed_import_leaves_nothing_the_next_listing_keeps(src, capsys):
     finally:
         proc.kill()
         proc.wait(60)
-    code, out, _ = _main(["models"], capsys)
+    code, out, _ = run_main(["models"], capsys)
     assert code == 0 and "no imported models" in out
     assert not (paths.models_dir() / ".killed.importing").exists()
 
 
 def test_models_lists_the_size_on_disk_and_rm_refuses_what_is_not_a_model(src, capsys):
     import_model(src, name="sized")
-    code, out, err = _main(["models"], capsys)
+    code, out, err = run_main(["models"], capsys)
     assert code == 0 and "on disk" in out and "1 model," in err
-    [row] = json.loads(_main(["models", "--json"], capsys)[1])
+    [row] = json.loads(run_main(["models", "--json"], capsys)[1])
     assert row["disk_bytes"] >= row["bytes"] > 0
     for bad, words in (("nothere", "no imported model named 'nothere'"), ("../x", "model name")):
-        code, _, err = _main(["models", "rm", bad], capsys)
+        code, _, err = run_main(["models", "rm", bad], capsys)
         assert code == 2 and words in err and err.count("\n") == 1
 
 

@@ -100,6 +100,21 @@ def _rows_bias(pieces) -> torch.nn.Parameter | None:
     return torch.nn.Parameter(torch.cat([lin.bias.detach()[a:b] for lin, a, b in pieces]), requires_grad=False)
 
 
+def _from_rows(cls, pieces):
+    """An Int8Linear / Int4Linear of the rows (lin, start, end) of pieces of that class: qweight and scale rows (one
+    row of either per output row) and bias rows concatenated, in order."""
+    first = pieces[0][0]
+    out = cls.__new__(cls)
+    torch.nn.Module.__init__(out)
+    q = torch.cat([lin.qweight[a:b] for lin, a, b in pieces]).contiguous()
+    out.in_features, out.out_features, out.prefill_bf16 = first.in_features, q.size(0), first.prefill_bf16
+    out.native = getattr(first, "native", True)
+    out.register_buffer("qweight", q)
+    out.register_buffer("scale", torch.cat([lin.scale[a:b] for lin, a, b in pieces]).contiguous())
+    out.bias = _rows_bias(pieces)
+    return out
+
+
 class BF16Linear(torch.nn.Module):
     """A Linear whose weight is stored in bf16: half the bytes to stream per token. The matmul runs on bf16 inputs
     (fp32 accumulation inside oneDNN), the output is returned in the input dtype."""
@@ -180,16 +195,7 @@ class Int8Linear(torch.nn.Module):
         """One Int8Linear of the rows (lin, start, end) of Int8Linears, in order: the int8 rows and their per-row
         scales concatenated (exact: the same as quantizing the concatenated fp32 rows). The pieces have biases all
         (the llama family's q/k/v biases: their rows concatenated too) or none."""
-        first = pieces[0][0]
-        out = cls.__new__(cls)
-        torch.nn.Module.__init__(out)
-        q = torch.cat([lin.qweight[a:b] for lin, a, b in pieces]).contiguous()
-        out.in_features, out.out_features, out.prefill_bf16 = first.in_features, q.size(0), first.prefill_bf16
-        out.native = getattr(first, "native", True)
-        out.register_buffer("qweight", q)
-        out.register_buffer("scale", torch.cat([lin.scale[a:b] for lin, a, b in pieces]).contiguous())
-        out.bias = _rows_bias(pieces)
-        return out
+        return _from_rows(cls, pieces)
 
     @property
     def weight(self):   # dequantized copy, for code that reads .weight (the fused device step; not used on CPU)
@@ -327,16 +333,7 @@ class Int4Linear(torch.nn.Module):
     @classmethod
     def from_rows(cls, pieces) -> "Int4Linear":
         """One Int4Linear of the rows (lin, start, end) of Int4Linears, in order (exact: rows are kept)."""
-        first = pieces[0][0]
-        out = cls.__new__(cls)
-        torch.nn.Module.__init__(out)
-        q = torch.cat([lin.qweight[a:b] for lin, a, b in pieces]).contiguous()
-        out.in_features, out.out_features, out.prefill_bf16 = first.in_features, q.size(0), first.prefill_bf16
-        out.native = getattr(first, "native", True)
-        out.register_buffer("qweight", q)
-        out.register_buffer("scale", torch.cat([lin.scale[a:b] for lin, a, b in pieces]).contiguous())
-        out.bias = _rows_bias(pieces)
-        return out
+        return _from_rows(cls, pieces)
 
     @property
     def weight(self):   # dequantized fp32 copy (N, K)
