@@ -40,15 +40,17 @@ void tc_gemv(const float *x, void *xq, const int8_t *q, const float *s, float *y
     gemv_rows(&a, q, s, y, N, K, acc);
 }
 
-/* Prefill's int8 GEMM (native_gemm.h): y (M, N) = x (M, K) @ (s * q)^T (+ bias); buf: tc_gemm_act_bytes(M, K, nt)
-   of scratch. The tokens are quantized in parallel, then the (chunk, row tile) jobs split in contiguous runs. */
-void tc_gemm(const float *x, void *buf, const int8_t *q, const float *s, const float *bias, float *y, int64_t M,
-             int64_t N, int64_t K, int nt) {
+/* Prefill's GEMM, both weight formats (fmt 0: int8 rows and row scales, native_gemm.h; 1: int4 rows and fp16 group
+   scales, native_q4.h): y (M, N) = x (M, K) @ W^T (+ bias). The tokens are quantized in parallel, then the
+   (chunk, row tile) jobs split in contiguous runs; int4 threads unpack their rows after the tokens' slots. */
+static void gemm_fmt(int fmt, const float *x, void *buf, const void *q, const void *s, const float *bias, float *y,
+                     int64_t M, int64_t N, int64_t K, int nt) {
     if (M <= 0 || N <= 0) return;
     if (nt < 1) nt = 1;
     int nth = threads_for(M * N * K, nt);
     int64_t gm = tc_gemm_chunk(M, nth), nj = tc_gemm_njobs(M, N, gm);
     if (nth > nj) nth = (int)nj;
+    int8_t *ex0 = fmt ? tc_gemm_slot(buf, K, M, nt) : NULL;
 #pragma omp parallel num_threads(nth)
     {
         int me = 0, all = 1;
@@ -59,9 +61,20 @@ void tc_gemm(const float *x, void *buf, const int8_t *q, const float *s, const f
 #pragma omp for schedule(static)
 #endif
         for (int64_t m = 0; m < M; m++) tc_gemm_quant(x, buf, m, K, nt);
-        tc_gemm_jobs(buf, tc_gemm_base(buf) + me * tc_gemm_pack_bytes(K), q, s, bias, y, M, N, K, gm, nt,
-                     nj * me / all, nj * (me + 1) / all);
+        int8_t *pack = tc_gemm_base(buf) + me * tc_gemm_pack_bytes(K);
+        int64_t j0 = nj * me / all, j1 = nj * (me + 1) / all;
+        if (fmt)
+            tc_gemm4_jobs(buf, pack, ex0 + me * tc4_extra_bytes(K), (const uint8_t *)q, (const uint16_t *)s, bias, y,
+                          M, N, K, gm, nt, j0, j1);
+        else
+            tc_gemm_jobs(buf, pack, (const int8_t *)q, (const float *)s, bias, y, M, N, K, gm, nt, j0, j1);
     }
+}
+
+/* Prefill's int8 GEMM; buf: tc_gemm_act_bytes(M, K, nt) of scratch. */
+void tc_gemm(const float *x, void *buf, const int8_t *q, const float *s, const float *bias, float *y, int64_t M,
+             int64_t N, int64_t K, int nt) {
+    gemm_fmt(0, x, buf, q, s, bias, y, M, N, K, nt);
 }
 
 /* The int4 GEMV (native_q4.h): y (+)= W4 x; xq: tc_act_bytes(K) of scratch. */
@@ -72,29 +85,10 @@ void tc_gemv4(const float *x, void *xq, const uint8_t *q, const uint16_t *ws, fl
     gemv4_rows(&a, q, ws, y, N, K, acc);
 }
 
-/* Prefill's int4 GEMM (native_q4.h): y (M, N) = x (M, K) @ W4^T (+ bias); buf: tc_gemm4_act_bytes(M, K, nt). The
-   same split as tc_gemm; each thread's unpacked rows after the tokens' slots. */
+/* Prefill's int4 GEMM; buf: tc_gemm4_act_bytes(M, K, nt) of scratch. */
 void tc_gemm4(const float *x, void *buf, const uint8_t *q, const uint16_t *ws, const float *bias, float *y, int64_t M,
               int64_t N, int64_t K, int nt) {
-    if (M <= 0 || N <= 0) return;
-    if (nt < 1) nt = 1;
-    int nth = threads_for(M * N * K, nt);
-    int64_t gm = tc_gemm_chunk(M, nth), nj = tc_gemm_njobs(M, N, gm);
-    if (nth > nj) nth = (int)nj;
-    int8_t *ex0 = tc_gemm_slot(buf, K, M, nt);
-#pragma omp parallel num_threads(nth)
-    {
-        int me = 0, all = 1;
-#ifdef _OPENMP
-        me = omp_get_thread_num(), all = omp_get_num_threads();
-#endif
-#ifdef _OPENMP
-#pragma omp for schedule(static)
-#endif
-        for (int64_t m = 0; m < M; m++) tc_gemm_quant(x, buf, m, K, nt);
-        tc_gemm4_jobs(buf, tc_gemm_base(buf) + me * tc_gemm_pack_bytes(K), ex0 + me * tc4_extra_bytes(K), q, ws, bias,
-                      y, M, N, K, gm, nt, nj * me / all, nj * (me + 1) / all);
-    }
+    gemm_fmt(1, x, buf, q, ws, bias, y, M, N, K, nt);
 }
 
 /* h = x / (|x| * inv) = x * sqrt(d) / |x| (rms_norm without epsilon, as _decode_fast computes it) */
