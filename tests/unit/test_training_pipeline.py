@@ -462,6 +462,46 @@ def test_a_model_continued_from_the_shipped_one_carries_its_lineage_in_the_card(
         export(tmp_path / "v2", tmp_path / "elsewhere", shards=both, samples=1, max_new=8, **quiet)
 
 
+def _eval_json(path, shards, student_nll, accuracy):
+    judge = {"temperature": 0.7, "top_p": 0.9, "student_nll": student_nll, "teacher_nll": 1.3, "ratio": 1.5,
+             "student_loops": 0.0, "teacher_loops": 0.0, "student_nll_first": student_nll - 0.1,
+             "teacher_nll_first": 1.2, "student_nll_later": student_nll + 0.1, "teacher_nll_later": 1.4}
+    ev = {"shards": shards, "settings": {"max_new": 8, "seed": 0},
+          "quality": {"stop": 1.0, "distinct2": 0.7, "dictionary": 0.99, "loops": 0.0, "mean_words": 20.0,
+                      "replies": 4, "seconds": 1.0},
+          "judge": judge, "probe": {"probes": 10, "accuracy": accuracy, "by_category": {"capital": accuracy}}}
+    path.write_text(json.dumps(ev))
+    return path
+
+
+def test_a_folder_read_twice_is_counted_once_and_the_card_compares_before_and_after(tmp_path):
+    from tinychat.training.export import export
+    a = write_shards(tmp_path / "shards", fake_conversations(30, seed=8))
+    b = write_shards(tmp_path / "shards-1", fake_conversations(20, seed=9))
+    given = [str(a), str(b), str(b)]                   # b weighted: read twice an epoch
+    train, val = D.load_split(given, 0.1)
+    (tmp_path / "run").mkdir()
+    tok().save(tmp_path / "run" / "tokenizer.json")
+    Trainer(tiny_cfg(steps=2), tok(), D.encode_all(tok(), train), D.encode_all(tok(), val), tmp_path / "run",
+            log=lambda *_: None).fit(progress=False)
+    after = _eval_json(tmp_path / "after.json", str(b), 2.05, 0.6)
+    before = _eval_json(tmp_path / "before.json", str(b), 2.31, 0.03)
+    facts = export(tmp_path / "run", tmp_path / "out", after, shards=given, samples=1, max_new=8,
+                   log=lambda *_: None, eval_before=before)
+    card = (tmp_path / "out" / "MODEL_CARD.md").read_text()
+    assert [d["reads"] for d in facts["shards"]["dirs"]] == [1, 2]
+    assert "- In all: 50 conversations" in card and "Read 2 times an epoch" in card
+    assert f"--shards {a} {b} {b}" in card                           # the train command as it ran
+    assert card.count(f"generate --out {b}") == 1
+    assert "| the model it continues (before this stage) | 2.310 |" in card and "| the student | 2.050 |" in card
+    assert "60.0% right" in card and "Before this stage: 3.0%." in card
+    assert "(before this stage: 2.210 and 2.410)" in card
+    other = _eval_json(tmp_path / "other.json", str(a), 2.31, 0.03)   # another held-out set: no comparison
+    with pytest.raises(SystemExit, match="not the same eval"):
+        export(tmp_path / "run", tmp_path / "out2", after, shards=given, samples=1, max_new=8,
+               log=lambda *_: None, eval_before=other)
+
+
 def test_cli_pipeline_tokenizer_train_resume_export_eval(tmp_path, capsys):
     from tinychat.training.__main__ import main
     shards = write_shards(tmp_path / "shards", fake_conversations(60, seed=11))

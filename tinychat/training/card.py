@@ -14,6 +14,10 @@ SOURCES = (  # (role, PyPI distribution, what it provided)
                                "generated every assistant reply"),
     ("prompts", "chitchat-dataset", "~7k human conversations (BYU PCC lab): conversational openings and follow-ups"),
     ("tooling", "gguf", "reads and dequantizes the teacher's GGUF tensors"),
+    ("prompts", "countryinfo", "countries, capitals, continents, languages and demonyms for the v2 question frames"),
+    ("prompts", "faker", "job titles and first names for the v2 prompts (its en_US word lists)"),
+    ("prompts", "wordfreq", "topic words picked from its English frequency list for the v2 prompts (the code is "
+                            "Apache-2.0, its frequency data CC BY-SA 4.0; only which words to ask about is used)"),
 )
 LINEAGE_SECTIONS = ("How it was made (exact commands)", "Training")   # what a stage copies from its parent's card
 
@@ -116,11 +120,12 @@ def _data_lines(sh: dict | None, data: dict, cfg: dict) -> list[str]:
     lines = []
     if sh:
         for d in sh["dirs"]:
+            reads = f" Read {d['reads']} times an epoch, to weight it." if d.get("reads", 1) > 1 else ""
             lines.append(f"- `{d['path']}`: {d['files']} files ({d['bytes'] / 2**20:.1f} MiB gzipped), "
                          f"{d['conversations']:,} conversations ("
                          f"{', '.join(f'{k}: {v:,}' for k, v in d['sources'].items())}), "
                          f"{d['teacher_tokens']:,} teacher-tokenizer tokens (generated with seed "
-                         f"{(d['teacher'] or {}).get('seed')}).")
+                         f"{(d['teacher'] or {}).get('seed')}).{reads}")
         if len(sh["dirs"]) > 1:
             lines.append(f"- In all: {sh['conversations']:,} conversations, {sh['teacher_tokens']:,} teacher tokens.")
         teacher = sh.get("teacher") or {}
@@ -140,7 +145,7 @@ def _data_lines(sh: dict | None, data: dict, cfg: dict) -> list[str]:
 def _command_lines(f: dict) -> list[str]:
     st, cfg, mc = f["state"], f["state"]["config"], f["state"]["model_config"]
     sh, run_dir = f.get("shards"), f.get("run") or "runs/demo"
-    shard_paths = [d["path"] for d in sh["dirs"]] if sh else ["data/shards"]
+    shard_paths = (sh.get("given") or [d["path"] for d in sh["dirs"]]) if sh else ["data/shards"]
     init = f.get("init")
     lines = ["## How it was made (exact commands)", ""]
     if init:
@@ -258,7 +263,7 @@ def model_card(f: dict) -> str:
         lines.append("- Teacher loss on the same text: not measured for this export (run `eval --teacher`).")
     lines += ["", "## Quality on held-out conversations", ""]
     if q:
-        lines += _quality_lines(ev, q, BAR, LOOP_MAX)
+        lines += _quality_lines(ev, q, BAR, LOOP_MAX, f.get("eval_before"))
     else:
         lines.append("Not measured for this export (run `python -m tinychat.training eval`).")
     lines += ["", "## Sample conversations", ""]
@@ -271,7 +276,8 @@ def model_card(f: dict) -> str:
     return "\n".join(lines)
 
 
-def _quality_lines(ev: dict, q: dict, bar: dict, loop_max: float) -> list[str]:
+def _quality_lines(ev: dict, q: dict, bar: dict, loop_max: float, before: dict | None = None) -> list[str]:
+    """The quality section's lines; before: the same eval of the model this stage started from (judge, probe)."""
     s = ev.get("settings", {})
     other = str(s.get("defaults", "")).partition(" with ")[2]
     lines = [f"Chatted through {ev.get('conversations') and len(ev['conversations'])} held-out conversations "
@@ -290,22 +296,27 @@ def _quality_lines(ev: dict, q: dict, bar: dict, loop_max: float) -> list[str]:
               *([f"| replies that loop (a word 4-gram 3+ times) | {q['loops']:.3f} | <= {loop_max} |"]
                 if "loops" in q else []),
               f"| mean words per reply | {q['mean_words']:.1f} | |"]
-    j = ev.get("judge")
+    j, jb = ev.get("judge"), (before or {}).get("judge")
     if j:
         lines += ["", f"Judged by the teacher (`eval --judge`: the teacher reads each conversation with the "
                   f"student's replies and scores them in context; beside it, the teacher's own replies to the same "
                   f"messages, sampled at temperature {j['temperature']}, top-p {j['top_p']}):", "",
                   "| replies by | teacher NLL, nats per teacher token | replies that loop |", "| --- | --- | --- |",
                   f"| the student | {j['student_nll']:.3f} | {j['student_loops']:.3f} |",
+                  *([f"| the model it continues (before this stage) | {jb['student_nll']:.3f} | "
+                     f"{jb['student_loops']:.3f} |"] if jb else []),
                   f"| the teacher itself | {j['teacher_nll']:.3f} | {j['teacher_loops']:.3f} |",
                   f"| ratio | {j['ratio']:.2f}x | |"]
         if "student_nll_first" in j:
+            was = (f" (before this stage: {jb['student_nll_first']:.3f} and {jb['student_nll_later']:.3f})"
+                   if jb and "student_nll_first" in jb else "")
             lines += ["", f"By turn: the first replies of conversations, student {j['student_nll_first']:.3f} / teacher "
                       f"{j['teacher_nll_first']:.3f}; later replies, student {j['student_nll_later']:.3f} / teacher "
-                      f"{j['teacher_nll_later']:.3f} nats per teacher token."]
-    p = ev.get("probe")
+                      f"{j['teacher_nll_later']:.3f} nats per teacher token{was}."]
+    p, pb = ev.get("probe"), (before or {}).get("probe")
     if p:
+        was = f" Before this stage: {pb['accuracy']:.1%}." if pb else ""
         lines += ["", f"Probe (`training probe`: {p['probes']} questions with checkable answers that the teacher "
                   f"answers right, held out from the training prompts): {p['accuracy']:.1%} right at the app's "
-                  f"defaults (" + ", ".join(f"{c} {v:.0%}" for c, v in p["by_category"].items()) + ")."]
+                  f"defaults (" + ", ".join(f"{c} {v:.0%}" for c, v in p["by_category"].items()) + f").{was}"]
     return lines

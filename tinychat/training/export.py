@@ -66,17 +66,19 @@ def _summarize(files, path: str) -> dict:
 
 def shard_summary(shards) -> dict:
     """Counts over the shards plus the generation settings recorded in them (first record's teacher block): per
-    directory (or file) given, in `dirs`, and summed."""
+    directory (or file) given, in `dirs` (once each, with how many times it was given), and summed; `given`: the
+    paths as given (the train command's --shards)."""
     from .data import shard_files
-    given = [shards] if isinstance(shards, (str, Path)) else list(shards)
-    dirs = [_summarize(shard_files(g), str(g)) for g in given]
+    given = [str(g) for g in ([shards] if isinstance(shards, (str, Path)) else shards)]
+    # a folder given twice is read twice an epoch (weighted): counted once, with its reads
+    dirs = [{**_summarize(shard_files(g), g), "reads": given.count(g)} for g in dict.fromkeys(given)]
     total = {k: sum(d[k] for d in dirs) for k in ("files", "bytes", "conversations", "teacher_tokens",
                                                    "teacher_assistant_tokens")}
     sources: dict = {}
     for d in dirs:
         for k, v in d["sources"].items():
             sources[k] = sources.get(k, 0) + v
-    return {**total, "dirs": dirs, "sources": sources,
+    return {**total, "dirs": dirs, "sources": sources, "given": given,
             "teacher": next((d["teacher"] for d in dirs if d["teacher"]), {})}
 
 
@@ -99,8 +101,9 @@ def _init_facts(state: dict) -> dict | None:
 
 
 def export(run_dir, out, eval_json=None, shards=None, samples: int = 3, seed: int = 0, max_new: int = 192,
-           generate_cmd: str | None = None, log=print, command: str | None = None) -> dict:
-    """Write the model folder and its card; returns the facts the card was filled from."""
+           generate_cmd: str | None = None, log=print, command: str | None = None, eval_before=None) -> dict:
+    """Write the model folder and its card; returns the facts the card was filled from. eval_before: the same eval
+    (same shards, settings, probes) of the model the run started from, for the card's before / after figures."""
     import torch
     from safetensors.torch import load_file
 
@@ -129,6 +132,10 @@ def export(run_dir, out, eval_json=None, shards=None, samples: int = 3, seed: in
     shipped = TinyAgentLM.from_pretrained(out)
     stok = Tokenizer.from_file(out / "tokenizer.json")
     ev = json.loads(Path(eval_json).read_text()) if eval_json else {}
+    before = json.loads(Path(eval_before).read_text()) if eval_before else None
+    if before is not None and (before.get("shards"), before.get("settings")) != (ev.get("shards"), ev.get("settings")):
+        raise SystemExit(f"{eval_before} is not the same eval as {eval_json} (shards or settings differ): the card "
+                         "compares before and after on one held-out set")
     convs = (ev.get("conversations") or [])[:samples]
     if len(convs) < samples:
         from .evaluate import chat_conversations
@@ -138,7 +145,7 @@ def export(run_dir, out, eval_json=None, shards=None, samples: int = 3, seed: in
              "eval": ev, "samples": convs, "sources": {d: package_info(d) for _, d, _ in SOURCES},
              "shards": shard_summary(shards) if shards else None, "exported_at": time.strftime("%Y-%m-%d"),
              "generate_command": generate_cmd, "run": str(run_dir), "init": init, "export_command": command,
-             "out": str(out)}
+             "out": str(out), "eval_before": before}
     card = model_card(facts)
     (out / "MODEL_CARD.md").write_text(card, encoding="utf-8")
     log(f"wrote {out}: model.safetensors {size / 2**20:.1f} MiB ({facts['params'] / 1e6:.2f}M params, bf16), "
@@ -151,6 +158,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("assets"))
     p.add_argument("--shards", nargs="+", default=["data/shards"], help="for the card's data figures ('' to skip)")
     p.add_argument("--eval", type=Path, default=None, help="JSON from `eval --out` (quality, losses, samples)")
+    p.add_argument("--eval-before", type=Path, default=None, metavar="JSON",
+                   help="the same eval of the model the run started from (--init): the card shows before / after")
     p.add_argument("--samples", type=int, default=10,
                    help="sample conversations in the card: the first held-out ones of the eval, not picked by hand")
     p.add_argument("--seed", type=int, default=0)
@@ -165,7 +174,8 @@ def run(args) -> int:
     from .data import shards_arg
     shards = [s for s in args.shards if s]
     export(args.run, args.out, args.eval, shards_arg(shards) if shards else None, args.samples, args.seed,
-           generate_cmd=args.generate_command, command=getattr(args, "command_line", None))
+           generate_cmd=args.generate_command, command=getattr(args, "command_line", None),
+           eval_before=args.eval_before)
     return 0
 
 
