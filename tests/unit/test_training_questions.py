@@ -4,8 +4,8 @@ from __future__ import annotations
 import random
 import re
 
-from tinychat.training.questions import (KIND_WEIGHTS, arithmetic_item, first_names, held_out, make_plan, plan_stream,
-                                         plural)
+from tinychat.training.questions import (KIND_WEIGHTS, MIXES, arithmetic_item, countries, first_names, held_out,
+                                         make_plan, plan_stream, plural)
 from tinychat.training.stats import diversity
 
 
@@ -80,3 +80,26 @@ def test_self_instruct_keeps_one_clean_question_about_the_topic():
     assert keep_question("Why do people carry the harp?\nAnother one?", "harp") is None
     assert keep_question("How much do you know about Estonia?", "Kenya") is None
     assert keep_question("Sure! What is a bagpipe?", "bagpipes") is None
+
+
+def _country_counts(mix, n=6000):
+    from collections import Counter
+    names = [c["name"] for c in countries()]
+    it = plan_stream(6, use_chitchat=False, mix=mix)
+    got = Counter()
+    for _ in range(n):
+        p = next(it)
+        if p.kind == "fact-country":
+            got.update(name for name in names if re.search(rf"\b{re.escape(name)}\b", p.turns[0].text))
+    return got
+
+
+def test_the_v3_mix_asks_twice_the_facts_and_about_well_known_countries_more():
+    for weights, _ in MIXES.values():
+        assert abs(sum(weights.values()) - 1) < 1e-9
+    v2, v3 = _country_counts("v2"), _country_counts("v3")
+    assert sum(v3.values()) > 1.6 * sum(v2.values())
+
+    def top(c):
+        return sum(c[n] for n in ("Japan", "France", "Germany", "China", "India")) / sum(c.values())
+    assert top(v3) > 2.5 * top(v2)                     # by how common a name is, not uniform over 219 countries

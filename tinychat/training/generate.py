@@ -173,9 +173,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="processes, each writing every WORKERS-th shard (1 thread each is robust "
                         "when the cores are shared)")
     p.add_argument("--no-chitchat", action="store_true", help="templates only")
-    p.add_argument("--prompts", choices=("v1", "v2"), default="v1",
+    p.add_argument("--prompts", choices=("v1", "v2", "v3"), default="v1",
                    help="v1: the first templates (prompts.py); v2: entity lists x question frames, checked facts, "
-                        "follow-ups about the answer (questions.py)")
+                        "follow-ups about the answer (questions.py); v3: v2 with twice the checkable facts and "
+                        "countries drawn by how common their names are")
     p.add_argument("--best-of", type=int, default=1, metavar="N",
                    help="v2: sample N replies per turn and keep the best valid one (dialogue.py)")
     p.add_argument("--questions", default=None, metavar="POOL",
@@ -230,7 +231,7 @@ def run_worker(args, worker: int = 0, workers: int = 1, model=None, tok=None, lo
         log(f"[w{worker}] {out} already holds {counter.total():,} tokens >= {args.tokens:,}")
         return {}
     run_seed = (args.seed * 1_000_003 + index) * 7919 + worker
-    if getattr(args, "prompts", "v1") == "v2":
+    if getattr(args, "prompts", "v1") in ("v2", "v3"):
         gen, drivers = _v2(args, model, tok, sampling, prefix, special, run_seed, meta)
     else:
         plans = plan_stream(run_seed, use_chitchat=not args.no_chitchat)
@@ -249,8 +250,8 @@ def _v2(args, model, tok, sampling, prefix, special, run_seed, meta):
     from .teacher import IM_END
 
     n = max(1, args.best_of)
-    meta.update({"prompts": "v2", "best_of": n, **({"questions": args.questions} if args.questions else {})})
-    plans = plans_v2(run_seed, use_chitchat=not args.no_chitchat, pool_path=args.questions)
+    meta.update({"prompts": args.prompts, "best_of": n, **({"questions": args.questions} if args.questions else {})})
+    plans = plans_v2(run_seed, use_chitchat=not args.no_chitchat, pool_path=args.questions, mix=args.prompts)
     drivers = (Dialogue(p, tok, args.max_new, special, seed=run_seed * 31 + i) for i, p in enumerate(plans))
     gen = GroupedGenerator(model, max(1, args.batch // n), n, sampling, tok.token_to_id(IM_END), prefix, run_seed)
     return gen, drivers
@@ -322,7 +323,7 @@ def _bench(args, worker, model, tok, sampling, prefix, special, log) -> dict:
     from .prompts import plan_stream
     from .teacher import IM_END
 
-    if getattr(args, "prompts", "v1") == "v2":
+    if getattr(args, "prompts", "v1") in ("v2", "v3"):
         gen, drivers = _v2(args, model, tok, sampling, prefix, special, args.seed * 7919 + worker, {})
         groups = gen.G
     else:

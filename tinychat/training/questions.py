@@ -130,6 +130,18 @@ def first_names() -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=1)
+def country_weights() -> tuple[float, ...]:
+    """v3: how often users would ask about each of countries(), from how common its name is in English (wordfreq's
+    Zipf frequency z, weight 10 ** ((z - 3) / 2): Japan ~10x Luxembourg, ~25x Vatican City State); uniform
+    without wordfreq."""
+    try:
+        import wordfreq
+    except ImportError:
+        return tuple(1.0 for _ in countries())
+    return tuple(10 ** ((max(wordfreq.zipf_frequency(c["name"], "en"), 1.0) - 3) / 2) for c in countries())
+
+
+@functools.lru_cache(maxsize=1)
 def topic_words() -> tuple[str, ...]:
     """Common English words (ranks 800-15,000 of wordfreq's list), alphabetic, five letters or more."""
     try:
@@ -234,11 +246,12 @@ What should I see if I visit {c}?|Tell me something interesting about {c}.|Is {c
 What is {cap} like?|What can I do in {cap}?""")
 
 
-def _country(rng: random.Random):
-    cs = [c for c in countries()]
+def _country(rng: random.Random, popular: bool = False):
+    cs = list(countries())
     if not cs:
         return None
-    c = rng.choice(cs)
+    pick = (lambda r: r.choices(cs, weights=country_weights())[0]) if popular else (lambda r: r.choice(cs))
+    c = pick(rng)
     facts = [("capital", CAPITAL, c["capital"])]
     if c["continent"]:
         facts.append(("continent", CONTINENT, c["continent"]))
@@ -250,7 +263,7 @@ def _country(rng: random.Random):
     first = _t(rng.choice(frames).format(c=c["name"]), ans)
 
     def again(r):      # the same question about another country, checked too
-        c2 = r.choice(cs)
+        c2 = pick(r)
         if not c2.get(field):
             return None
         return _t(r.choice(topic_lists.split("And what about {c}?|What about {c}?|And {c}?|How about {c}?")).format(c=c2["name"]),
@@ -552,20 +565,30 @@ MAKERS = {"country": _country, "animal_fact": _animal_fact, "colour": _colour, "
           "arithmetic": _arithmetic, "calendar": _calendar, "memory": _memory, "animal": _animal_open,
           "howto": _howto, "job": _job, "food": _food, "object": _explain_object, "place": _place, "hobby": _hobby,
           "compare": _compare, "define": _define, "opinion": _opinion, "creative": _creative, "advice": _advice}
+# v3 (issue #32: the v2 data held each capital about once, so the student could not learn any): twice the checkable
+# facts and memory, the openings and advice kinds trimmed to make room, countries drawn by popularity.
+KIND_WEIGHTS_V3 = {
+    "country": 0.16, "animal_fact": 0.08, "colour": 0.04, "opposite": 0.05, "arithmetic": 0.06, "calendar": 0.05,
+    "memory": 0.08, "animal": 0.03, "howto": 0.04, "job": 0.03, "food": 0.03, "object": 0.03, "place": 0.02,
+    "hobby": 0.03, "compare": 0.03, "define": 0.04, "opinion": 0.03, "creative": 0.04, "advice": 0.03,
+    "chitchat": 0.05, "self-instruct": 0.05,
+}
+MIXES = {"v2": (KIND_WEIGHTS, False), "v3": (KIND_WEIGHTS_V3, True)}   # name -> (kind weights, popular countries)
 TURN_WEIGHTS = {1: 0.2, 2: 0.35, 3: 0.27, 4: 0.18}
 
 
-def make_plan(rng: random.Random, openings=(), pool=()) -> Plan:
-    kinds = [k for k in KIND_WEIGHTS if (k != "chitchat" or openings) and (k != "self-instruct" or pool)]
-    kind = rng.choices(kinds, weights=[KIND_WEIGHTS[k] for k in kinds])[0]
+def make_plan(rng: random.Random, openings=(), pool=(), mix: str = "v2") -> Plan:
+    weights, popular = MIXES[mix]
+    kinds = [k for k in weights if (k != "chitchat" or openings) and (k != "self-instruct" or pool)]
+    kind = rng.choices(kinds, weights=[weights[k] for k in kinds])[0]
     if kind == "chitchat":
         first, makers, label = _chitchat(rng, openings)
     elif kind == "self-instruct":
         first, makers, label = _pool(rng, pool)
     else:
-        made = MAKERS[kind](rng)
+        made = _country(rng, popular) if kind == "country" else MAKERS[kind](rng)
         if made is None:                     # an optional package is missing: another kind
-            return make_plan(rng, (), pool)
+            return make_plan(rng, (), pool, mix)
         first, makers, label = made
     n = rng.choices(list(TURN_WEIGHTS), weights=list(TURN_WEIGHTS.values()))[0]
     if label == "memory":
@@ -590,10 +613,11 @@ def make_plan(rng: random.Random, openings=(), pool=()) -> Plan:
     return Plan(label if label != "fact" else f"fact-{kind}", tuple(turns), source)
 
 
-def plan_stream(seed: int, use_chitchat: bool = True, pool_path: str | None = None) -> Iterator[Plan]:
-    """An endless, deterministic stream of v2 plans."""
+def plan_stream(seed: int, use_chitchat: bool = True, pool_path: str | None = None,
+                mix: str = "v2") -> Iterator[Plan]:
+    """An endless, deterministic stream of plans of one mix (MIXES: v2, or v3's facts-heavy one)."""
     openings = chitchat_pool()[0] if use_chitchat else ()
     pool = question_pool(pool_path)
     rng = random.Random(seed)
     while True:
-        yield make_plan(rng, openings, pool)
+        yield make_plan(rng, openings, pool, mix)
