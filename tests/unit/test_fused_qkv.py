@@ -11,6 +11,7 @@ from support import make_llama_model, make_model
 from tinychat.engine import KVCache, quantize_cpu
 from tinychat.engine import native
 from tinychat.engine.fused import qkv_rows, split_qkv
+from tinychat.options import EngineOptions
 
 Am = importlib.import_module("tinychat.engine.append")
 
@@ -64,7 +65,8 @@ def test_split_qkv_cuts_the_fused_output_as_the_separate_projections_give_it():
 @pytest.mark.skipif(native.gemm_lib() is None, reason=f"no native int8 GEMM here: {native.why_not}")
 @pytest.mark.parametrize("make", [make_model, make_llama_model], ids=["tinyagent", "llama"])
 def test_the_fused_prefill_gives_the_bits_of_the_separate_projections(make, monkeypatch):
-    m = quantize_cpu(make(), "int8")
+    # the native int8 GEMM pinned: on AMX hosts prefill would take bf16 GEMMs by default (no native calls to count)
+    m = quantize_cpu(make(), "int8", options=EngineOptions(prefill_bf16=False))
     fused = m.fused_qkv
     g = torch.Generator().manual_seed(3)
     chunks = [torch.randint(0, 400, (1, n), generator=g) for n in (150, 90, 7)]

@@ -19,6 +19,10 @@ CASES = {
     "lean": (make_model, "bf16", EngineOptions(), False, 0.02),               # bf16 activations, x / |x| norms
     "lean-llama": (make_llama_model, "int8", EngineOptions(native=False), False, 0.02),
 }
+# steps whose arithmetic differs from the eager one's (int8 activations; bf16 activations and x / |x| norms); the
+# lean llama step runs the same torch int8 matmuls and norms as eager, so it may match it bit for bit (it does on AMX
+# hosts, where both take the same oneDNN kernels): the test's variant check is what shows it ran
+ARITHMETIC_DIFFERS = ("native", "native-llama", "lean")
 TOKENS = torch.randint(0, 512, (1, 50), generator=torch.Generator().manual_seed(4))
 
 
@@ -61,7 +65,7 @@ def test_each_decode_step_variant_stays_with_the_reference(name):
     rel = ((got - ref).abs().max() / ref.abs().max()).item()
     assert rel < tol
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
-    if quant != "none":
+    if quant != "none" and name in ARITHMETIC_DIFFERS:
         assert rel > 0                                                   # really another step
 
 
