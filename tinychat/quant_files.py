@@ -175,6 +175,7 @@ def load_quantized(folder: Path, check_finite: bool = True):
     from safetensors.torch import load_file
 
     from .engine.fused import fuse_qkv
+    from .engine.quant import release_freed_memory
     from .mapped import MappedWeights
     from .model import _SKIP_INIT, KEEP_MAPPED_BYTES, CheckpointError, TinyAgentLM, load_config
     from .weights_check import first_nonfinite
@@ -206,8 +207,15 @@ def load_quantized(folder: Path, check_finite: bool = True):
         if not k.endswith((".qweight", ".scale")) and not (v.is_floating_point() and v.nbytes >= KEEP_MAPPED_BYTES):
             sd[k] = mapped.copy_out(v, v.dtype)
     model.load_state_dict(sd, strict=True, assign=True)
+    del sd
     if hasattr(model, "blocks"):
-        fuse_qkv(model)
+        pieces = [t for b in model.blocks for lin in (b.attn.w_q, b.attn.w_kv_local, b.attn.w_kv_global)
+                  if lin is not None for t in (lin.qweight, lin.scale)]
+        fuse_qkv(model)                     # the fused rows are a copy: the pieces' pages of the file go back
+        for t in pieces:
+            mapped.drop(t)
+        del pieces
+    release_freed_memory()
     if check_finite and (bad := first_nonfinite(model)):
         raise CheckpointError(f"{wpath}: {bad} holds NaN or infinite values (a damaged file)")
     model.stored_quant = mode
