@@ -283,6 +283,12 @@ def _pulled(name: str) -> dict | None:
     return meta.get("hub") if isinstance(meta, dict) and isinstance(meta.get("hub"), dict) else {}
 
 
+def _stored(name: str) -> str:
+    """The mode the imported model `name` stores its weights in: "none" (full precision), "int8" or "int4"."""
+    from ..quant_files import stored_mode
+    return stored_mode(paths.models_dir() / name) or "none"
+
+
 def pull(text: str, name: str | None = None, offline: bool = False, force: bool = False, context: int | None = None,
          dtype: str = "float32", report: Reporter | None = None, import_progress=None, quant: str = "none") -> PullResult:
     """Pull text (REPO[:QUANT][@REVISION]) and import it as `name` (default: Plan.default_name). A model of that name
@@ -304,7 +310,7 @@ def pull(text: str, name: str | None = None, offline: bool = False, force: bool 
                             f"pick another --name or add --force")
         replace = True
     if prior is not None and prior.get("repo") == p.ref.repo and prior.get("commit") == p.commit \
-            and (p.kind != "gguf" or prior.get("files") == p.files) and prior.get("stored_quant", "none") == quant:
+            and (p.kind != "gguf" or prior.get("files") == p.files) and _stored(name) == quant:
         return PullResult(name, paths.models_dir() / name, p, up_to_date=True)    # files at a commit never change
     fetched = 0
     if not p.offline:
@@ -351,7 +357,7 @@ def pull(text: str, name: str | None = None, offline: bool = False, force: bool 
     from ..importer import ImportRefused, import_model
     origin = {"source": p.source(), "hub": {"repo": p.ref.repo, "revision": p.ref.revision or "main",
                                             "commit": p.commit, "files": p.files,
-                                            "quant": p.choice.quant if p.choice else None, "stored_quant": quant}}
+                                            "quant": p.choice.quant if p.choice else None}}
     try:
         dest = import_model(src, name=name, context=context, dtype=dtype, force=replace, origin=origin,
                             progress=import_progress, quant=quant)
