@@ -97,6 +97,25 @@ def test_auto_runs_the_stored_mode_and_another_mode_is_refused_in_one_line(tmp_p
     assert f"stored {mode}" in err and f"--quant {other}" in err
 
 
+def test_a_session_on_a_stored_model_records_its_step_replays_exactly_and_continues(tmp_path, capsys):
+    _, packed = _pair(tmp_path, "int4")
+    code, _, err = _main(["--model", packed.name, "--max-new", "6", "--temperature", "0", "-p", "hi"], capsys)
+    assert code == 0, err
+    sid = json.loads(_main(["sessions", "--json"], capsys)[1])[0]["id"]
+    from tinychat.sessions.session import load
+    sess = load(sid)
+    assert sess.quant == "int4" and sess.model["name"] == packed.name
+    step = open_chat(load_runtime(packed, "int4"), "int4", "cpu", ChatSettings(), {}, autosave=False).step_name()
+    from tinychat import paths
+    raw = "".join(f.read_text() for f in paths.sessions_dir().glob("*.json"))
+    assert step and f'"step": "{step}"' in raw                    # recorded with the turn, as for any int4 chat
+    code, out, err = _main(["replay", sid, "--check"], capsys)
+    assert code == 0 and "token-exact" in out, err
+    code, _, err = _main(["--session", sid, "--max-new", "3", "-p", "more"], capsys)
+    assert code == 0, err
+    assert load(sid).n_turns == 2
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_models_and_info_say_a_model_is_stored_quantized(tmp_path, mode, capsys):
     full, packed = _pair(tmp_path, mode)
