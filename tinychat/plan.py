@@ -91,6 +91,8 @@ def decide(model, quant: str | None = None, device: str = "cpu", options: Engine
             quant_why = f"the model is stored {stored}"
         want = stored                       # --quant auto takes the stored mode
         configure(model, options)
+        from .engine.quant import release_freed_memory
+        release_freed_memory()              # what loading freed (the tokenizer's), as quantizing at start does
     if want == "none":
         model.linears_to(torch.float32)   # a model loaded to be quantized (stored_linears) runs in fp32 here
     if want != have:
