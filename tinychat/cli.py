@@ -303,8 +303,10 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="PA
     m, desc = load_model_for(model, config)
     c = m.cfg
     family = "TinyAgentLM" if c.is_tinyagent else "llama family"
+    from .quant_files import param_counts
+    counts = param_counts(m)                    # a stored-quantized model's packed weights counted too
     facts = {
-        "model": desc, "family": family, "params": m.num_params(), "linear_params": m.num_linear_params(),
+        "model": desc, "family": family, "stored": getattr(m, "stored_quant", None), "params": counts[0], "linear_params": counts[1],
         "vocab_size": c.vocab_size, "d_model": c.d_model, "n_layers": c.n_layers, "n_heads": c.n_heads,
         "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim, "kv_group": c.kv_group, "swa_window": c.swa_window,
         "max_seq_len": c.max_seq_len, "engram_layers": list(c.engram_layers), "engram_orders": list(c.engram_orders),
@@ -327,6 +329,7 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="PA
     t = Table(title=escape(safe_line(f"{family} — {desc}")), show_header=False)     # a path: no markup, no escapes
     t.add_column(style="bold")
     t.add_column(justify="right")
+    t.add_row("weights", f"stored {facts['stored']} (packed in the file)" if facts["stored"] else "full precision")
     t.add_row("parameters", f"{facts['params'] / 1e6:.2f} M")
     t.add_row("Linear parameters", f"{facts['linear_params'] / 1e6:.2f} M")
     t.add_row("layers / groups", f"{c.n_layers} / {c.n_groups} (kv_group {c.kv_group})")
@@ -665,6 +668,7 @@ def pull(ref: str = typer.Argument(..., metavar="REPO[:QUANT][@REVISION]",
                                     "safetensors repo needs); pull nothing."),
          offline: bool = typer.Option(False, "--offline", help="Use only the Hugging Face cache, no network "
                                       "(also HF_HUB_OFFLINE=1)."),
+         quant: str = typer.Option("none", "--quant", metavar="none|int8|int4", help="Store packed weights: int8, or int4 (as --quant makes them at start; no fp32 copy, nothing quantized at load)."),
          force: bool = typer.Option(False, "--force", help="Replace a model of the same name pulled from elsewhere.")):
     """Download a model from the Hugging Face Hub into its standard cache, then import it (`tinychat import`).
 
@@ -678,7 +682,7 @@ def pull(ref: str = typer.Argument(..., metavar="REPO[:QUANT][@REVISION]",
         _list_pull(plan(ref, offline))
         return
     try:
-        r = _run_pull(ref, name=name, offline=offline, force=force)
+        r = _run_pull(ref, name=name, offline=offline, force=force, quant=quant)
     except Interrupted as e:
         from .hub.ref import human_bytes
         typer.echo(f"interrupted at {human_bytes(e.done)} of {human_bytes(e.total)}: `tinychat pull {ref}` resumes "
@@ -741,6 +745,7 @@ def import_(src: Path = typer.Argument(..., metavar="SRC", help="A Hugging Face 
             context: Optional[int] = typer.Option(None, "--context", metavar="N", help="Most positions a chat may hold "
                                                   "(default: 4096, or less when the checkpoint says so)."),
             dtype: str = typer.Option("float32", "--dtype", metavar="float32|bfloat16|float16", help="Stored weights: float32 (exact), bfloat16 or float16."),
+            quant: str = typer.Option("none", "--quant", metavar="none|int8|int4", help="Store packed weights: int8, or int4 (as --quant makes them at start; no fp32 copy, nothing quantized at load)."),
             force: bool = typer.Option(False, "--force", help="Replace a model of the same name.")):
     """Import a llama-family checkpoint (SmolLM2, Qwen2.5, Llama-architecture models) as a tinychat model.
 
@@ -754,12 +759,12 @@ def import_(src: Path = typer.Argument(..., metavar="SRC", help="A Hugging Face 
             if snapshot_for(parse_ref(str(src))) is None:
                 raise UsageError(f"{src}: no such file or folder here, nor a repo in the Hugging Face cache "
                                  f"({hub_cache()}): tinychat pull {src} downloads it")
-            r = _run_pull(str(src), name=name, offline=True, force=force, context=context, dtype=dtype)
+            r = _run_pull(str(src), name=name, offline=True, force=force, context=context, dtype=dtype, quant=quant)
             typer.echo(f"imported {r.plan.ref} from the Hugging Face cache as {r.name} ({r.path})\n"
                        f"chat with: tinychat --model {r.name}")
             return
     with _progress(f"import {src.name}") as (progress, _):
-        dest = import_model(src, name=name, context=context, dtype=dtype, force=force, progress=progress)
+        dest = import_model(src, name=name, context=context, dtype=dtype, force=force, progress=progress, quant=quant)
     from .textsafe import safe_line
     typer.echo(safe_line(f"imported {src} as {dest.name} ({dest})"))
     typer.echo(f"chat with: tinychat --model {dest.name}")
@@ -789,7 +794,8 @@ def models_(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", h
         typer.echo("no imported models (add one with: tinychat pull ORG/NAME, or tinychat import SRC)")
     for r in rows:
         params = f"{r['params'] / 1e6:.0f}M params" if r.get("params") else "?"
-        typer.echo(safe_line(f"{r['name']}  {params}  {human_bytes(r['disk_bytes'])} on disk  {r['format']}  "
+        stored = f"  stored {r['quant']}" if r.get("quant") else ""
+        typer.echo(safe_line(f"{r['name']}  {params}  {human_bytes(r['disk_bytes'])} on disk{stored}  {r['format']}  "
                              f"from {r['source']}"))
     if rows:
         total = sum(r["disk_bytes"] for r in rows)

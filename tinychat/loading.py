@@ -79,7 +79,18 @@ def load_model_for(model: Path | None, config: str | None, seed: int = 0, quant:
     if path is None:
         raise LoadError("no model given and no default model is shipped in this install; "
                         "use --model PATH (a folder with config.json and model.safetensors)")
-    return TinyAgentLM.from_pretrained(path, stored_linears=quant in ("int8", "int4", "bf16")), str(path)
+    return load_folder(path, quant), str(path)
+
+
+def load_folder(path: Path, quant: str = "none", check_finite: bool = True):
+    """The TinyAgentLM of a model folder: a stored-quantized one (quant_files.py: its packed Linears mapped as they
+    lie, whatever quant says; the plan then runs its stored mode) or a full-precision one (from_pretrained; quant
+    int8 / int4 / bf16: the Linear weights stay as stored until quantized)."""
+    from .model import TinyAgentLM
+    from .quant_files import load_quantized, stored_mode
+    if stored_mode(Path(path)) is not None:
+        return load_quantized(Path(path), check_finite=check_finite)
+    return TinyAgentLM.from_pretrained(path, stored_linears=quant in ("int8", "int4", "bf16"), check_finite=check_finite)
 
 
 def resolve_device(device: str, resolve: bool = True) -> str:
@@ -135,7 +146,7 @@ def load_runtime(model: Path | None, quant: str = "none") -> Runtime:
     """The model and tokenizer for chatting: a checkpoint folder with its tokenizer.json (None: the shipped one).
     quant: the mode the chats will run (int8 / bf16: the Linear weights stay as stored until quantized)."""
     from .identity import cached_identity, model_identity
-    from .model import TOKENIZER_FILE, TinyAgentLM
+    from .model import TOKENIZER_FILE
     from .tokenizer import Tokenizer
     path = model if model is not None else default_model_path()
     if path is None:
@@ -143,7 +154,7 @@ def load_runtime(model: Path | None, quant: str = "none") -> Runtime:
                         "use --model PATH (a folder with config.json, model.safetensors, tokenizer.json)")
     lock = hold_model(Path(path))
     # NaN / Inf weights are refused by the identity's hashing (one read of the weights, once per file version)
-    m = TinyAgentLM.from_pretrained(path, stored_linears=quant in ("int8", "int4", "bf16"), check_finite=False)
+    m = load_folder(Path(path), quant, check_finite=False)
     m._tinychat_lock = lock                 # held (shared) for as long as the model is: rm and import wait for it
     if not (Path(path) / TOKENIZER_FILE).is_file():
         raise LoadError(f"{path}: no {TOKENIZER_FILE} (a chat model folder needs its tokenizer)")

@@ -82,6 +82,17 @@ def decide(model, quant: str | None = None, device: str = "cpu", options: Engine
     options = options or EngineOptions.from_env()
     have = quant_mode(model)
     want = have if quant is None else effective_mode(quant)
+    stored = getattr(model, "stored_quant", None)     # a stored-quantized file (quant_files.py): its mode only
+    if stored is not None:
+        from .quant_files import configure, mismatch
+        if quant is not None and quant_why is None and quant != stored:
+            raise ChatError(mismatch(stored, quant))
+        if quant_why is not None and want != stored:
+            quant_why = f"the model is stored {stored}"
+        want = stored                       # --quant auto takes the stored mode
+        configure(model, options)
+        from .engine.quant import release_freed_memory
+        release_freed_memory()              # what loading freed (the tokenizer's), as quantizing at start does
     if want == "none":
         model.linears_to(torch.float32)   # a model loaded to be quantized (stored_linears) runs in fp32 here
     if want != have:

@@ -70,6 +70,17 @@ def test_a_gguf_repo_pulls_q8_0_by_default_and_a_quant_by_name(tinychat, hub, hf
     assert sampler["unused"] == {"top_k": 40}
 
 
+def test_pull_quant_stores_packed_weights_and_a_pull_in_another_mode_imports_again(tinychat, hub):
+    r = tinychat("pull", "org/tiny", "--quant", "int4")
+    assert r.returncode == 0, r.stderr
+    assert [(m["name"], m["quant"]) for m in list_models()] == [("tiny", "int4")] and _model("tiny")[1]["quant"] == "int4"
+    r = tinychat("pull", "org/tiny", "--quant", "int4")
+    assert r.returncode == 0 and "tiny is up to date" in r.stdout
+    r = tinychat("pull", "org/tiny")                    # full precision now: the same commit, imported again
+    assert r.returncode == 0 and "pulled org/tiny as tiny" in r.stdout, r.stderr
+    assert [(m["name"], m["quant"]) for m in list_models()] == [("tiny", None)]
+
+
 def test_list_shows_the_quants_with_sizes_and_a_missing_quant_lists_them(tinychat, hub):
     r = tinychat("pull", "org/tiny-GGUF", "--list")
     assert r.returncode == 0, r.stderr

@@ -115,6 +115,19 @@ def _from_rows(cls, pieces):
     return out
 
 
+def _from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None, native: bool = True):
+    """An Int8Linear / Int4Linear holding these packed tensors as they are (a stored-quantized file's mapped
+    tensors: quant_files.py), no quantization: the same module as quantizing the weights they were made from."""
+    out = cls.__new__(cls)
+    torch.nn.Module.__init__(out)
+    out.in_features, out.out_features = int(in_features), qweight.size(0)
+    out.register_buffer("qweight", qweight)
+    out.register_buffer("scale", scale)
+    out.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+    out.prefill_bf16, out.native = prefill_bf16, bool(native)
+    return out
+
+
 class BF16Linear(torch.nn.Module):
     """A Linear whose weight is stored in bf16: half the bytes to stream per token. The matmul runs on bf16 inputs
     (fp32 accumulation inside oneDNN), the output is returned in the input dtype."""
@@ -189,6 +202,11 @@ class Int8Linear(torch.nn.Module):
         self.bias = None if lin.bias is None else torch.nn.Parameter(lin.bias.detach().float(), requires_grad=False)
         self.prefill_bf16 = prefill_bf16    # None / True / False, as asked (prefill_kernel resolves it)
         self.native = bool(native)
+
+    @classmethod
+    def from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None, native: bool = True) -> "Int8Linear":
+        """The Int8Linear of packed tensors as __init__ makes them (qweight, scale, bias or None), kept as given."""
+        return _from_packed(cls, qweight, scale, bias, in_features, prefill_bf16, native)
 
     @classmethod
     def from_rows(cls, pieces) -> "Int8Linear":
@@ -329,6 +347,11 @@ class Int4Linear(torch.nn.Module):
         self.bias = None if lin.bias is None else torch.nn.Parameter(lin.bias.detach().float(), requires_grad=False)
         self.prefill_bf16 = prefill_bf16
         self.native = bool(native)
+
+    @classmethod
+    def from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None, native: bool = True) -> "Int4Linear":
+        """The Int4Linear of packed tensors as __init__ makes them (qweight, scale, bias or None), kept as given."""
+        return _from_packed(cls, qweight, scale, bias, in_features, prefill_bf16, native)
 
     @classmethod
     def from_rows(cls, pieces) -> "Int4Linear":

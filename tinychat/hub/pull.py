@@ -283,11 +283,18 @@ def _pulled(name: str) -> dict | None:
     return meta.get("hub") if isinstance(meta, dict) and isinstance(meta.get("hub"), dict) else {}
 
 
+def _stored(name: str) -> str:
+    """The mode the imported model `name` stores its weights in: "none" (full precision), "int8" or "int4"."""
+    from ..quant_files import stored_mode
+    return stored_mode(paths.models_dir() / name) or "none"
+
+
 def pull(text: str, name: str | None = None, offline: bool = False, force: bool = False, context: int | None = None,
-         dtype: str = "float32", report: Reporter | None = None, import_progress=None) -> PullResult:
+         dtype: str = "float32", report: Reporter | None = None, import_progress=None, quant: str = "none") -> PullResult:
     """Pull text (REPO[:QUANT][@REVISION]) and import it as `name` (default: Plan.default_name). A model of that name
     pulled from the same repo is updated in place (a no-op at the same commit); one from elsewhere needs force.
-    import_progress(done, total, what): the importer's stages (importer/run.py's progress)."""
+    import_progress(done, total, what): the importer's stages (importer/run.py's progress). quant: none, or int8 /
+    int4 to store packed weights (`tinychat import --quant`)."""
     report = report or Reporter()
     p = plan(text, offline)
     from ..importer.store import check_name
@@ -303,7 +310,7 @@ def pull(text: str, name: str | None = None, offline: bool = False, force: bool 
                             f"pick another --name or add --force")
         replace = True
     if prior is not None and prior.get("repo") == p.ref.repo and prior.get("commit") == p.commit \
-            and (p.kind != "gguf" or prior.get("files") == p.files):
+            and (p.kind != "gguf" or prior.get("files") == p.files) and _stored(name) == quant:
         return PullResult(name, paths.models_dir() / name, p, up_to_date=True)    # files at a commit never change
     fetched = 0
     if not p.offline:
@@ -315,7 +322,7 @@ def pull(text: str, name: str | None = None, offline: bool = False, force: bool 
         specs = p.specs()
         missing = [s for s in specs if not (s.etag and (storage / "blobs" / s.etag).exists())]
         need = max(sum(s.size for s in missing) - part_bytes(storage, missing), 0)
-        est = import_bytes(cfg, {"float32": 4}.get(dtype, 2))
+        est = import_bytes(cfg, 1 if quant != "none" else {"float32": 4}.get(dtype, 2))
         what = f"{p.choice.quant} ({p.choice.files[0]})" if p.kind == "gguf" else f"{len(specs)} files"
         cached = sum(s.size for s in specs if s.path in before) + part_bytes(storage, missing)
         report.line(f"{p.ref.repo} at {p.commit[:12]}: {what}, {human_bytes(sum(s.size for s in specs))}"
@@ -353,7 +360,7 @@ def pull(text: str, name: str | None = None, offline: bool = False, force: bool 
                                             "quant": p.choice.quant if p.choice else None}}
     try:
         dest = import_model(src, name=name, context=context, dtype=dtype, force=replace, origin=origin,
-                            progress=import_progress)
+                            progress=import_progress, quant=quant)
     except ImportRefused as e:
         raise PullError(f"{p.ref}: {e}") from None
     return PullResult(name, dest, p, fetched=fetched)

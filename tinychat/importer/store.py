@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .. import paths
 from .errors import ImportRefused
+from ..quant_files import stored_mode
 from .lock import acquire, sweep
 
 IMPORT_FILE = "import.json"      # where the model came from, its chat format and stop tokens
@@ -41,7 +42,8 @@ def resolve(model: str | Path | None) -> Path | None:
 
 
 def list_models() -> list[dict]:
-    """[{name, path, source, format, params, bytes, disk_bytes}] for every imported model folder, by name. bytes:
+    """[{name, path, source, format, params, quant, bytes, disk_bytes}] for every imported model folder, by name.
+    quant: the mode its weights are stored in (quant_files.stored_mode: "int8", "int4"), None for full precision. bytes:
     the files' sizes; disk_bytes: what they take on the disk (allocated blocks, as du counts them). Leftovers of
     killed imports are swept first (lock.sweep)."""
     root = paths.models_dir()
@@ -64,6 +66,7 @@ def list_models() -> list[dict]:
         out.append({"name": d.name, "path": str(d), "source": str(meta.get("source", "?")),
                     "format": str(fmt.get("format", "?")) if isinstance(fmt, dict) else "?",
                     "params": meta.get("params") if isinstance(meta.get("params"), int) else None,
+                    "quant": stored_mode(d),
                     "bytes": size, "disk_bytes": disk})
     return out
 

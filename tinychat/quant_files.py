@@ -1,0 +1,248 @@
+"""Stored-quantized model files (`tinychat import --quant int8|int4`): model.safetensors holding every Linear's
+packed weight and scales exactly as the runtime's Int8Linear / Int4Linear hold them, so a chat maps the file and
+builds those modules from the mapped tensors: no fp32 pass, no quantization at start.
+
+The file: for each Linear at module path P, `P.qweight` and `P.scale` (Int8Linear: int8 (N, K) rows and one bf16
+scale a row; Int4Linear: uint8 (N, pad64(K) / 2) nibbles and fp16 (N, pad64(K) / 32) group scales, native_q4.h's
+layout), `P.bias` (fp32) where the Linear has one; every other tensor (embedding, cid_map, Engram tables) as the
+full-precision folder holds it. Which Linears are int4 is quantize_cpu's rule (int4_keeps_int8): the file holds
+exactly what `--quant MODE` makes at start from the full-precision weights, so a chat on it is token for token the
+chat on those weights quantized at start. The safetensors metadata says so: FORMAT_KEY ("int8" / "int4") and
+VERSION_KEY (FORMAT_VERSION); a file without FORMAT_KEY is a full-precision one.
+
+The embedding stays fp32 (exact, and mapped: only the rows read are resident). A tied head is stored as its own int8
+rows (the runtime's); reading the embedding from them would be smaller on disk but not the same model (docs in
+/work/wt/notes/i34files.md: measured).
+
+Torch-free to import (store.py lists models without torch): stored_mode reads the file's header only."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+FORMAT_KEY = "tinychat_quant"
+VERSION_KEY = "tinychat_quant_version"
+FORMAT_VERSION = 1
+MODES = ("int8", "int4")
+WEIGHTS_FILE = "model.safetensors"
+_HEADER_MAX = 64 << 20        # a safetensors header larger than this is not one tinychat wrote
+
+
+def read_header(wpath: Path) -> dict | None:
+    """The JSON header of the safetensors file at wpath ({name: {dtype, shape, data_offsets}, "__metadata__": {...}}),
+    or None when there is no such file or it is not a readable safetensors file (the loader's own errors say why)."""
+    try:
+        with open(wpath, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 2 <= n <= _HEADER_MAX:
+                return None
+            header = json.loads(f.read(n))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return header if isinstance(header, dict) else None
+
+
+def stored_mode(folder: Path) -> str | None:
+    """The quant mode the model folder's weights are stored in (FORMAT_KEY: "int8", "int4", or what a newer tinychat
+    wrote), or None for full-precision weights (or no readable weights file: the loader reports it)."""
+    header = read_header(Path(folder) / WEIGHTS_FILE)
+    meta = (header or {}).get("__metadata__")
+    if not isinstance(meta, dict) or FORMAT_KEY not in meta:
+        return None
+    return str(meta[FORMAT_KEY])
+
+
+def _linear_class(name: str, mode: str):
+    """The quant Linear class quantize_cpu(mode) gives the Linear at module path name."""
+    from .engine.quant import Int4Linear, Int8Linear, int4_keeps_int8
+    return Int4Linear if mode == "int4" and not int4_keeps_int8(name) else Int8Linear
+
+
+def packed_shapes(cls, rows: int, cols: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """{"qweight": (shape, dtype), "scale": (shape, dtype)} of an Int8Linear / Int4Linear of rows x cols (safetensors
+    dtype names)."""
+    from .engine.quant import Int4Linear
+    if cls is Int4Linear:
+        kp = -(-cols // 64) * 64                  # native.pad64
+        return {"qweight": ((rows, kp // 2), "U8"), "scale": ((rows, kp // 32), "F16")}
+    return {"qweight": ((rows, cols), "I8"), "scale": ((rows,), "BF16")}
+
+
+_ST_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I64": "int64",
+              "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+def _st_dtype(t) -> str:
+    name = str(t.dtype).removeprefix("torch.")
+    return next((k for k, v in _ST_DTYPES.items() if v == name), name)
+
+
+def layout(model, mode: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """{tensor name: (shape, safetensors dtype)} of the stored-`mode` file of a model like `model` (an unquantized
+    TinyAgentLM, built from its config): every Linear's packed tensors, the other tensors as the model holds them."""
+    import torch
+    sd = model.state_dict()
+    out = {}
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    for k, t in sd.items():
+        mod, _, leaf = k.rpartition(".")
+        if mod in linears and leaf in ("weight", "bias"):
+            continue
+        out[k] = (tuple(t.shape), _st_dtype(t))
+    for n, m in linears.items():
+        for leaf, spec in packed_shapes(_linear_class(n, mode), m.out_features, m.in_features).items():
+            out[f"{n}.{leaf}"] = spec
+        if m.bias is not None:
+            out[f"{n}.bias"] = ((m.out_features,), "F32")
+    return out
+
+
+def save_quantized(model, folder: Path, mode: str) -> None:
+    """Quantize `model` (a full-precision TinyAgentLM) to `mode` in place (quantize_cpu: the bytes a chat's start
+    would make) and write folder/config.json and folder/model.safetensors (atomic writes) holding it packed.
+    ValueError when this build cannot make the mode (int8 without torch's int8 kernel runs as bf16)."""
+    from safetensors.torch import save_file
+
+    from .engine.quant import quant_mode, quantize_cpu
+    from .fsutil import atomic_write
+    from .model import CONFIG_FILE
+    if mode not in MODES:
+        raise ValueError(f"--quant must be one of {', '.join(MODES)} to store packed weights (got {mode!r})")
+    want = layout(model, mode)
+    quantize_cpu(model, mode)
+    if quant_mode(model) != mode:
+        raise ValueError(f"this PyTorch build cannot make --quant {mode} weights (it runs {quant_mode(model)})")
+    # clones: the q/k/v Linears' rows are views of the fused projection (safetensors refuses shared storage)
+    sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    got = {k: (tuple(v.shape), _st_dtype(v)) for k, v in sd.items()}
+    if got != want:                         # the runtime's modules and layout() disagree: a bug here
+        bad = sorted(set(got.items()) ^ set(want.items()))[:2]
+        raise ValueError(f"internal error: the {mode} tensors are not the stored layout ({bad})")
+    meta = {"format": "pt", FORMAT_KEY: mode, VERSION_KEY: str(FORMAT_VERSION)}
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(folder / WEIGHTS_FILE, lambda tmp: save_file(sd, str(tmp), metadata=meta))
+    atomic_write(folder / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(model.cfg.to_dict(), indent=2)))
+
+
+def _check_header(wpath: Path, header: dict, cfg) -> str:
+    """The stored mode, after the header's metadata, tensor count, names, shapes and dtypes are compared with what
+    the config implies; CheckpointError (one line) for anything else."""
+    from .model import CheckpointError
+    from .weights_check import state_count
+    meta = header.get("__metadata__") if isinstance(header.get("__metadata__"), dict) else {}
+    mode, version = meta.get(FORMAT_KEY), meta.get(VERSION_KEY)
+    if mode not in MODES:
+        raise CheckpointError(f"{wpath}: weights stored as {str(mode)[:40]!r}, a quant mode this tinychat does not "
+                              f"read ({', '.join(MODES)})")
+    if version != str(FORMAT_VERSION):
+        raise CheckpointError(f"{wpath}: stored {mode} weights of format version {str(version)[:20]!r}; this tinychat "
+                              f"reads version {FORMAT_VERSION} (import the model again)")
+    n = len(header) - 1
+    if state_count(cfg) > 4 * n + 1000:     # a config claiming far more than the file holds: nothing is built
+        raise CheckpointError(f"{wpath}: weights do not match config.json (it implies {state_count(cfg):,} tensors, "
+                              f"the file holds {n:,})")
+    return mode
+
+
+def _compare(wpath: Path, header: dict, want: dict) -> None:
+    from .model import CheckpointError
+    have = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        if not isinstance(v, dict) or not isinstance(v.get("shape"), list):
+            raise CheckpointError(f"{wpath}: unreadable safetensors header entry {k[:60]!r}")
+        have[k] = (tuple(v["shape"]), v.get("dtype"))
+    missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    if missing or extra:
+        what = (f"missing {', '.join(missing[:3])}" if missing else "") + ("; " if missing and extra else "") + \
+               (f"unexpected {', '.join(extra[:3])}" if extra else "")
+        raise CheckpointError(f"{wpath}: stored weights do not match config.json ({what})")
+    for k, (shape, dtype) in want.items():
+        if have[k] != (shape, dtype):
+            raise CheckpointError(f"{wpath}: {k} is {have[k][1]} {have[k][0]}, config.json implies {dtype} {shape}")
+
+
+def load_quantized(folder: Path, check_finite: bool = True):
+    """The TinyAgentLM of a stored-quantized folder, its Linears Int8Linear / Int4Linear holding the mapped file's
+    tensors (nothing quantized, no fp32 copy of them), q/k/v fused as quantize_cpu leaves them, and
+    model.stored_quant the mode. The header is checked first (_check_header, then every tensor's name, shape and
+    dtype against the config); check_finite: refuse NaN / Inf in any floating tensor, the scales included (a chat's
+    load checks them with its identity instead: identity.py). CheckpointError, one line, for a bad file."""
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from .engine.fused import fuse_qkv
+    from .engine.quant import release_freed_memory
+    from .mapped import MappedWeights
+    from .model import _SKIP_INIT, KEEP_MAPPED_BYTES, CheckpointError, TinyAgentLM, load_config
+    from .weights_check import first_nonfinite
+    cfg = load_config(folder)
+    wpath = Path(folder) / WEIGHTS_FILE
+    header = read_header(wpath)
+    if header is None:
+        raise CheckpointError(f"{wpath}: unreadable safetensors file")
+    mode = _check_header(wpath, header, cfg)
+    token = _SKIP_INIT.set(True)
+    try:
+        model = TinyAgentLM(cfg)
+    finally:
+        _SKIP_INIT.reset(token)
+    _compare(wpath, header, layout(model, mode))
+    try:
+        sd = load_file(str(wpath))          # memory-mapped
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{wpath}: unreadable safetensors file ({str(e).splitlines()[0][:120]})") from None
+    mapped = MappedWeights()
+    targets = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    for n, m in targets:
+        q = _linear_class(n, mode).from_packed(sd[f"{n}.qweight"], sd[f"{n}.scale"], sd.get(f"{n}.bias"),
+                                               m.in_features)
+        parent, _, leaf = n.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, q)
+    del targets, m
+    for k, v in sd.items():                 # the other tensors: big floats stay mapped, small buffers are copied
+        if not k.endswith((".qweight", ".scale")) and not (v.is_floating_point() and v.nbytes >= KEEP_MAPPED_BYTES):
+            sd[k] = mapped.copy_out(v, v.dtype)
+    model.load_state_dict(sd, strict=True, assign=True)
+    del sd
+    if hasattr(model, "blocks"):
+        pieces = [t for b in model.blocks for lin in (b.attn.w_q, b.attn.w_kv_local, b.attn.w_kv_global)
+                  if lin is not None for t in (lin.qweight, lin.scale)]
+        fuse_qkv(model)                     # the fused rows are a copy: the pieces' pages of the file go back
+        for t in pieces:
+            mapped.drop(t)
+        del pieces
+    release_freed_memory()
+    if check_finite and (bad := first_nonfinite(model)):
+        raise CheckpointError(f"{wpath}: {bad} holds NaN or infinite values (a damaged file)")
+    model.stored_quant = mode
+    return model.eval()
+
+
+def configure(model, options) -> None:
+    """Set the engine options a quantize_cpu run would fix into each quant Linear (prefill_bf16, native) on a
+    stored-quantized model's Linears, the fused q/k/v ones included."""
+    from .engine.quant import Int4Linear, Int8Linear
+    mods = [m for m in model.modules() if type(m) in (Int8Linear, Int4Linear)]
+    for m in [*mods, *getattr(model, "fused_qkv", [])]:
+        m.prefill_bf16, m.native = options.prefill_bf16, bool(options.native)
+
+
+def mismatch(stored: str, quant: str) -> str:
+    """The one line for a chat asking another mode than a stored-quantized model's."""
+    return (f"the model is stored {stored} (imported with --quant {stored}): run it with --quant {stored} or auto; "
+            f"for --quant {quant} import it again without --quant")
+
+
+def param_counts(model) -> tuple[int, int]:
+    """(parameters, Linear parameters) of a model as its full-precision form counts them (num_params,
+    num_linear_params): a quant Linear's weights are buffers, counted here as the in x out values they stand for."""
+    import torch
+
+    from .engine.quant import Int4Linear, Int8Linear
+    packed = sum(m.in_features * m.out_features for m in model.modules() if type(m) in (Int8Linear, Int4Linear))
+    plain = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return sum(p.numel() for p in model.parameters()) + packed, plain + packed
