@@ -198,8 +198,8 @@ class TinyChatApp(App[int]):
             self.query_one("#hint").update(f"replay of session {replay.id} at {f'×{speed:g}' if speed else 'full speed'}"
                                            f" · Esc stops · Ctrl+T inspects tokens · Ctrl+Q quits")
         self.prompt.focus()
-        # the model (torch's import, the weights) loads on a worker once the window is on screen: started here it
-        # would share the GIL with the first layout and paint (the window came ~0.6 s later on a loaded 2-vCPU host)
+        # the model (torch's import, the weights) loads on a worker once the window is on screen: a worker running
+        # during the first layout and paint would share the GIL with them (torch._C's load holds it ~0.4 s at once)
         self.call_after_refresh(self.controller.load)
 
     # -- how jobs end -----------------------------------------------------------------------------------------------
