@@ -25,6 +25,7 @@ step version and the kernel path."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import threading
 import warnings
@@ -316,6 +317,32 @@ def _close(y, ref, tol=1e-4) -> bool:
     return bool(torch.allclose(y.double(), ref, rtol=tol, atol=tol * float(ref.abs().max())))
 
 
+def _self_tested(lib, so: Path) -> bool:
+    """_self_test(lib), run once per build rather than once per process (it took ~70 ms of every start, more on a
+    loaded host): a pass is recorded beside the object (<object>.selftest, in the same private folder) with what it
+    depends on, the object's size and sha256 record (nativebuild checked it against the file) and this module's
+    source (the test itself, the ABI); a missing or different record runs the test again."""
+    mark = so.with_name(so.name + ".selftest")
+    try:
+        key = "\n".join([so.with_name(so.name + ".sha256").read_text(encoding="ascii").strip(),
+                         hashlib.sha256(Path(__file__).read_bytes()).hexdigest(), str(ABI)])
+    except (OSError, UnicodeDecodeError):
+        return _self_test(lib)
+    try:
+        if mark.read_text(encoding="ascii") == key:
+            return True
+    except (OSError, UnicodeDecodeError):
+        pass
+    if not _self_test(lib):
+        return False
+    try:
+        from ..fsutil import atomic_write
+        atomic_write(mark, lambda tmp: tmp.write_text(key, encoding="ascii"))
+    except OSError:
+        pass                                # not recorded: the next process tests again
+    return True
+
+
 def _self_test(lib) -> bool:
     """The kernels (GEMV, prefill GEMM, a layer's tail) against the same int8 activation rounding in float64
     (quant8_ref) on odd shapes (remainder rows, columns and tokens), 1 and 2 threads: equal up to fp32 summation
@@ -462,8 +489,9 @@ def load():
             why_not = "no C compiler (cc, gcc, clang) on PATH"
             return None
         try:
-            lib = _bind(ctypes.CDLL(str(_build(cc))))
-            if lib.tc_abi_version() != ABI or not _self_test(lib):
+            so = _build(cc)
+            lib = _bind(ctypes.CDLL(str(so)))
+            if lib.tc_abi_version() != ABI or not _self_tested(lib, so):
                 why_not = "the native kernels failed their self-test"
                 warnings.warn(f"tinychat: {why_not}; using the PyTorch kernels")
                 return None

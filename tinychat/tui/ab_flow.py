@@ -9,7 +9,6 @@ from ..commands import parse_ab
 from ..sessions import tree as session_tree
 from ..textsafe import plural
 from .messages import AbReady
-from .screens.ab import ABScreen
 from .state import Busy
 from .widgets.inspector import Counters
 
@@ -30,6 +29,7 @@ class ABFlow:
             return
         app.status_bar.update_status(activity="A/B: decoding twice…")
         label = " ".join(f"{k}={v}" for k, v in changes.items())
+        from .screens.ab import ABScreen        # imported when first opened: the window does not wait for it
         app.push_screen(ABScreen(label), self.done)
 
     async def ready(self, msg: AbReady) -> None:
@@ -47,6 +47,7 @@ class ABFlow:
                                {t.index: t for t in side.traces}, stats, meta)
         app.update_status(msg.status, tok_s=None, ttft_ms=None, activity="")
         screen = app.screen
+        from .screens.ab import ABScreen
         if isinstance(screen, ABScreen):
             screen.show_result(msg.result)            # the conversation is shown again when it closes
         else:                                         # the screen was closed while the decodes ran
@@ -58,6 +59,7 @@ class ABFlow:
     async def failed(self) -> None:
         """The A/B's job failed (its error is notified): close the screen, show what the session holds."""
         app = self.app
+        from .screens.ab import ABScreen
         if isinstance(app.screen, ABScreen):
             await app.screen.dismiss(None)
         await app.show_history()

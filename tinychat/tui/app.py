@@ -37,7 +37,6 @@ from .messages import (AbReady, ChatOpened, JobDone, ReplayFinished, ReplayTurnF
                        RuntimeReady, TokensReady, TurnFinished)
 from .playback import Playback
 from .runtime import Backend, FactoryBackend, ReplayBackend
-from .screens import HelpScreen
 from .sessions_flow import SessionsFlow
 from .settings_flow import SettingsFlow
 from .startup import Startup
@@ -199,7 +198,9 @@ class TinyChatApp(App[int]):
             self.query_one("#hint").update(f"replay of session {replay.id} at {f'×{speed:g}' if speed else 'full speed'}"
                                            f" · Esc stops · Ctrl+T inspects tokens · Ctrl+Q quits")
         self.prompt.focus()
-        self.controller.load()
+        # the model (torch's import, the weights) loads on a worker once the window is on screen: a worker running
+        # during the first layout and paint would share the GIL with them (torch._C's load holds it ~0.4 s at once)
+        self.call_after_refresh(self.controller.load)
 
     # -- how jobs end -----------------------------------------------------------------------------------------------
     async def on_runtime_ready(self, msg: RuntimeReady) -> None:
@@ -349,6 +350,7 @@ class TinyChatApp(App[int]):
         self.inspector_pref = ins.display
 
     def action_help(self) -> None:
+        from .screens.help import HelpScreen        # imported when first opened (its Markdown too)
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 
 from .messages import ChatOpened
-from .screens import ConfirmDialog, SessionsScreen
 
 
 class SessionsFlow:
@@ -18,6 +17,7 @@ class SessionsFlow:
         if not ctl.can_run("open the sessions"):
             return
         cur = ctl.chat.session.id if ctl.chat.session.n_turns else None
+        from .screens.sessions import SessionsScreen    # imported when first opened
         app.push_screen(SessionsScreen(current=cur, sessions_dir=ctl.chat.sessions_dir, export_dir=app.export_dir,
                                        on_renamed=self.renamed), self.screen_done)
 
@@ -78,6 +78,7 @@ class SessionsFlow:
                 return
             if ctl.switch_model(where, sid):
                 app.status_bar.update_status(activity=f"loading {name}…")
+        from .screens.dialogs import ConfirmDialog
         app.push_screen(ConfirmDialog(f"Session {sid} was recorded with {called(name)}, not with {current}. "
                                       f"Switch to it and open the session?{kept}"), answer)
         return True

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from .screens import SettingsScreen
 
 
 class SettingsFlow:
@@ -26,6 +25,7 @@ class SettingsFlow:
         from ..prefs import load_prefs
         prefs = dataclasses.asdict(load_prefs()[0])
         sources = {**getattr(ctl.chat, "sources", {}), **{k: "/set" for k in pending}}
+        from .screens.settings import SettingsScreen    # imported when first opened
         app.push_screen(SettingsScreen(values, ctl.check_settings, note, prefs=prefs, sources=sources), self.done)
 
     def done(self, changes: dict | None) -> None:

@@ -1,0 +1,67 @@
+"""What the `tinychat` command's modules share: the usage error, the --model option's callback and help, and the
+progress line of long commands. Torch-free; the commands import what they run inside their functions."""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .choices import QUANT_CHOICES
+from .errors import TinychatError
+from .loading import model_path
+
+
+class UsageError(TinychatError):
+    """A bad flag or argument: one line on stderr, exit 2."""
+
+
+_QUANTS = "|".join(QUANT_CHOICES)
+MODEL_HELP = "Model folder, or the name of an imported model (default: the shipped model)."
+
+
+def _model_arg(value: Optional[Path]) -> Optional[Path]:
+    """--model: a folder, or the name of a model imported with `tinychat import` (an existing path wins)."""
+    return model_path(value)
+
+
+def _debug() -> bool:
+    return bool(os.environ.get("TINYCHAT_DEBUG"))
+
+
+def _stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+@contextlib.contextmanager
+def _progress(title: str):
+    """A long command's progress: a transient line on stderr (spinner, what runs now, a bar where the total is known,
+    the time so far) while stderr is a terminal; None otherwise (pipes and logs get the results only). Yields
+    update(done, total, what) and, as the second item, echo(line) for stdout lines printed meanwhile (above the bar
+    when stdout is the same terminal)."""
+    if not _stderr_is_terminal():
+        yield None, typer.echo
+        return
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from .textsafe import safe_line
+    title = escape(safe_line(title))        # a file name: no escape sequence, no markup reaches the terminal
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True, redirect_stdout=False,
+                  redirect_stderr=False) as bar:
+        task = bar.add_task(title, total=None)
+
+        def update(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total or None, description=f"{title}: {escape(safe_line(what))}")
+
+        def echo(line: str) -> None:
+            if sys.stdout.isatty():
+                bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            else:
+                typer.echo(line)
+        yield update, echo
