@@ -14,7 +14,10 @@ A session records everything needed to continue or replay a chat to the token:
 - timestamps.
 
 Guarantees: writes are atomic (temp file in the same folder, fsync, `os.replace`), so a crash or kill leaves
-either the old or the new file, never a torn one. Every save holds the session's lock (sessions/lock.py: a chat
+either the old or the new file, never a torn one. A session of LOG_MIN_MESSAGES messages or more is a log instead
+(sessions/log.py, version 3): a save appends what changed and a commit line (fsynced), and reading stops at the last
+commit, so the end of an append that did not finish is dropped (with a notice: `session.notice`), never the session;
+a log is rewritten whole, atomically, when most of it changed or too much of it no longer counts. Every save holds the session's lock (sessions/lock.py: a chat
 holds it while the session is open, so a second process is refused) and checks that the file on disk is still the
 one this copy was read from or last wrote (`revision` + `updated`), so an older copy never overwrites a newer
 session. Reading validates every field, the settings by type and range and the order of messages
@@ -144,7 +147,7 @@ class Session:
 
     @property
     def n_turns(self) -> int:
-        return list(map(_ROLE, self.messages)).count("user")
+        return operator.countOf(map(_ROLE, self.messages), "user")
 
     def context_ids(self) -> list[int]:
         """All messages' ids in order: the context to re-prefill (add the generation prompt to continue)."""
@@ -277,7 +280,8 @@ def _serialize(session: Session, where: str, **overrides: Any) -> list[bytes]:
         raise SessionError(f"{where}: cannot serialize session ({one_line(e)})") from None
 
 
-def _encode_save(session: Session, where: str, fields: dict, size: int | None) -> tuple[str, list[bytes]]:
+def _encode_save(session: Session, where: str, fields: dict, size: int | None,
+                 turns: int) -> tuple[str, list[bytes]]:
     """("append", the lines to append to the file of `size` bytes) or ("write", the whole file's bytes, in pieces to
     write one after the other) (sessions/write.py: only what changed since the last save is encoded and checked);
     never what `load` would reject. A session of LOG_MIN_MESSAGES messages or more is a log (sessions/log.py)."""
@@ -286,7 +290,6 @@ def _encode_save(session: Session, where: str, fields: dict, size: int | None) -
         if len(session.messages) + len(session.branches) < LOG_MIN_MESSAGES:
             header = {"schema": SCHEMA, "version": VERSION, **fields}
             return "write", session_write.encode(session, header, where, _dumps, check_message, SessionError)
-        turns = session.n_turns
         if size is not None:
             data = session_write.append(session, fields, where, check_message, SessionError, turns, size)
             if data is not None:
@@ -323,11 +326,12 @@ def save(session: Session, dir: str | Path | None = None, *, touch: bool = True)
         if default_title(first_user):
             overrides["title"] = default_title(first_user)
     fields = _fields(session, str(target), overrides)
+    turns = session_tree.turns(session)
     with _lock(target.parent, session.id):
         session_lock.clean_stale_temps(target.parent)
         _check_current(session, target)
         size = _unchanged_size(target)
-        how, parts = _encode_save(session, str(target), fields, size)
+        how, parts = _encode_save(session, str(target), fields, size, turns)
         if how == "append":
             _append(target, parts[0], size)
         else:
@@ -341,7 +345,7 @@ def save(session: Session, dir: str | Path | None = None, *, touch: bool = True)
         else:
             session_write.written(session, sum(map(len, parts)))
         _remember(session, target)
-        session_index.record(target, _row(session))     # `tinychat sessions` need not parse it again
+        session_index.record(target, _row(session, turns))     # `tinychat sessions` need not parse it again
     return target
 
 
@@ -736,8 +740,8 @@ def _log_row(path: Path) -> dict | None:
     return {**_row(s), "n_turns": rec["turns"]}
 
 
-def _row(s: Session) -> dict:
-    return {"id": s.id, "title": s.title, "updated": s.updated, "n_turns": s.n_turns,
+def _row(s: Session, turns: int | None = None) -> dict:
+    return {"id": s.id, "title": s.title, "updated": s.updated, "n_turns": s.n_turns if turns is None else turns,
             "model": str(s.model.get("name") or "")}
 
 

@@ -26,6 +26,7 @@ import re
 from typing import Any, Callable
 
 from . import log as session_log
+from . import tree as session_tree
 from .check import order_problem, tree_problem
 
 CHUNK = 256
@@ -66,7 +67,7 @@ def _between(items: list, sep: bytes) -> list:
 
 def known_good(session: Any) -> None:
     """Record that the session's tree as it is now follows the rules (it was just read and checked)."""
-    session._valid = (list(session.messages), list(session.branches))
+    session._valid = session_tree.linked_lists(session) or (list(session.messages), list(session.branches))
 
 
 def _chunks(msgs: list, cache: list, name: str, check_message, error, where) -> list[bytes]:
@@ -106,8 +107,9 @@ def _check_tree(session: Any, where: str, error) -> None:
     msgs, branches = session.messages, session.branches
     valid = getattr(session, "_valid", None)
     n = len(valid[0]) if valid is not None else 0
-    unchanged = valid is not None and len(msgs) >= n and len(branches) == len(valid[1]) and \
-        all(map(operator.is_, branches, valid[1])) and all(map(operator.is_, msgs[:n], valid[0]))
+    unchanged = valid is not None and (session_tree.unchanged_since(session, valid) or (
+        len(msgs) >= n and len(branches) == len(valid[1]) and
+        all(map(operator.is_, branches, valid[1])) and all(map(operator.is_, msgs[:n], valid[0]))))
     if unchanged:                       # only messages appended to the active path: their order, from where it was good
         problem = order_problem(msgs, start=n)
     else:
@@ -140,8 +142,8 @@ def encode_log(session: Any, fields: dict, where: str, check_message: Callable[[
 def written(session: Any, size: int, dead: int = 0) -> None:
     """Record that the log file now holds the session as it is (after a load, a rewrite or an append): `size` bytes,
     `dead` lines that no longer count."""
-    session._log = {"messages": list(session.messages), "branches": list(session.branches), "size": size,
-                    "dead": dead}
+    lists = session_tree.linked_lists(session) or (list(session.messages), list(session.branches))
+    session._log = {"messages": lists[0], "branches": lists[1], "size": size, "dead": dead}
 
 
 def forget(session: Any) -> None:
@@ -162,7 +164,10 @@ def append(session: Any, fields: dict, where: str, check_message: Callable[[dict
     if state is None or state["size"] != size:
         return None
     lists = {"messages": session.messages, "branches": session.branches}
-    keep = {name: _common(lists[name], state[name]) for name in lists}
+    if session_tree.unchanged_since(session, (state["messages"], state["branches"])):     # link() compared them
+        keep = {"messages": len(state["messages"]), "branches": len(state["branches"])}
+    else:
+        keep = {name: _common(lists[name], state[name]) for name in lists}
     live = len(session.messages) + len(session.branches)
     new = sum(len(lists[name]) - keep[name] for name in lists)
     dropped = sum(len(state[name]) - keep[name] for name in lists)
