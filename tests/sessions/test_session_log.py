@@ -336,3 +336,19 @@ def test_a_log_survives_sigkill_at_random_moments_while_appending(tmp_path):
         assert S.load("killlog", folder).n_turns == n + 1
         trials += 1
     assert trials >= 10
+
+
+def test_a_log_is_ascii_on_disk_and_gives_back_every_character(tmp_path, small_log):
+    path = tmp_path / f"{SID}.json"
+    path.write_text(json.dumps(document()))
+    s = S.load(path)
+    text = "é 猫 🐈 \x7f \x85 \x9b[31m \u2028 end"
+    s.messages += [S.Message("user", text, [1, 4, 2]),
+                   S.Message("assistant", text[::-1], [1, 5, 2], settings=dict(SETTINGS), seed=1)]
+    S.save(s, tmp_path)
+    _turn(s, 1)
+    S.save(s, tmp_path)
+    assert path.read_bytes().isascii()
+    back = S.load(path)
+    _same(back, s)
+    assert back.messages[-4].content == text

@@ -29,7 +29,6 @@ from typing import Any
 
 VERSION = 3
 _HEAD = re.compile(r'[ \t]*\{[ \t]*"schema"[ \t]*:[ \t]*"tinychat\.session"[ \t]*,[ \t]*"version"[ \t]*:[ \t]*3[ \t]*[,}]')
-_C1 = re.compile("[\x7f-\x9f]")
 TAIL_BLOCK = 1 << 16
 
 
@@ -43,10 +42,10 @@ def is_log(text: str) -> bool:
 
 
 def dumps(obj: Any) -> str:
-    """One record's line (no newline): compact JSON, DEL and the C1 controls as \\u escapes (as in the rest of a
-    session file: a terminal showing the file could act on them)."""
-    line = json.dumps(obj, ensure_ascii=False, allow_nan=False)
-    return _C1.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
+    """One record's line (no newline): compact JSON in ASCII, everything else as \\u escapes (DEL too: a terminal
+    showing the file could act on it). ASCII, because a log is read as one string and parsed at once: a single
+    character beyond Latin-1 in a 50 MB file would make all of it a wide string, and its parse ~60 % slower."""
+    return json.dumps(obj, ensure_ascii=True, allow_nan=False).replace("\x7f", "\\u007f")
 
 
 def header(session_id: str) -> str:
@@ -92,21 +91,27 @@ def parse(text: str, nbytes: int) -> tuple[dict, dict]:
     fields, "messages" and "branches"; what the writer needs to know of the file: {"dead": lines that no longer
     count, "lines": records, "torn": bytes dropped after the last commit, "size": bytes up to it}). Raises
     LogError."""
-    lines = text.split("\n")
-    head = _loads(lines[0], 1)
+    first = text.find("\n")
+    head = _loads(text if first < 0 else text[:first], 1)
     if not isinstance(head, dict) or head.get("version") != VERSION:
         raise LogError("line 1: not a version-3 session header")
-    last = len(lines) - 1
-    while last > 0 and _commit_of(lines[last]) is None:
-        last -= 1
-    if last == 0:
+    at = text.rfind('\n{"commit"')                 # the last whole commit line: found from the end
+    while at >= first >= 0:
+        stop = text.find("\n", at + 1)
+        stop = len(text) if stop < 0 else stop
+        if _commit_of(text[at + 1:stop]) is not None:
+            break
+        at = text.rfind('\n{"commit"', 0, at)
+    else:
         raise LogError("no complete save in it (no commit line)")
-    torn = sum(len(ln.encode("utf-8")) + 1 for ln in lines[last + 1:]) - 1    # the file's last line has no "\n"
-    body = lines[1:last + 1]
-    try:
-        records = json.loads("[" + ",".join(body) + "]", parse_constant=_reject_constant)
+    # what follows the last commit is a save that did not finish; no newline after it: an append cut just before
+    # its newline (whole, but nothing may be appended to it as it is: the next save rewrites the file)
+    torn = len(text[stop + 1:].encode("utf-8")) if stop < len(text) else 0
+    body = text[first + 1:stop]
+    try:        # one parse of the whole body ("\n" never occurs inside a JSON line: it is written as an escape)
+        records = json.loads("[" + body.replace("\n", ",") + "]", parse_constant=_reject_constant)
     except (ValueError, RecursionError):      # name the first bad line
-        records = [_loads(line, i) for i, line in enumerate(body, 2)]
+        records = [_loads(line, i) for i, line in enumerate(body.split("\n"), 2)]
     path: list = []
     branches: list = []
     written = dead = 0
@@ -142,10 +147,8 @@ def parse(text: str, nbytes: int) -> tuple[dict, dict]:
     if fields.get("id", head.get("id")) != head.get("id"):
         raise LogError(f"the header's id {head.get('id')!r} is not the one its commits hold")
     doc = {**fields, "schema": head.get("schema"), "version": VERSION, "messages": path, "branches": branches}
-    # torn == -1: the last commit ends the file without its newline (an append cut just before it): whole, but
-    # nothing may be appended to it as it is (the next save rewrites it)
-    return doc, {"dead": dead, "lines": len(records) + 1, "torn": max(torn, 0), "size": nbytes - max(torn, 0),
-                 "appendable": torn >= 0}
+    return doc, {"dead": dead, "lines": len(records) + 1, "torn": torn, "size": nbytes - torn,
+                 "appendable": stop < len(text)}
 
 
 def summary(path: str | os.PathLike, max_bytes: int) -> tuple[dict, dict] | None:

@@ -29,7 +29,9 @@ No torch here (sessions/snapshot.py imports safetensors/torch only inside its fu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import json
 import math
 import operator
@@ -456,8 +458,9 @@ def load(id_or_path: str | Path, dir: str | Path | None = None) -> Session:
     path, expect_id = _resolve(id_or_path, dir)
     if expect_id is not None and not path.exists():
         raise SessionError(f"{path}: no such session file (`tinychat sessions` lists the saved ones)")
-    doc, log = _read_doc(path)
-    session = _from_dict(doc, str(path), log=log is not None)
+    with _gc_paused():
+        doc, log = _read_doc(path)
+        session = _from_dict(doc, str(path), log=log is not None)
     session_write.known_good(session)             # its tree was just checked: a save checks only what changes
     if expect_id is not None and session.id != expect_id:
         raise SessionError(f"{path}: holds session id {session.id!r}, not the one its file name says")
@@ -470,6 +473,19 @@ def load(id_or_path: str | Path, dir: str | Path | None = None) -> Session:
         session_write.written(session, log["size"], log["dead"])     # a save appends to it
     _remember(session, path)
     return session
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Python's cycle collector off while a big file becomes objects: it would walk the growing heap again and again
+    (a third of a 100,000-message load), and nothing built here is cyclic."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _read_bytes(path: Path, head: int | None = None) -> bytes:
@@ -713,7 +729,8 @@ def _listing_row(path: Path) -> dict:
     try:
         if (row := _log_row(path)) is not None:
             return row
-        s = _from_dict(_read_json(path), str(path))
+        with _gc_paused():
+            s = _from_dict(_read_json(path), str(path))
         if s.id != path.stem:
             raise SessionError(f"{path}: holds session id {s.id!r}, not the one its file name says")
     except SessionError as e:
