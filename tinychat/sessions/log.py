@@ -27,12 +27,14 @@ import os
 import re
 from typing import Any
 
+from ..errors import TinychatError
+
 VERSION = 3
 _HEAD = re.compile(r'[ \t]*\{[ \t]*"schema"[ \t]*:[ \t]*"tinychat\.session"[ \t]*,[ \t]*"version"[ \t]*:[ \t]*3[ \t]*[,}]')
 TAIL_BLOCK = 1 << 16
 
 
-class LogError(ValueError):
+class LogError(TinychatError, ValueError):
     """A log file that cannot be read; str(e) is one line without the file's name (the caller adds it)."""
 
 
