@@ -461,6 +461,8 @@ def load(id_or_path: str | Path, dir: str | Path | None = None) -> Session:
     with _gc_paused():
         doc, log = _read_doc(path)
         session = _from_dict(doc, str(path), log=log is not None)
+    if doc.get("version", 0) >= 2:                # ids and links checked (check.tree_problem): as link() leaves them
+        session_tree.already_linked(session)
     session_write.known_good(session)             # its tree was just checked: a save checks only what changes
     if expect_id is not None and session.id != expect_id:
         raise SessionError(f"{path}: holds session id {session.id!r}, not the one its file name says")

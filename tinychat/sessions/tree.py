@@ -51,6 +51,15 @@ def turns(session: Any) -> int:
     return operator.countOf(map(_ROLE, session.messages), "user")
 
 
+def already_linked(session: Any) -> None:
+    """Record that the session's ids and active-path links are what link() would make them (a version-2 or -3 file
+    just read: its tree was checked), so that the first save after a restore compares instead of linking again."""
+    msgs, branches = session.messages, session.branches
+    nxt = max(max(map(_ID, msgs), default=0), max(map(_ID, branches), default=0)) + 1
+    session._link_same = None
+    session._linked = (list(msgs), list(branches), nxt, operator.countOf(map(_ROLE, msgs), "user"))
+
+
 def linked_lists(session: Any) -> tuple[list, list] | None:
     """Copies of (messages, branches) as link() last saw them, if they are still what the session holds (cheap
     checks: lengths and last objects); None otherwise. Savers keep these instead of copies of their own, so that
