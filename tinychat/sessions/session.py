@@ -17,8 +17,8 @@ Guarantees: writes are atomic (temp file in the same folder, fsync, `os.replace`
 either the old or the new file, never a torn one. A session of LOG_MIN_MESSAGES messages or more is a log instead
 (sessions/log.py, version 3): a save appends what changed and a commit line (fsynced), and reading stops at the last
 commit, so the end of an append that did not finish is dropped (with a notice: `session.notice`), never the session;
-a log is rewritten whole, atomically, when most of it changed or too much of it no longer counts. Every save holds the session's lock (sessions/lock.py: a chat
-holds it while the session is open, so a second process is refused) and checks that the file on disk is still the
+a log is rewritten whole, atomically, when most of it changed or too much of it no longer counts. Every save holds
+the session's lock (sessions/lock.py: a chat holds it while the session is open, so a second process is refused) and checks that the file on disk is still the
 one this copy was read from or last wrote (`revision` + `updated`), so an older copy never overwrites a newer
 session. Reading validates every field, the settings by type and range and the order of messages
 (sessions/check.py); anything wrong raises `SessionError` with a one-line message naming the file, and one bad file
