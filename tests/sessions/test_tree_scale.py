@@ -217,6 +217,7 @@ def test_damaged_big_trees_load_or_refuse_in_one_line_and_in_bounded_time(tmp_pa
 
 def test_listing_parses_only_files_changed_since_they_were_saved_or_listed(tmp_path, monkeypatch):
     from tinychat.sessions import index as session_index
+    monkeypatch.setattr(S, "LOG_MIN_MESSAGES", 10 ** 9)     # one JSON document (a log's listing: test_session_log)
     d = tree(3000, "deep")
     path = tmp_path / f"{d['id']}.json"
     path.write_text(json.dumps(d))

@@ -169,6 +169,8 @@ class Chat:
             chat.store.open_for_writing(sess)
         if not (use_snapshot and chat._load_snapshot()):
             chat.timeline.rebuild(chat.session)
+        if getattr(sess, "notice", None):   # the file's last save had not finished (sessions/log.py)
+            chat.notice = "; ".join(filter(None, [sess.notice, chat.notice]))
         return chat
 
     def _load_snapshot(self) -> bool:

@@ -8,7 +8,8 @@ from tinychat.sessions import tree as session_tree
 
 
 def export_json(session: Session) -> str:
-    """The session file's exact JSON text (loadable again with `load(path)`)."""
+    """The session as one JSON document, as a version-2 session file holds it (loadable again with `load(path)`; a
+    big session's own file is a log of JSON lines: sessions/log.py)."""
     return b"".join(_serialize(session, f"<session {session.id}>")).decode("utf-8")
 
 

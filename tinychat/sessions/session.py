@@ -14,8 +14,11 @@ A session records everything needed to continue or replay a chat to the token:
 - timestamps.
 
 Guarantees: writes are atomic (temp file in the same folder, fsync, `os.replace`), so a crash or kill leaves
-either the old or the new file, never a torn one. Every save holds the session's lock (sessions/lock.py: a chat
-holds it while the session is open, so a second process is refused) and checks that the file on disk is still the
+either the old or the new file, never a torn one. A session of LOG_MIN_MESSAGES messages or more is a log instead
+(sessions/log.py, version 3): a save appends what changed and a commit line (fsynced), and reading stops at the last
+commit, so the end of an append that did not finish is dropped (with a notice: `session.notice`), never the session;
+a log is rewritten whole, atomically, when most of it changed or too much of it no longer counts. Every save holds
+the session's lock (sessions/lock.py: a chat holds it while the session is open, so a second process is refused) and checks that the file on disk is still the
 one this copy was read from or last wrote (`revision` + `updated`), so an older copy never overwrites a newer
 session. Reading validates every field, the settings by type and range and the order of messages
 (sessions/check.py); anything wrong raises `SessionError` with a one-line message naming the file, and one bad file
@@ -26,9 +29,12 @@ No torch here (sessions/snapshot.py imports safetensors/torch only inside its fu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import json
 import math
+import operator
 import os
 import re
 import secrets
@@ -39,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from tinychat import paths
-from tinychat.sessions import index as session_index, lock as session_lock, tree as session_tree, write as session_write
+from tinychat.sessions import index as session_index, lock as session_lock, log as session_log, tree as session_tree, \
+    write as session_write
 from tinychat.fsutil import atomic_write
 from tinychat.jsonfields import Fields, is_int, is_obj, is_str, is_time, jtype, one_line, show
 from tinychat.sessions.check import (fork_ok, fork_problem, order_problem, sampler_problem, seed_ok, text_problem,
@@ -49,7 +56,8 @@ from ..errors import TinychatError
 
 SCHEMA = "tinychat.session"
 VERSION = 2  # the tree (sessions/tree.py); version 1 files (one path, no ids) still load
-READ_VERSIONS = (1, 2)
+READ_VERSIONS = (1, 2, 3)  # 3: a log of JSON lines (sessions/log.py), what a big session is written as
+LOG_MIN_MESSAGES = 1024  # a session of this many messages (path and branches) or more is written as a log
 ROLES = ("system", "user", "assistant")
 FINISH_REASONS = ("stop", "length", "cancelled", "edited")   # edited: written by the user (chat.edit_reply)
 SNAPSHOT_SUFFIX = ".kv.safetensors"
@@ -141,7 +149,7 @@ class Session:
 
     @property
     def n_turns(self) -> int:
-        return sum(m.role == "user" for m in self.messages)
+        return operator.countOf(map(_ROLE, self.messages), "user")
 
     def context_ids(self) -> list[int]:
         """All messages' ids in order: the context to re-prefill (add the generation prompt to continue)."""
@@ -225,6 +233,7 @@ def snapshot_path(session_id: str, dir: str | Path | None = None) -> Path:
 
 
 _C1 = re.compile("[\x7f-\x9f]")
+_ROLE = operator.attrgetter("role")
 
 
 def _dumps(obj: Any, depth: int = 0) -> str:
@@ -245,21 +254,49 @@ def _dumps_raw(obj: Any, depth: int = 0) -> str:
     return "[\n" + ",\n".join(pad + _dumps_raw(v, depth + 1) for v in obj) + "\n" + end + "]"
 
 
-def _serialize(session: Session, where: str, **overrides: Any) -> list[bytes]:
-    """The file's bytes, in pieces to write one after the other (sessions/write.py: only what changed since the last save is encoded and checked); never what
-    `load` would reject."""
+def _fields(session: Session, where: str, overrides: dict) -> dict:
+    """The session's own fields (all but its messages) as a save writes them, checked as load reads them."""
     session_tree.link(session)
-    header = {"schema": SCHEMA, "version": VERSION}
-    header.update({f.name: getattr(session, f.name) for f in dataclasses.fields(session)
-                   if f.name not in ("messages", "branches")})
-    header.update(overrides)
-    _from_dict({**header, "messages": [], "branches": []}, where)       # the session's own fields, as load reads them
+    fields = {f.name: getattr(session, f.name) for f in dataclasses.fields(session)
+              if f.name not in ("messages", "branches")}
+    fields.update(overrides)
+    _from_dict({"schema": SCHEMA, "version": VERSION, **fields, "messages": [], "branches": []}, where)
+    return fields
 
+
+def _encoder(where: str) -> Any:
     def check_message(d: dict, path: str) -> None:
         _message_fast(d, VERSION) or _message_from_dict(Fields(d, where, path, SessionError), VERSION)
+    return check_message
 
+
+def _serialize(session: Session, where: str, **overrides: Any) -> list[bytes]:
+    """The session as one JSON document (a version-2 file: `sessions export --format json`; what a session smaller
+    than LOG_MIN_MESSAGES is saved as), in pieces; never what `load` would reject."""
+    header = {"schema": SCHEMA, "version": VERSION, **_fields(session, where, overrides)}
     try:
-        return session_write.encode(session, header, where, _dumps, check_message, SessionError)
+        return session_write.encode(session, header, where, _dumps, _encoder(where), SessionError)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, SessionError):
+            raise
+        raise SessionError(f"{where}: cannot serialize session ({one_line(e)})") from None
+
+
+def _encode_save(session: Session, where: str, fields: dict, size: int | None,
+                 turns: int) -> tuple[str, list[bytes]]:
+    """("append", the lines to append to the file of `size` bytes) or ("write", the whole file's bytes, in pieces to
+    write one after the other) (sessions/write.py: only what changed since the last save is encoded and checked);
+    never what `load` would reject. A session of LOG_MIN_MESSAGES messages or more is a log (sessions/log.py)."""
+    check_message = _encoder(where)
+    try:
+        if len(session.messages) + len(session.branches) < LOG_MIN_MESSAGES:
+            header = {"schema": SCHEMA, "version": VERSION, **fields}
+            return "write", session_write.encode(session, header, where, _dumps, check_message, SessionError)
+        if size is not None:
+            data = session_write.append(session, fields, where, check_message, SessionError, turns, size)
+            if data is not None:
+                return "append", [data]
+        return "write", session_write.encode_log(session, fields, where, check_message, SessionError, turns)
     except (TypeError, ValueError) as e:
         if isinstance(e, SessionError):
             raise
@@ -290,21 +327,62 @@ def save(session: Session, dir: str | Path | None = None, *, touch: bool = True)
         first_user = next((m.content for m in session.messages if m.role == "user"), "")
         if default_title(first_user):
             overrides["title"] = default_title(first_user)
-    parts = _serialize(session, str(target), **overrides)
+    fields = _fields(session, str(target), overrides)
+    turns = session_tree.turns(session)
     with _lock(target.parent, session.id):
         session_lock.clean_stale_temps(target.parent)
         _check_current(session, target)
-        atomic_write(target, lambda tmp: _write_parts(tmp, parts))
+        size = _unchanged_size(target)
+        how, parts = _encode_save(session, str(target), fields, size, turns)
+        if how == "append":
+            _append(target, parts[0], size)
+        else:
+            atomic_write(target, lambda tmp: _write_parts(tmp, parts))
         for key, value in overrides.items():
             setattr(session, key, value)
+        if len(session.messages) + len(session.branches) < LOG_MIN_MESSAGES:
+            session_write.forget(session)
+        elif how == "append":
+            session_write.written(session, size + len(parts[0]), session.__dict__.pop("_log_pending"))
+        else:
+            session_write.written(session, sum(map(len, parts)))
         _remember(session, target)
-        session_index.record(target, _row(session))     # `tinychat sessions` need not parse it again
+        session_index.record(target, _row(session, turns))     # `tinychat sessions` need not parse it again
     return target
 
 
 def _write_parts(path: Path, parts: list[bytes]) -> None:
     with open(path, "wb") as f:
         f.writelines(parts)
+
+
+def _unchanged_size(target: Path) -> int | None:
+    """The file's size when it is as this process last read or wrote it (a log may then be appended to), else None."""
+    try:
+        st = os.stat(target)
+    except OSError:
+        return None
+    seen = _seen.get(str(Path(target).absolute()))
+    return st.st_size if seen is not None and seen[:3] == (st.st_ino, st.st_mtime_ns, st.st_size) else None
+
+
+def _append(target: Path, data: bytes, size: int) -> None:
+    """Append a save's lines to a log file and fsync them; on failure cut the file back to `size` (what is left of a
+    save that did not finish is dropped when read anyway: sessions/log.py)."""
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0))
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        try:
+            os.ftruncate(fd, size)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(fd)
 
 
 def _remember(session: Session, path: Path) -> None:
@@ -332,7 +410,7 @@ def _check_current(session: Session, target: Path) -> None:
         disk = seen[3:]
     else:
         try:
-            d = _read_json(target)
+            d = _disk_fields(target)
         except SessionError:  # a damaged file: nothing in it to lose
             return
         if not isinstance(d, dict):
@@ -380,17 +458,41 @@ def load(id_or_path: str | Path, dir: str | Path | None = None) -> Session:
     path, expect_id = _resolve(id_or_path, dir)
     if expect_id is not None and not path.exists():
         raise SessionError(f"{path}: no such session file (`tinychat sessions` lists the saved ones)")
-    session = _from_dict(_read_json(path), str(path))
+    with _gc_paused():
+        doc, log = _read_doc(path)
+        session = _from_dict(doc, str(path), log=log is not None)
+    if doc.get("version", 0) >= 2:                # ids and links checked (check.tree_problem): as link() leaves them
+        session_tree.already_linked(session)
     session_write.known_good(session)             # its tree was just checked: a save checks only what changes
     if expect_id is not None and session.id != expect_id:
         raise SessionError(f"{path}: holds session id {session.id!r}, not the one its file name says")
     session.source = str(path)  # type: ignore[attr-defined]  (for errors that name the file; not written)
+    session.notice = None  # type: ignore[attr-defined]  (one line for the user about the read; not written)
+    if log is not None and log["torn"]:
+        session.notice = f"{path}: dropped the end of a save that did not finish ({log['torn']} bytes: a crash " \
+                         f"while saving?); this is the session as of its last complete save"
+    elif log is not None and log["appendable"]:
+        session_write.written(session, log["size"], log["dead"])     # a save appends to it
     _remember(session, path)
     return session
 
 
-def _read_bytes(path: Path) -> bytes:
-    """The file's bytes: regular files only (not /dev/zero, a FIFO or a folder), at most MAX_FILE_BYTES."""
+@contextlib.contextmanager
+def _gc_paused():
+    """Python's cycle collector off while a big file becomes objects: it would walk the growing heap again and again
+    (a third of a 100,000-message load), and nothing built here is cyclic."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _read_bytes(path: Path, head: int | None = None) -> bytes:
+    """The file's bytes: regular files only (not /dev/zero, a FIFO or a folder), at most MAX_FILE_BYTES. head: only
+    its first so many bytes."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         st = os.fstat(fd)
@@ -401,7 +503,7 @@ def _read_bytes(path: Path) -> bytes:
             raise SessionError(f"{path}: too large for a session file ({st.st_size >> 20} MiB; "
                                f"the limit is {MAX_FILE_BYTES >> 20} MiB)")
         with os.fdopen(os.dup(fd), "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
+            raw = f.read(MAX_FILE_BYTES + 1 if head is None else head)
         if len(raw) > MAX_FILE_BYTES:
             raise SessionError(f"{path}: too large for a session file (the limit is {MAX_FILE_BYTES >> 20} MiB)")
         return raw
@@ -409,19 +511,59 @@ def _read_bytes(path: Path) -> bytes:
         os.close(fd)
 
 
-def _read_json(path: Path) -> Any:
+def _read_bytes_or_fail(path: Path, head: int | None = None) -> bytes:
     try:
-        raw = _read_bytes(path)
+        raw = _read_bytes(path, head)
     except FileNotFoundError:
         raise SessionError(f"{path}: no such session file") from None
     except OSError as e:
         raise SessionError(f"{path}: cannot read session file ({e.strerror or one_line(e)})") from None
     if not raw.strip():
         raise SessionError(f"{path}: empty session file")
+    return raw
+
+
+def _decode(path: Path, raw: bytes, strict: bool = True) -> str:
     try:
-        text = raw.decode("utf-8-sig")  # tolerate the BOM some Windows editors add
+        return raw.decode("utf-8-sig", errors="strict" if strict else "ignore")  # tolerate a Windows BOM
     except UnicodeDecodeError as e:
         raise SessionError(f"{path}: not UTF-8 text (bad byte at offset {e.start})") from None
+
+
+def _read_text(path: Path, head: int | None = None) -> str:
+    return _decode(path, _read_bytes_or_fail(path, head), strict=head is None)
+
+
+def _read_doc(path: Path) -> tuple[Any, dict | None]:
+    """(the file's content as one JSON document holds it, None) or, for a log (sessions/log.py), (the document its
+    records make, what the writer needs to know of the file)."""
+    raw = _read_bytes_or_fail(path)
+    text = _decode(path, raw)
+    if session_log.is_log(text[:4096]):
+        try:
+            doc, info = session_log.parse(text, len(raw))
+        except session_log.LogError as e:
+            raise SessionError(f"{path}: {e}") from None
+        return doc, info
+    return _parse_json(path, text), None
+
+
+def _disk_fields(path: Path) -> Any:
+    """The session's own fields as the file on disk holds them (revision, updated ...), a log's read from its end."""
+    if session_log.is_log(_read_text(path, 4096)):
+        try:
+            found = session_log.summary(path, MAX_FILE_BYTES)
+        except (OSError, session_log.LogError) as e:
+            raise SessionError(f"{path}: {one_line(e)}") from None
+        return found[1]["commit"] if found else None
+    return _read_json(path)
+
+
+def _read_json(path: Path) -> Any:
+    return _parse_json(path, _read_text(path))
+
+
+def _parse_json(path: Path, text: str) -> Any:
     try:
         return json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
@@ -440,7 +582,7 @@ def _reject_constant(name: str) -> Any:
 # ignored. Each check names the field by its JSON path, e.g. messages[3].token_ids[17] (jsonfields.Fields).
 
 
-def _from_dict(d: Any, where: str) -> Session:
+def _from_dict(d: Any, where: str, log: bool = False) -> Session:
     if not isinstance(d, dict):
         raise SessionError(f"{where}: not a session file (top level is {jtype(d)}, expected an object)")
     if d.get("schema") != SCHEMA:
@@ -452,6 +594,10 @@ def _from_dict(d: Any, where: str) -> Session:
     if version not in READ_VERSIONS:
         raise SessionError(f"{where}: unsupported session version {version} (this tinychat reads versions "
                            f"{', '.join(map(str, READ_VERSIONS))})")
+    if (version == session_log.VERSION) != log:
+        raise SessionError(f"{where}: a version-{version} session file is " +
+                           ("JSON lines, its first the header (not one JSON document)" if version == 3 else
+                            "one JSON document"))
 
     f = Fields(d, where, error=SessionError, defaults=OPTIONAL_FIELDS)
     sid = f.get("id", is_str, "a string")
@@ -583,7 +729,10 @@ def list_sessions(dir: str | Path | None = None, errors: list[SessionError] | No
 def _listing_row(path: Path) -> dict:
     """A session file's listing row (sessions/index.py), checked whole as load checks it, or {"error": one line}."""
     try:
-        s = _from_dict(_read_json(path), str(path))
+        if (row := _log_row(path)) is not None:
+            return row
+        with _gc_paused():
+            s = _from_dict(_read_json(path), str(path))
         if s.id != path.stem:
             raise SessionError(f"{path}: holds session id {s.id!r}, not the one its file name says")
     except SessionError as e:
@@ -591,8 +740,27 @@ def _listing_row(path: Path) -> dict:
     return _row(s)
 
 
-def _row(s: Session) -> dict:
-    return {"id": s.id, "title": s.title, "updated": s.updated, "n_turns": s.n_turns,
+def _log_row(path: Path) -> dict | None:
+    """A log's listing row from its header and last commit alone (sessions/log.py: a listing need not read a big
+    tree; `load` checks the rest); None for a file that is not a log."""
+    if not session_log.is_log(_read_text(path, 4096)):
+        return None
+    try:
+        found = session_log.summary(path, MAX_FILE_BYTES)
+    except (OSError, session_log.LogError) as e:
+        raise SessionError(f"{path}: {one_line(e)}") from None
+    if found is None:
+        return None
+    head, rec = found
+    s = _from_dict({**rec["commit"], "schema": head.get("schema"), "version": session_log.VERSION,
+                    "messages": [], "branches": []}, str(path), log=True)
+    if s.id != path.stem or head.get("id") != s.id:
+        raise SessionError(f"{path}: holds session id {s.id!r}, not the one its file name says")
+    return {**_row(s), "n_turns": rec["turns"]}
+
+
+def _row(s: Session, turns: int | None = None) -> dict:
+    return {"id": s.id, "title": s.title, "updated": s.updated, "n_turns": s.n_turns if turns is None else turns,
             "model": str(s.model.get("name") or "")}
 
 

@@ -11,14 +11,81 @@ import operator
 from typing import Any
 
 _ID = operator.attrgetter("id")
+_ROLE = operator.attrgetter("role")
 
 
 def link(session: Any) -> None:
-    """Give every message without an id (0) the next free one, and set the active path's parent links."""
+    """Give every message without an id (0) the next free one, and set the active path's parent links.
+
+    Remembers what it linked (`session._linked`): when the branches are the same objects and the active path starts
+    with the one it linked, only the messages after that are looked at (an autosave after a turn on a 100,000-message
+    path; ids once given never change, and a path message's parent follows from the one before it)."""
+    msgs, branches = session.messages, session.branches
+    memo = session.__dict__.get("_linked")
+    if memo is not None and len(msgs) >= len(memo[0]) and len(branches) == len(memo[1]) \
+            and all(map(operator.is_, branches, memo[1])) and all(map(operator.is_, msgs, memo[0])):
+        start, nxt = len(memo[0]), memo[2]
+        tail = msgs[start:]
+        nxt = max(nxt, max(map(_ID, tail), default=0) + 1)
+        for m in tail:
+            if m.id == 0:
+                m.id, nxt = nxt, nxt + 1
+        prev = msgs[start - 1].id if start else None
+        for m in tail:
+            if m.parent != prev:
+                m.parent = prev
+            prev = m.id
+        turns = memo[3] + operator.countOf(map(_ROLE, tail), "user")
+    else:
+        nxt = _link_all(session)
+        memo = None
+        turns = operator.countOf(map(_ROLE, msgs), "user")
+    session._link_same = memo        # the lists as last linked, when now they only have messages added to the path
+    session._linked = (list(msgs), list(branches), nxt, turns)
+
+
+def turns(session: Any) -> int:
+    """The number of user messages on the active path (link() counted them, if the lists are as it saw them)."""
+    if linked_lists(session) is not None:
+        return session._linked[3]
+    return operator.countOf(map(_ROLE, session.messages), "user")
+
+
+def already_linked(session: Any) -> None:
+    """Record that the session's ids and active-path links are what link() would make them (a version-2 or -3 file
+    just read: its tree was checked), so that the first save after a restore compares instead of linking again."""
+    msgs, branches = session.messages, session.branches
+    nxt = max(max(map(_ID, msgs), default=0), max(map(_ID, branches), default=0)) + 1
+    session._link_same = None
+    session._linked = (list(msgs), list(branches), nxt, operator.countOf(map(_ROLE, msgs), "user"))
+
+
+def linked_lists(session: Any) -> tuple[list, list] | None:
+    """Copies of (messages, branches) as link() last saw them, if they are still what the session holds (cheap
+    checks: lengths and last objects); None otherwise. Savers keep these instead of copies of their own, so that
+    link's one comparison tells them what changed since (sessions/write.py)."""
+    memo = session.__dict__.get("_linked")
+    if memo is None:
+        return None
+    for now, then in ((session.messages, memo[0]), (session.branches, memo[1])):
+        if len(now) != len(then) or (now and now[-1] is not then[-1]):
+            return None
+    return memo[0], memo[1]
+
+
+def unchanged_since(session: Any, lists: tuple[list, list]) -> bool:
+    """Whether the session's lists are `lists` (as linked_lists gave them) with only messages added to the active
+    path: what link() found, without another comparison."""
+    same = session.__dict__.get("_link_same")
+    return same is not None and same[0] is lists[0] and same[1] is lists[1]
+
+
+def _link_all(session: Any) -> int:
+    """link() over the whole tree; returns the next free id."""
     lists = (session.messages, session.branches)
     ids = [list(map(_ID, msgs)) for msgs in lists]
+    nxt = max(max(ids[0], default=0), max(ids[1], default=0)) + 1
     if 0 in ids[0] or 0 in ids[1]:      # new messages: found by C-level searches, not a Python loop over the tree
-        nxt = max(max(ids[0], default=0), max(ids[1], default=0)) + 1
         for msgs, got in zip(lists, ids):
             i = -1
             while True:
@@ -32,6 +99,7 @@ def link(session: Any) -> None:
         if m.parent != prev:
             m.parent = prev
         prev = m.id
+    return nxt
 
 
 def children(session: Any) -> dict[int | None, list]:

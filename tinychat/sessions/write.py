@@ -13,6 +13,10 @@ message when its chunk is encoded (by the rules load applies), and the tree's or
 linear) only when the tree changed other than by messages appended to the active path: those are checked from
 where the path was last known good. A session read by session.load starts known good.
 
+A big session is a log instead (sessions/log.py, version 3): `append` gives the lines that bring the file from what
+this process last read or wrote to the session as it is now, `encode_log` the whole file (the first save of a big
+session, and the compaction of a log holding too many lines that no longer count).
+
 No torch; nothing from session.py (it hands its checks in), so no import cycle."""
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ import operator
 import re
 from typing import Any, Callable
 
+from . import log as session_log
+from . import tree as session_tree
 from .check import order_problem, tree_problem
 
 CHUNK = 256
@@ -61,7 +67,7 @@ def _between(items: list, sep: bytes) -> list:
 
 def known_good(session: Any) -> None:
     """Record that the session's tree as it is now follows the rules (it was just read and checked)."""
-    session._valid = (list(session.messages), list(session.branches))
+    session._valid = session_tree.linked_lists(session) or (list(session.messages), list(session.branches))
 
 
 def _chunks(msgs: list, cache: list, name: str, check_message, error, where) -> list[bytes]:
@@ -101,8 +107,9 @@ def _check_tree(session: Any, where: str, error) -> None:
     msgs, branches = session.messages, session.branches
     valid = getattr(session, "_valid", None)
     n = len(valid[0]) if valid is not None else 0
-    unchanged = valid is not None and len(msgs) >= n and len(branches) == len(valid[1]) and \
-        all(map(operator.is_, branches, valid[1])) and all(map(operator.is_, msgs[:n], valid[0]))
+    unchanged = valid is not None and (session_tree.unchanged_since(session, valid) or (
+        len(msgs) >= n and len(branches) == len(valid[1]) and
+        all(map(operator.is_, branches, valid[1])) and all(map(operator.is_, msgs[:n], valid[0]))))
     if unchanged:                       # only messages appended to the active path: their order, from where it was good
         problem = order_problem(msgs, start=n)
     else:
@@ -110,3 +117,93 @@ def _check_tree(session: Any, where: str, error) -> None:
     if problem:
         raise error(f"{where}: {problem}")
     known_good(session)
+
+
+# -- version 3: the log (sessions/log.py) --------------------------------------------------------------------------
+
+COMPACT_SLACK = 256                 # dead lines a log may hold beyond a quarter of its live ones before a rewrite
+
+
+def encode_log(session: Any, fields: dict, where: str, check_message: Callable[[dict, str], None],
+               error: type[Exception], turns: int) -> list[bytes]:
+    """The whole log file of the session (header, every message, one commit), every message checked as load checks
+    it and the tree too. fields: the session's own fields as the commit holds them (already checked)."""
+    lines = [session_log.header(session.id)]
+    for name, kind in (("messages", "path"), ("branches", "branch")):
+        for i, m in enumerate(getattr(session, name)):
+            d = message_dict(m)
+            check_message(d, f"{name}[{i}].")
+            lines.append(_line(kind, d, name, i, where, error))
+    _check_tree(session, where, error)
+    lines.append(_commit(session, fields, where, error, turns))
+    return ["\n".join(lines).encode("utf-8") + b"\n"]
+
+
+def written(session: Any, size: int, dead: int = 0) -> None:
+    """Record that the log file now holds the session as it is (after a load, a rewrite or an append): `size` bytes,
+    `dead` lines that no longer count."""
+    lists = session_tree.linked_lists(session) or (list(session.messages), list(session.branches))
+    session._log = {"messages": lists[0], "branches": lists[1], "size": size, "dead": dead}
+
+
+def forget(session: Any) -> None:
+    """The file is not a log this process can append to (a version-2 file, a torn tail): the next save rewrites it."""
+    session.__dict__.pop("_log", None)
+
+
+def append(session: Any, fields: dict, where: str, check_message: Callable[[dict, str], None],
+           error: type[Exception], turns: int, size: int) -> bytes | None:
+    """The lines to append to the log file (`size` bytes, as this process last read or wrote it) so that it holds
+    the session as it is now, or None when the file should be rewritten whole instead: it is not such a log, or the
+    change is most of the file, or the file would hold too many dead lines. The new messages are checked as load
+    checks them and the tree as session_write._check_tree does (from where it was last known good).
+
+    A message object once written keeps its id (tree.link gives ids only to new ones) and its parent (the active
+    path's follow from its order), so comparing the lists by object identity finds what changed."""
+    state = getattr(session, "_log", None)
+    if state is None or state["size"] != size:
+        return None
+    lists = {"messages": session.messages, "branches": session.branches}
+    if session_tree.unchanged_since(session, (state["messages"], state["branches"])):     # link() compared them
+        keep = {"messages": len(state["messages"]), "branches": len(state["branches"])}
+    else:
+        keep = {name: _common(lists[name], state[name]) for name in lists}
+    live = len(session.messages) + len(session.branches)
+    new = sum(len(lists[name]) - keep[name] for name in lists)
+    dropped = sum(len(state[name]) - keep[name] for name in lists)
+    cut = dropped > 0
+    dead = state["dead"] + dropped + cut + 1                # + the commit this one supersedes
+    if new > max(COMPACT_SLACK, live // 8) or dead > live // 4 + COMPACT_SLACK:
+        return None
+    lines = [session_log.dumps({"cut": [keep["messages"], keep["branches"]]})] if cut else []
+    for name, kind in (("messages", "path"), ("branches", "branch")):
+        for i in range(keep[name], len(lists[name])):
+            d = message_dict(lists[name][i])
+            check_message(d, f"{name}[{i}].")
+            lines.append(_line(kind, d, name, i, where, error))
+    _check_tree(session, where, error)
+    lines.append(_commit(session, fields, where, error, turns))
+    session._log_pending = dead                                         # for written() once the append is done
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def _common(now: list, then: list) -> int:
+    """How many messages `now` starts with that `then` also starts with (the same objects)."""
+    n = min(len(now), len(then))
+    if n and now[n - 1] is then[n - 1] and all(map(operator.is_, now[:n], then[:n])):
+        return n
+    return next((i for i, (a, b) in enumerate(zip(now, then)) if a is not b), n)
+
+
+def _line(kind: str, d: dict, name: str, i: int, where: str, error) -> str:
+    try:
+        return session_log.dumps({kind: d})
+    except (TypeError, ValueError) as e:
+        raise error(f"{where}: cannot serialize {name}[{i}] ({' '.join(str(e).split())})") from None
+
+
+def _commit(session: Any, fields: dict, where: str, error, turns: int) -> str:
+    try:
+        return session_log.commit(fields, len(session.messages), len(session.branches), turns)
+    except (TypeError, ValueError) as e:
+        raise error(f"{where}: cannot serialize session ({' '.join(str(e).split())})") from None
