@@ -12,7 +12,7 @@ import typer
 
 from .choices import QUANT_CHOICES, QUANT_MODES, SIZES
 from .cli_common import (_QUANTS, MODEL_HELP, UsageError, _debug, _model_arg, _progress,  # noqa: F401  (re-exported)
-                         _stderr_is_terminal)
+                         _stderr_is_terminal, load_session_noting)
 from .cli_info import info
 from .cli_models import import_, models_app, pull
 from .cli_serve import serve
@@ -234,7 +234,6 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved s
 
     Exit 0 when every branch regenerates token-exact, 1 on a divergence (with the branch and token), 2 on any
     error."""
-    from .sessions import session as session_files
     if not 0 <= speed < float("inf"):
         raise UsageError(f"--speed must be 0 (as fast as it decodes) or more (got {speed})")
     dev = resolve_device(device)
@@ -254,7 +253,7 @@ def replay(ref: str = typer.Argument(..., metavar="ID|PATH|DIR", help="A saved s
         raise typer.Exit(code)
     if json_out:
         raise UsageError("--json goes with a folder and --check")
-    sess = session_files.load(ref)
+    sess = load_session_noting(ref)
     model = model_for_session(model, ref)
     if play and sys.stdin.isatty() and sys.stdout.isatty():
         from .tui.app import run_replay

@@ -65,3 +65,13 @@ def _progress(title: str):
             else:
                 typer.echo(line)
         yield update, echo
+
+
+def load_session_noting(ref):
+    """sessions.session.load(ref), with its one-line notice (a save that did not finish, dropped) on stderr."""
+    from .sessions import session as session_files
+    from .textsafe import safe_line
+    sess = session_files.load(ref)
+    if getattr(sess, "notice", None):
+        typer.echo(safe_line(f"note: {sess.notice}"), err=True)
+    return sess

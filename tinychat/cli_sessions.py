@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from .cli_common import UsageError
+from .cli_common import UsageError, load_session_noting
 from .loading import check_choice
 
 
@@ -61,10 +61,9 @@ def _list_sessions(json_out: bool, grep: Optional[str]) -> None:
 @sessions_app.command("show")
 def sessions_show(ref: str = typer.Argument(..., metavar="ID|PATH")):
     """Print a session as markdown."""
-    from .sessions import session as session_files
     from .textsafe import safe_text
     from .sessions import export as session_export
-    typer.echo(safe_text(session_export.export_markdown(session_files.load(ref))))
+    typer.echo(safe_text(session_export.export_markdown(load_session_noting(ref))))
 
 
 @sessions_app.command("export")
@@ -72,9 +71,8 @@ def sessions_export(ref: str = typer.Argument(..., metavar="ID|PATH"),
                     fmt: str = typer.Option("md", "--format", "-f", metavar="md|json", help="md or json."),
                     out: Optional[Path] = typer.Option(None, "--out", "-o", metavar="PATH", help="Write to a file (default: stdout).")):
     """Export a session as markdown or JSON."""
-    from .sessions import session as session_files
     check_choice("--format", fmt, ("md", "json"))
-    sess = session_files.load(ref)
+    sess = load_session_noting(ref)
     from .sessions import export as session_export
     text = session_export.export_markdown(sess) if fmt == "md" else session_export.export_json(sess)
     if out is None:

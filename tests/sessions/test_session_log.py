@@ -165,6 +165,19 @@ def test_a_torn_append_at_any_byte_loads_the_last_complete_save_with_a_notice(tm
     assert b"more 9" in path.read_bytes() and path.read_bytes().count(b'"commit"') == 1
 
 
+def test_sessions_show_and_export_of_a_torn_log_say_so_on_stderr(tmp_path, small_log, capsys):
+    from support import run_main
+    path, s, sizes, copies = _log_with_appends(tmp_path)
+    path.write_bytes(path.read_bytes()[:sizes[-1] - 20])        # the last save did not finish
+    for args in (["sessions", "show", path], ["sessions", "export", path, "--format", "json"]):
+        code, out, err = run_main(args, capsys)
+        assert code in (0, None) and "more 0" in out and "more 1" not in out     # as of the last complete save
+        assert err.startswith("note: ") and "did not finish" in err and err.count("\n") == 1
+    path.write_bytes(path.read_bytes()[:sizes[-2]])             # whole again: no note
+    code, out, err = run_main(["sessions", "show", path], capsys)
+    assert code in (0, None) and err == ""
+
+
 def test_a_torn_log_restores_in_a_chat_with_the_notice(tmp_path, small_log):
     chat = make_chat(max_new=3, seed=3, sessions_dir=tmp_path)
     chat.send("hello")
