@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from tinychat.model import TinyAgentLM, config_for
+from tinychat.engine.quant import release_freed_memory
 from tinychat.fsutil import atomic_write_bytes, file_sha256, fsync_dir
 from tinychat.tokenizer import Tokenizer
 
@@ -413,6 +414,7 @@ class Trainer:
                 if time_limit is not None and clock() - t_start >= time_limit:
                     break
                 rec = self.train_step()
+                release_freed_memory()      # freed pages back: else the varying batch shapes grow glibc's heap
                 t_now = clock()
                 recent.append(t_now - t_last)
                 t_last = t_now

@@ -75,22 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         b.add_argument("--" + name.replace("_", "-"), type=int, default=None, help=f"default {getattr(d, name)}")
 
 
-def bound_heap() -> None:
-    """Blocks of 128 KiB and more from mmap (returned when freed) and the heap's top trimmed past 128 KiB. With
-    glibc's adaptive defaults the batches' varying shapes grow the heap without bound: a run resumed on an AMX Xeon
-    went from 4.5 to 14 GB resident in an hour and was OOM-killed; with these settings it stays at 1.4-2.9 GB.
-    A no-op without glibc."""
-    import ctypes
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 128 * 1024)     # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 128 * 1024)     # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
-
 def run(args) -> int:
-    bound_heap()
     torch.set_num_threads(args.threads)
     run_dir: Path = args.run
     run_dir.mkdir(parents=True, exist_ok=True)
