@@ -6,7 +6,8 @@ The file: for each Linear at module path P, `P.qweight` and `P.scale` (Int8Linea
 scale a row; Int4Linear: uint8 (N, pad64(K) / 2) nibbles and fp16 (N, pad64(K) / 32) group scales, native_q4.h's
 layout), `P.bias` (fp32) where the Linear has one; every other tensor (embedding, cid_map, Engram tables) as the
 full-precision folder holds it. Which Linears are int4 is quantize_cpu's rule (int4_keeps_int8): the file holds
-exactly what `--quant MODE` makes at start from the full-precision weights. The safetensors metadata says so:
+exactly what `--quant MODE` makes at start from the full-precision weights (a tied embedding aside: layout 2, below).
+The safetensors metadata says so:
 FORMAT_KEY ("int8" / "int4") and VERSION_KEY; a file without FORMAT_KEY is a full-precision one.
 
 Two layouts (VERSION_KEY):
