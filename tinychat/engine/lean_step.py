@@ -26,6 +26,7 @@ from ..model import mlp_act, softcap
 from .append import _engram_addrs, rescore_top
 from .cache import KVCache
 from .fused import rope_matrix
+from .head_embed import embed_rows
 
 
 def _decode_lean(model, cache: KVCache, idx, L: int, fs) -> torch.Tensor:
@@ -65,7 +66,7 @@ def _step(model, cache: KVCache, idx, L: int, fs):
     gk, gv = cache.gk[:, 0], cache.gv[:, 0]
     KgT_all, Vg_all = gk[:, :, :L + 1].transpose(-1, -2), gv[:, :, :L + 1]
     kdt = cache.gk.dtype
-    x = model.embed.weight[idx[0]].float()                                       # (1, d), a copy
+    x = embed_rows(model.embed, idx[0]).float()                                  # (1, d), a copy
     if R.dtype != x.dtype:
         R = R.to(x.dtype)
     group = -1

@@ -108,7 +108,7 @@ def _build(cc: str) -> Path:
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-ABI = 15                # tc_abi_version() of the source this module binds
+ABI = 16                # tc_abi_version() of the source this module binds
 TC_MAXN = 8             # native.c's highest Engram order for tc_step's hashing
 
 
@@ -123,9 +123,10 @@ class TcPlan(ctypes.Structure):
 class TcLlamaPlan(ctypes.Structure):
     """native_llama.h's tc_lplan: tc_llama_step's view of a llama-family int8 model and its fp32 cache."""
     _fields_ = [(n, ctypes.c_int64) for n in (
-        "d", "hidden", "H", "Hk", "D", "gstride", "V", "n_layers", "rescore_k", "embed_bf16",
+        "d", "hidden", "H", "Hk", "D", "gstride", "V", "n_layers", "rescore_k", "embed_fmt",
         "tab", "x", "h", "xq", "qkv", "y", "u", "logits", "sc", "embed", "cos_", "sin_", "gk", "gv", "tokens", "lens",
-        "lens_cpu", "head_q", "head_s", "wfmt")]
+        "lens_cpu", "head_q", "head_s", "wfmt", "embed_s", "embed_g")]
+EMB_F32, EMB_BF16, EMB_Q8 = 0, 1, 2     # tc_lplan.embed_fmt (native_llama.h's TC_EMB_*)
 
 
 LTAB_COLS = 10          # native_llama.h's table columns per layer

@@ -63,13 +63,17 @@ static void rescore(float *logits, int64_t V, int64_t k, const int8_t *q, const 
 
 /* tc_llama_step's view of a model and its fp32 cache; all int64 (pointers as integers; native_llama_step.py builds
    the same layout). tab: per layer LTAB_COLS: QKV weights, scales, rows, bias (0: none), then w_o, up, down weights
-   and scales. gk/gv: (n_layers, 1, Hk, gstride, D). embed: (V, d) fp32, or bf16 when embed_bf16. */
+   and scales. gk/gv: (n_layers, 1, Hk, gstride, D). embed: (V, d) by embed_fmt: TC_EMB_F32, TC_EMB_BF16, or
+   TC_EMB_Q8 (a tied embedding read from the int8 head rows, engine/head_embed.py: embed the int8 rows, embed_s their
+   fp32 row scales, embed_g the (d) inverse final-norm gain; row = (q * s) * g, the bits HeadRowsEmbedding gives). */
 #define LTAB_COLS 10
 typedef struct {
-    int64_t d, hidden, H, Hk, D, gstride, V, n_layers, rescore_k, embed_bf16;
+    int64_t d, hidden, H, Hk, D, gstride, V, n_layers, rescore_k, embed_fmt;
     int64_t tab, x, h, xq, qkv, y, u, logits, sc, embed, cos_, sin_, gk, gv, tokens, lens, lens_cpu, head_q, head_s;
     int64_t wfmt;                                  /* the layers' weights' formats (a TC_F_* mask); the head is int8 */
+    int64_t embed_s, embed_g;                      /* TC_EMB_Q8: the rows' fp32 scales, the (d) column factors */
 } tc_lplan;
+enum { TC_EMB_F32 = 0, TC_EMB_BF16 = 1, TC_EMB_Q8 = 2 };
 
 /* x += w_o(y); h = rms(x); u = up(h); x += down(silu(gate) * up); then, if nq > 0: h = rms(x); qkv = wq(h) + b. */
 static void llama_tail(const int64_t *t, const int64_t *next, float *x, float *h, void *xq, float eps, const float *y,
@@ -128,7 +132,11 @@ void tc_llama_step(const tc_lplan *p, int64_t tok, int64_t L, float eps, float c
     const float *cs = (const float *)p->cos_ + L * half, *sn = (const float *)p->sin_ + L * half;
     void *xq = (void *)p->xq;
     ((int64_t *)p->tokens)[L] = tok;
-    if (p->embed_bf16) {
+    if (p->embed_fmt == TC_EMB_Q8) {                 /* (q * s) exact in fp32, one rounding for * g */
+        const int8_t *e = (const int8_t *)p->embed + tok * d;
+        const float s = ((const float *)p->embed_s)[tok], *g = (const float *)p->embed_g;
+        for (int64_t i = 0; i < d; i++) x[i] = ((float)e[i] * s) * g[i];
+    } else if (p->embed_fmt == TC_EMB_BF16) {
         const uint16_t *e = (const uint16_t *)p->embed + tok * d;
         for (int64_t i = 0; i < d; i++) {
             uint32_t b = (uint32_t)e[i] << 16;

@@ -6,7 +6,9 @@ PyTorch step it must equal is lean_step._decode_lean).
 What it expresses: every layer global (kv_group 1, no local ring), no QK-norm, SwiGLU, RMSNorm with an epsilon,
 optional q/k/v biases, an optional softcap, no Engram, int8 Linears (no bias on w_o, up, down or the head), an
 fp32 cache of batch 1. Anything else runs lean_step. `--quant int4`: the same step on int4 layer weights (native_q4.h),
-the head int8."""
+the head int8. The embedding: an fp32 or bf16 table by pointer, or (a tied stored-quantized model: head_embed.py) the
+head's own int8 rows, their fp32 scales and the inverse final gain, dequantized per token in C to the bits
+HeadRowsEmbedding gives (the step's rounding is unchanged: the row is the model's, exactly)."""
 from __future__ import annotations
 
 import ctypes
@@ -17,6 +19,7 @@ import torch
 
 from .append import RESCORE_K
 from .cache import KVCache
+from .head_embed import HeadRowsEmbedding
 from .native import act_scratch
 from .native_step import _PointerView, layer_format
 from .quant import Int8Linear
@@ -31,7 +34,21 @@ def expresses(model, fs) -> bool:
             and all(b.engram is None and b.attn.mode == "full" for b in model.blocks)
             and layer_format(model, fs) is not None and type(fs.head) is Int8Linear and fs.head.bias is None
             and all(m.bias is None for m in lin)
-            and model.embed.weight.dtype in (torch.float32, torch.bfloat16))
+            and _embed_ok(model, fs))
+
+
+def _embed_ok(model, fs) -> bool:
+    """An fp32 / bf16 table, or the int8 rows of the head the step runs (with fp32 inverse gains)."""
+    emb = model.embed
+    if isinstance(emb, HeadRowsEmbedding):
+        return emb.head is fs.head and emb.inv_gain.dtype == torch.float32 and emb.inv_gain.is_contiguous()
+    return emb.weight.dtype in (torch.float32, torch.bfloat16)
+
+
+def _embed_table(model) -> torch.Tensor:
+    """The tensor tc_llama_step reads the embedding rows from: the table, or the head's int8 rows."""
+    emb = model.embed
+    return emb.head.qweight if isinstance(emb, HeadRowsEmbedding) else emb.weight
 
 
 class _NativeLlama(_PointerView):
@@ -84,7 +101,7 @@ class _NativeLlama(_PointerView):
     def plan(self, model, cache: KVCache) -> int | None:
         """The address of tc_llama_step's plan for this cache (rebuilt when one of the tensors it points into is
         another), or None for a cache the kernel cannot read (not fp32, batch > 1, not contiguous)."""
-        key = (self.sc.data_ptr(), model.embed.weight.data_ptr(),
+        key = (self.sc.data_ptr(), _embed_table(model).data_ptr(),
                *(t.data_ptr() for t in (cache.gk, cache.gv, cache.tokens, cache.lens, cache.lens_cpu)))
         ref, k, built = self._plan
         if ref() is cache and k == key:
@@ -94,15 +111,17 @@ class _NativeLlama(_PointerView):
         return built
 
     def _build_plan(self, model, cache: KVCache) -> int | None:
-        from .native import TcLlamaPlan
+        from .native import EMB_BF16, EMB_F32, EMB_Q8, TcLlamaPlan
         c = model.cfg
-        emb = model.embed.weight
+        emb = _embed_table(model)
+        q8 = isinstance(model.embed, HeadRowsEmbedding)
         if not (cache.gk.dtype == torch.float32 and cache.B == 1 and emb.is_contiguous()
                 and all(t.is_contiguous() for t in (cache.gk, cache.gv, cache.tokens, model.rope.cos, model.rope.sin))):
             return None
         p = TcLlamaPlan(d=c.d_model, hidden=c.mlp_hidden, H=c.n_heads, Hk=c.n_kv_heads, D=c.head_dim,
                         gstride=cache.max_len + 1, V=self.head[2], n_layers=len(model.blocks), rescore_k=self.rescore_k,
-                        embed_bf16=int(emb.dtype == torch.bfloat16), wfmt=self.wfmt)
+                        embed_fmt=EMB_Q8 if q8 else EMB_BF16 if emb.dtype == torch.bfloat16 else EMB_F32,
+                        wfmt=self.wfmt)
         for name in ("x", "h", "xq", "qkv", "y", "u", "logits", "sc"):
             setattr(p, name, getattr(self, name).data_ptr())
         p.tab, p.embed = self.tab.data_ptr(), emb.data_ptr()
@@ -110,6 +129,8 @@ class _NativeLlama(_PointerView):
         for name in ("gk", "gv", "tokens", "lens", "lens_cpu"):
             setattr(p, name, getattr(cache, name).data_ptr())
         p.head_q, p.head_s = self.head[0], self.head[1]
+        if q8:                                          # the head's fp32 scales (kept alive here) and inv_gain
+            p.embed_s, p.embed_g = self.head[1], model.embed.inv_gain.data_ptr()
         self._plan_keep = p
         return ctypes.addressof(p)
 

@@ -12,6 +12,7 @@ from ..model import CacheView, mlp_act_, rms_norm
 from .append import _rope_cs, _softcap
 from .cache import KVCache
 from .fused import fused_qkv_bias, fused_qkv_weight, n_qk_heads, rope_basis, rope_matrix
+from .head_embed import embed_dtype
 
 
 def _graph_api(dev: torch.device):
@@ -39,7 +40,7 @@ class _StaticAux:
         self.ar = torch.arange(max(_StaticFeed.BUCKETS), device=dev)
         max_n = max(c.engram_orders) if model.engram_modules() else 1
         self.back = torch.arange(-(max_n - 1), 0, device=dev)
-        self.eye, self.P = rope_basis(D, dev, model.embed.weight.dtype)
+        self.eye, self.P = rope_basis(D, dev, embed_dtype(model.embed))
 
 
 def _step_static(model, cache: KVCache, idx, n, aux: _StaticAux):
@@ -96,7 +97,7 @@ class StaticView(CacheView):
         if c.has_local:
             mask = torch.cat([mask, (lp[None, :] >= 0) & (lp[None, :] <= pq) & (pq - lp[None, :] < W)], dim=1)
         mask[:, 0] |= ~valid                 # padding / no-op queries: never an all-masked row (NaN)
-        xdt = model.embed.weight.dtype
+        xdt = embed_dtype(model.embed)
         bias = torch.zeros(mask.shape, device=idx.device, dtype=dt).masked_fill_(~mask, float("-inf"))
         self.bias = bias.repeat(rep, 1)[None]                                    # (1, rep*C, L), rows r*C + i
         if C == 1:

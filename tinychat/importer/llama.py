@@ -169,6 +169,8 @@ def build_model(cfg: dict, tensors: dict, context: int | None = None, name: str 
         if cfg.get("tie_word_embeddings") is False:
             raise ImportRefused("weights lack lm_head.weight (and the config says the head is not tied)")
         head = emb
+        m.tied_gain = g_final.clone()     # head = embed diag(g): a stored int8 / int4 file reads the embedding
+                                          # back from the head rows (quant_files.py, layout version 2)
     if tuple(head.shape) != (c.vocab_size, d):
         raise ImportRefused(f"lm_head.weight has shape {tuple(head.shape)}, expected {(c.vocab_size, d)}")
     m.head.weight.copy_(head.float() * g_final[None, :])

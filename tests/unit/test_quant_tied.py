@@ -1,0 +1,245 @@
+"""Stored-quantized files of a tied llama (quant_files.py, layout version 2): the file holds no embedding, the model's
+embedding is the head's int8 rows times inv_gain (engine/head_embed.py), read by reference; the PyTorch module, its
+float64 reference and the native llama step give the same bits; prefill and decode read the same rows; version-1
+files (the embedding stored) still load and chat as quantizing at start; untied models keep their embedding."""
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tinychat.engine import Decoder, KVCache, append, int8_kernel_ok, native, quantize_cpu
+from tinychat.engine.head_embed import HeadRowsEmbedding, embed_rows
+from tinychat.importer import import_model
+from tinychat.loading import load_runtime, open_chat
+from tinychat.mapped import MappedWeights
+from tinychat.model import CheckpointError, Embedding, TinyAgentLM
+from tinychat.options import EngineOptions
+from tinychat.quant_files import TIED_KEY, VERSION_KEY, load_quantized, read_header, save_quantized
+from tinychat.settings import ChatSettings
+
+sys.path.insert(0, str(Path(__file__).parent))         # the import tests' tiny llama writers
+from test_llama_import import PROMPT, VARIANTS, _weights, write_hf  # noqa: E402
+
+MODES = ["int8", "int4"]
+pytestmark = pytest.mark.skipif(not int8_kernel_ok(), reason="this torch build has no CPU int8 kernel")
+
+
+def _src(tmp_path, variant="llama-tied", change=None):
+    cfg = VARIANTS[variant]
+    w = _weights(cfg, qk_std=0.15)
+    if change:
+        change(w)
+    return cfg, w, write_hf(tmp_path / "hf", cfg, w)
+
+
+def _header(folder):
+    h = read_header(folder / "model.safetensors")
+    return h, h["__metadata__"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_tied_models_stored_file_has_no_embedding_and_reads_it_from_the_head_rows(tmp_path, mode):
+    cfg, w, src = _src(tmp_path)
+    full, packed = import_model(src, name="full"), import_model(src, name="p", quant=mode)
+    h, meta = _header(packed)
+    assert meta[VERSION_KEY] == "2" and "embed.weight" not in h and h[TIED_KEY]["shape"] == [cfg["hidden_size"]]
+    m = load_quantized(packed)
+    assert isinstance(m.embed, HeadRowsEmbedding) and m.embed.head is m.head
+    mapped = MappedWeights()                                  # by reference: the head's mapped tensors, no table
+    assert mapped.holds(m.embed.head.qweight) and mapped.holds(m.embed.head.scale)
+    assert not [k for k in m.state_dict() if k.startswith("embed.") and k != TIED_KEY]
+    g = w["model.norm.weight"].double()
+    assert torch.equal(m.embed.inv_gain, (1.0 / g).float())
+    # every other tensor is quantize_cpu's of the full-precision import, bit for bit
+    want = quantize_cpu(TinyAgentLM.from_pretrained(full), mode).state_dict()
+    have = m.state_dict()
+    assert sorted(have) == sorted({*want, TIED_KEY} - {"embed.weight"})
+    for k, v in want.items():
+        assert k == "embed.weight" or torch.equal(have[k], v), k
+    # the rows are the embedding up to the head's int8 rounding over the gain: |q s - e g| <= s / 2
+    emb = w["model.embed_tokens.weight"].double()
+    rows = m.embed(torch.arange(cfg["vocab_size"])).double()
+    bound = 0.5 * m.head.scale.double()[:, None] / g.abs()[None, :]
+    assert bool(((rows - emb).abs() <= bound * 1.001 + 1e-6).all())
+    assert (rows - emb).abs().max() > 0                        # really the int8 rows, not the fp32 table
+
+
+def test_the_head_rows_embedding_gathers_the_bits_of_its_float64_reference():
+    g = torch.Generator().manual_seed(3)
+
+    class Head:
+        qweight = torch.randint(-127, 128, (50, 40), dtype=torch.int8, generator=g)
+        scale = (torch.rand(50, generator=g) * 0.1 + 1e-3).to(torch.bfloat16)
+
+    inv = (1.0 / (torch.rand(40, generator=g).double() * 2 + 0.05)).float()
+    inv[3] = -inv[3]
+    e = HeadRowsEmbedding(Head, inv)
+    idx = torch.randint(0, 50, (3, 7), generator=g)
+    fast, naive = e(idx), e.naive_rows(idx)
+    assert fast.shape == (3, 7, 40) and fast.dtype == torch.float32
+    assert torch.equal(fast, naive)
+    assert torch.equal(embed_rows(e, idx[0]), naive[0])
+    assert not torch.equal(fast, (Head.qweight[idx].float() * Head.scale[idx].float()[..., None]))   # inv applied
+
+
+def _materialized(m):
+    """A copy of a version-2 model whose embedding is an fp32 table holding HeadRowsEmbedding's rows."""
+    import copy
+    c = copy.deepcopy(m)
+    V, d = c.embed.num_embeddings, c.embed.embedding_dim
+    table = m.embed.naive_rows(torch.arange(V))
+    c.embed = Embedding(V, d)
+    c.embed.weight = torch.nn.Parameter(table, requires_grad=False)
+    return c
+
+
+def _walk(model, n, native_on):
+    opts = EngineOptions(native=native_on)
+    from tinychat.quant_files import configure
+    configure(model, opts)
+    cache = KVCache(model, 1, 128, "cpu", dtype=torch.float32)
+    dec = Decoder(model, cache, graph=False, options=opts)
+    rows = [append(model, cache, torch.tensor([PROMPT]), [len(PROMPT)])]
+    toks = []
+    for _ in range(n):
+        toks.append(int(rows[-1].argmax()))
+        rows.append(dec.step(toks[-1]))
+    return toks, torch.cat(rows), dec.cpu_step
+
+
+@pytest.mark.parametrize("native_on", [True, False], ids=["native-step", "pytorch-step"])
+@pytest.mark.parametrize("mode", MODES)
+def test_prefill_and_both_steps_read_the_bits_of_the_head_rows_embedding(tmp_path, mode, native_on):
+    if native_on and native.load() is None:
+        pytest.skip(f"native kernels off: {native.why_not}")
+    _, _, src = _src(tmp_path)
+    m = load_quantized(import_model(src, name="p", quant=mode))
+    ref = _materialized(m)
+    toks, logits, step = _walk(m, 10, native_on)
+    rtoks, rlogits, rstep = _walk(ref, 10, native_on)
+    assert (step.nat is not None) == native_on and (rstep.nat is not None) == native_on
+    assert len(set(toks)) > 2 and toks == rtoks
+    assert torch.equal(logits, rlogits)         # the same embedding bits: prefill, and each decode step
+
+
+def test_the_native_step_differs_where_the_embedding_rows_differ(tmp_path):
+    """The bitwise comparison above can fail: the embedding row of a token off by one ulp changes the native step's
+    logits."""
+    if native.load() is None:
+        pytest.skip(f"native kernels off: {native.why_not}")
+    _, _, src = _src(tmp_path)
+    m = load_quantized(import_model(src, name="p", quant="int4"))
+    ref = _materialized(m)
+    tok = PROMPT[-1]
+    row = ref.embed.weight.data[tok]
+    row.copy_(torch.nextafter(row, torch.full_like(row, 1e9)))
+    out = []
+    for model in (m, ref, _materialized(m)):    # the perturbed table, then the exact one
+        cache = KVCache(model, 1, 64, "cpu", dtype=torch.float32)
+        dec = Decoder(model, cache, graph=False, options=EngineOptions(native=True))
+        out.append(dec.step(tok))
+        assert dec.cpu_step.nat is not None
+    assert not torch.equal(out[0], out[1]) and torch.equal(out[0], out[2])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_chat_on_a_tied_stored_model_runs_the_stored_step_and_replays_exactly(tmp_path, mode, capsys):
+    from test_quant_files import _main
+    _, _, src = _src(tmp_path)
+    full, packed = import_model(src, name="full"), import_model(src, name="p", quant=mode)
+    st = ChatSettings(max_new=8, temperature=0.0, seed=1)
+    a = open_chat(load_runtime(full, mode), mode, "cpu", st, {}, autosave=False)
+    b = open_chat(load_runtime(packed, mode), mode, "cpu", st, {}, autosave=False)
+    assert len(b.send("hello there").token_ids) > 3
+    assert a.step_name() == b.step_name() and b.plan.quant == mode        # the same step (its rounding unchanged)
+    code, _, err = _main(["--model", "p", "--max-new", "6", "--temperature", "0", "-p", "hi"], capsys)
+    assert code == 0, err
+    import json
+    sid = json.loads(_main(["sessions", "--json"], capsys)[1])[0]["id"]
+    code, out, err = _main(["replay", sid, "--check"], capsys)
+    assert code == 0 and "token-exact" in out, err
+    code, out, _ = _main(["info", "--model", "p", "--json"], capsys)
+    facts = json.loads(out)
+    assert code == 0 and facts["stored"] == mode and facts["embed_from_head"] is True
+    code, out, _ = _main(["models"], capsys)
+    assert code == 0 and f"stored {mode}" in out
+
+
+def _as_v1(full: Path, dest: Path, mode: str) -> Path:
+    """What an older tinychat wrote for the tied model: the layout-1 file (the fp32 embedding kept)."""
+    shutil.copytree(full, dest)
+    (dest / "model.safetensors").unlink()
+    save_quantized(TinyAgentLM.from_pretrained(full), dest, mode)        # no tied_gain: layout 1
+    return dest
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_version_1_file_of_a_tied_model_still_loads_and_chats_as_quantizing_at_start(tmp_path, mode):
+    _, _, src = _src(tmp_path)
+    full = import_model(src, name="full")
+    v1 = _as_v1(full, tmp_path / "v1", mode)
+    h, meta = _header(v1)
+    assert meta[VERSION_KEY] == "1" and "embed.weight" in h and TIED_KEY not in h
+    m = load_quantized(v1)
+    assert type(m.embed) is Embedding
+    st = ChatSettings(max_new=10, temperature=0.0, seed=1)
+    a = open_chat(load_runtime(full, mode), mode, "cpu", st, {}, autosave=False)
+    b = open_chat(load_runtime(v1, mode), mode, "cpu", st, {}, autosave=False)
+    ra, rb = a.send("hello there"), b.send("hello there")
+    assert len(ra.token_ids) > 3 and ra.token_ids == rb.token_ids and a.step_name() == b.step_name()
+
+
+def test_an_untied_model_and_a_gain_with_a_zero_keep_their_embedding(tmp_path):
+    _, _, src = _src(tmp_path, "qwen2-bias-untied")
+    h, meta = _header(import_model(src, name="untied", quant="int4"))
+    assert meta[VERSION_KEY] == "1" and "embed.weight" in h and TIED_KEY not in h
+    _, _, src = _src(tmp_path / "z", change=lambda w: w["model.norm.weight"].__setitem__(2, 0.0))
+    folder = import_model(src, name="zero-gain", quant="int4")
+    h, meta = _header(folder)
+    assert meta[VERSION_KEY] == "1" and "embed.weight" in h and TIED_KEY not in h
+    assert type(load_quantized(folder).embed) is Embedding
+
+
+def _rewrite(folder, change):
+    path = folder / "model.safetensors"
+    from safetensors import safe_open
+    with safe_open(str(path), "pt") as f:
+        meta = dict(f.metadata())
+    sd = {k: v.clone() for k, v in load_file(str(path)).items()}
+    change(sd, meta)
+    path.unlink()
+    save_file(sd, str(path), metadata=meta)
+
+
+def _nan_gain(sd, meta):
+    sd[TIED_KEY][1] = float("nan")
+
+
+def _inf_head_scale(sd, meta):
+    sd["head.scale"][0] = float("inf")
+
+
+DAMAGES = {
+    "nan-gain": (_nan_gain, f"{TIED_KEY} holds NaN"),
+    "inf-head-scale": (_inf_head_scale, "head.scale holds NaN"),
+    "gain-shape": (lambda sd, meta: sd.update({TIED_KEY: sd[TIED_KEY][:-1].clone()}), f"{TIED_KEY} is F32"),
+    "gain-dtype": (lambda sd, meta: sd.update({TIED_KEY: sd[TIED_KEY].half()}), f"{TIED_KEY} is F16"),
+    "v2-without-gain": (lambda sd, meta: sd.pop(TIED_KEY), f"missing {TIED_KEY}"),
+    "v1-without-embedding": (lambda sd, meta: meta.update({VERSION_KEY: "1"}), "missing embed.weight"),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGES))
+def test_a_damaged_version_2_file_is_refused_in_one_line_naming_the_tensor(tmp_path, case, capsys):
+    from test_quant_files import _main
+    change, why = DAMAGES[case]
+    _, _, src = _src(tmp_path)
+    packed = import_model(src, name="p", quant="int8")
+    _rewrite(packed, change)
+    with pytest.raises(CheckpointError, match=why):
+        load_quantized(packed)
+    code, _, err = _main(["--model", "p", "-p", "hi", "--max-new", "2", "--no-save"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and why in err, err
