@@ -247,3 +247,21 @@ def test_the_model_module_refuses_nonfinite_weights_of_a_model_in_memory():
     with torch.no_grad():
         m.blocks[1].attn.w_o.weight[0, 0] = float("nan")
     assert M.first_nonfinite(m) == "blocks.1.attn.w_o.weight"
+
+
+def test_weights_about_to_be_loaded_are_never_randomly_initialised(folder, tmp_path, monkeypatch):
+    """Item 5's last clause: a load (from_pretrained) and an import build their model without the random init its
+    weights would get only to be replaced (it wrote every page of the fp32 weights). Counted, not timed."""
+    calls = []
+    for fn in ("kaiming_uniform_", "normal_", "uniform_"):
+        real = getattr(torch.nn.init, fn)
+        monkeypatch.setattr(torch.nn.init, fn, lambda *a, _real=real, _fn=fn, **k: calls.append(_fn) or _real(*a, **k))
+    real_reset = TinyAgentLM.reset_parameters
+    monkeypatch.setattr(TinyAgentLM, "reset_parameters", lambda self, *a, **k: calls.append("model") or
+                        real_reset(self, *a, **k))
+    make_chat_model()
+    assert calls                                        # a model built from scratch is initialised: the count works
+    calls.clear()
+    TinyAgentLM.from_pretrained(folder)
+    import_model(write_hf(tmp_path / "hf", _config("llama"), _weights(_config("llama"))), name="x")
+    assert calls == []
