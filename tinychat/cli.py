@@ -395,6 +395,8 @@ def _report(e: Exception) -> int:
     missing = _missing_argument(e)
     # typer vendors click: its exceptions are matched by name
     from_click = any(c.__name__ in ("ClickException", "Abort") for c in type(e).__mro__)
+    if from_click and callable(getattr(e, "format_message", None)):     # a bad value names its flag
+        text = str(e.format_message()).strip().splitlines()[0] or text
     if missing or from_click or isinstance(e, (TinychatError, OSError)):
         print(f"tinychat: error: {safe_line(missing or text)}", file=sys.stderr)
         return EXIT_USER

@@ -40,11 +40,12 @@ def pull(ref: str = typer.Argument(..., metavar="REPO[:QUANT][@REVISION]",
         typer.echo(f"interrupted at {human_bytes(e.done)} of {human_bytes(e.total)}: `tinychat pull {ref}` resumes "
                    f"the download (nothing was imported)", err=True)
         raise typer.Exit(130)
+    from .textsafe import safe_text
     if r.up_to_date:
-        typer.echo(f"{r.name} is up to date ({r.plan.ref.repo} at {r.plan.commit[:12]})\n"
-                   f"chat with: tinychat --model {r.name}")
+        typer.echo(safe_text(f"{r.name} is up to date ({r.plan.ref.repo} at {r.plan.commit[:12]})\n"
+                             f"chat with: tinychat --model {r.name}"))
     else:
-        typer.echo(f"pulled {r.plan.ref} as {r.name} ({r.path})\nchat with: tinychat --model {r.name}")
+        typer.echo(safe_text(f"pulled {r.plan.ref} as {r.name} ({r.path})\nchat with: tinychat --model {r.name}"))
 
 
 def _run_pull(ref: str, **kw):
@@ -74,20 +75,22 @@ def _run_pull(ref: str, **kw):
 
 
 def _list_pull(p) -> None:
+    """A repo's files as the Hub (or a cache folder) lists them: their names are someone else's text, escaped."""
     from .hub.ref import human_bytes
+    from .textsafe import safe_line
     where = " (in the cache)" if p.offline else ""
     if p.kind == "gguf":
-        typer.echo(f"{p.ref.repo} at {p.commit[:12]}{where}: GGUF files by quant (pull one with "
-                   f"tinychat pull {p.ref.repo}:QUANT)")
+        typer.echo(safe_line(f"{p.ref.repo} at {p.commit[:12]}{where}: GGUF files by quant (pull one with "
+                             f"tinychat pull {p.ref.repo}:QUANT)"))
         for c in p.choices:
             mark = "  (default)" if c is p.choice and not p.ref.quant else ""
             split = f" (split in {len(c.files)}: not importable)" if c.split else ""
-            typer.echo(f"  {c.quant:10} {human_bytes(c.size):>10}  {c.files[0]}{split}{mark}")
+            typer.echo(safe_line(f"  {c.quant:10} {human_bytes(c.size):>10}  {c.files[0]}{split}{mark}"))
         return
     st = sorted(f for f in p.sizes if f.endswith(".safetensors") and "/" not in f)
     files = [f for f in p.files if not f.endswith(".safetensors")] + st
-    typer.echo(f"{p.ref.repo} at {p.commit[:12]}{where}: safetensors; a pull fetches {', '.join(files)} "
-               f"({human_bytes(sum(p.sizes.get(f, 0) for f in files))})")
+    typer.echo(safe_line(f"{p.ref.repo} at {p.commit[:12]}{where}: safetensors; a pull fetches {', '.join(files)} "
+                         f"({human_bytes(sum(p.sizes.get(f, 0) for f in files))})"))
 
 
 def import_(src: Path = typer.Argument(..., metavar="SRC", help="A Hugging Face llama-family folder, a .gguf file, or "
@@ -111,8 +114,9 @@ def import_(src: Path = typer.Argument(..., metavar="SRC", help="A Hugging Face 
                 raise UsageError(f"{src}: no such file or folder here, nor a repo in the Hugging Face cache "
                                  f"({hub_cache()}): tinychat pull {src} downloads it")
             r = _run_pull(str(src), name=name, offline=True, force=force, context=context, dtype=dtype, quant=quant)
-            typer.echo(f"imported {r.plan.ref} from the Hugging Face cache as {r.name} ({r.path})\n"
-                       f"chat with: tinychat --model {r.name}")
+            from .textsafe import safe_text
+            typer.echo(safe_text(f"imported {r.plan.ref} from the Hugging Face cache as {r.name} ({r.path})\n"
+                                 f"chat with: tinychat --model {r.name}"))
             return
     with _progress(f"import {src.name}") as (progress, _):
         dest = import_model(src, name=name, context=context, dtype=dtype, force=force, progress=progress, quant=quant)

@@ -91,3 +91,16 @@ def test_debug_shows_the_traceback_of_a_bug(monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["tinychat", "--debug"])
     with pytest.raises(ZeroDivisionError, match="here"):
         cli.main()
+
+
+@pytest.mark.parametrize("args, flag", [(["--max-new", "²", "-p", "hi"], "--max-new"),
+                                        (["--temperature", "٠.٥", "-p", "hi"], "--temperature"),
+                                        (["bench", "--threads", "５"], "--threads")])
+def test_a_flag_given_a_number_not_in_ascii_digits_is_one_line_naming_the_flag(monkeypatch, capsys, args, flag):
+    """Issue #33 item 7 for flags: refused (exit 2) in one line that says which flag, not only 'Input should be a
+    valid integer'."""
+    monkeypatch.setattr("sys.argv", ["tinychat", *args])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("tinychat: error: ") and flag in err, err

@@ -195,3 +195,21 @@ def test_the_app_shows_a_planted_reply_as_control_pictures(rigged, session):
     text = re.sub(rb"\x1b\[[0-9;?<>=$]*[a-zA-Z~]", b"", out).decode(errors="replace")
     assert b"PWNED" in out, text[-2000:]
     assert b"\x1b]0;PWNED" not in out and "␛]0;PWNED".encode() in out
+
+
+def test_pull_list_prints_a_repo_s_planted_file_names_escaped(capsys):
+    """A repo's file names are someone else's text (the Hub's listing, or a Hugging Face cache folder): `tinychat pull
+    ORG/NAME --list` printed them raw."""
+    from types import SimpleNamespace
+
+    from tinychat import cli_models
+    from tinychat.hub.ref import gguf_choices
+    sizes = {f"x{PAYLOAD}-Q8_0.gguf": 10, f"x{PAYLOAD}-Q4_K_M.gguf": 5, "README.md": 1}
+    choices = gguf_choices(sizes)
+    ref = SimpleNamespace(repo="org/evil", quant=None)
+    cli_models._list_pull(SimpleNamespace(kind="gguf", ref=ref, commit="c" * 40, offline=True, choices=choices,
+                                          choice=choices[0]))
+    cli_models._list_pull(SimpleNamespace(kind="safetensors", ref=ref, commit="c" * 40, offline=False,
+                                          files=[f"config{PAYLOAD}.json"], sizes={"model.safetensors": 3}))
+    out = capsys.readouterr().out
+    assert _clean(out.encode()) and out.count(SHOWN) == 3, out

@@ -161,3 +161,33 @@ def test_a_pace_without_an_end_waits_it_out():
         return time.monotonic() - t
 
     assert asyncio.run(run()) >= 0.04
+
+
+@pytest.mark.parametrize("length", [b"\xb2", b"1\xb9", b"+12", b"1_0"])      # headers are Latin-1: ² ¹
+def test_a_content_length_not_in_ascii_digits_is_a_400_not_a_crash(length):
+    """Issue #33 item 7's sibling: "²".isdigit() is true but int("²") raises (uvicorn's parsers refuse such a header
+    first; the app must not rely on it)."""
+    import asyncio
+
+    from tinychat.serve.app import create_app
+    from tinychat.serve.config import ServeConfig
+
+    class Runner:
+        model_id = "m"
+
+    sent: list = []
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+             "query_string": b"", "http_version": "1.1", "scheme": "http", "root_path": "",
+             "server": ("127.0.0.1", 1), "client": ("127.0.0.1", 2),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", length)]}
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(create_app(Runner(), ServeConfig())(scope, receive, send))
+    [start] = [m for m in sent if m["type"] == "http.response.start"]
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    assert start["status"] == 400 and b"bad Content-Length" in body, (start, body)

@@ -327,9 +327,8 @@ def test_a_log_survives_sigkill_at_random_moments_while_appending(tmp_path):
     folder = tmp_path / "kill"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     rng = random.Random(4)
-    start = time.monotonic()
-    trials = torn = 0
-    while trials < 30 and time.monotonic() - start < 20:
+    torn = 0
+    for _ in range(10):             # a fixed number of kills: how many fit in some seconds would depend on the host
         for p in folder.glob("killlog*"):
             p.unlink()
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(folder)], env=env, stdout=subprocess.PIPE)
@@ -350,8 +349,6 @@ def test_a_log_survives_sigkill_at_random_moments_while_appending(tmp_path):
         _turn(s, n)                                         # it saves again after the crash
         S.save(s, folder)
         assert S.load("killlog", folder).n_turns == n + 1
-        trials += 1
-    assert trials >= 10
 
 
 def test_a_log_is_ascii_on_disk_and_gives_back_every_character(tmp_path, small_log):

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from ..numbers import is_count
 from .config import ServeConfig
 from .errors import ApiError, bad
 from .schema import parse_chat, parse_completion
@@ -80,8 +81,8 @@ def create_app(runner, config: ServeConfig) -> Starlette:
         too_big = ApiError(413, f"The request body is larger than this server takes ({cap:,} bytes)",
                            code="request_too_large")
         length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > cap):
-            raise too_big if length.isdigit() else bad("bad Content-Length")
+        if length is not None and (not is_count(length) or int(length) > cap):   # "²".isdigit(), int("²") raises
+            raise too_big if is_count(length) else bad("bad Content-Length")
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
