@@ -454,12 +454,38 @@ def test_a_model_continued_from_the_shipped_one_carries_its_lineage_in_the_card(
     assert f"--shards {a_shards} {b_shards}" in card
     assert f"generate --out {a_shards}" in card and f"generate --out {b_shards}" in card
     assert "- In all: 50 conversations" in card
-    earlier = card.split("### The earlier model it continues", 1)[1]
+    earlier = card.split("## Earlier stages", 1)[1].split("\n## ", 1)[0]
+    assert "### Stage 1 (the model this one continues, from random weights)" in earlier and "### Stage 2" not in earlier
     assert "#### How it was made (exact commands)" in earlier and "python -m tinychat.training tokenizer" in earlier
     assert f"--run {tmp_path / 'v1'}" in earlier and "#### Training" in earlier
     # the folder it started from has changed since (it is v2 now): exporting v2 again would misdescribe it
     with pytest.raises(SystemExit, match="no longer the model the run started from"):
         export(tmp_path / "v2", tmp_path / "elsewhere", shards=both, samples=1, max_new=8, **quiet)
+
+
+def test_a_card_lists_every_earlier_stage_flat_whatever_the_layout_of_its_parent_card():
+    from tinychat.training.card import _earlier_lines, lineage_stages
+
+    def stage(n, depth):
+        h = "#" * depth
+        return [f"{h} How it was made (exact commands)", "", f"cmd {n}", "", f"{h} Training", "", f"- trained {n}"]
+    # the older nested layout: each parent two heading levels deeper, past Markdown's six
+    nested = ["# card", "", "## Sources and licenses", "", "x", ""] + stage(4, 2)
+    for n, depth in ((3, 4), (2, 6), (1, 8)):
+        nested += ["", "#" * (depth - 1) + " The earlier model it continues", "",
+                   "Its card's commands and training figures, as they were when this model was exported:", ""]
+        nested += stage(n, depth)
+    nested += ["", "## Validation loss", "", "- 1.9"]
+    old = "\n".join(nested)
+    assert [s[2] for s in lineage_stages(old)] == ["cmd 4", "cmd 3", "cmd 2", "cmd 1"]
+    # a card written now over it: its own stage on top, the four before it flat, and read back the same way
+    card = "\n".join(["# card", ""] + stage(5, 2) + _earlier_lines(old) + ["", "## Validation loss", "", "- 1.8"])
+    headings = [line for line in card.splitlines() if line.startswith("#")]
+    assert max(len(h.split(" ", 1)[0]) for h in headings) == 4
+    assert [h for h in headings if h.startswith("### ")] == [
+        "### Stage 4 (the model this one continues)", "### Stage 3", "### Stage 2", "### Stage 1 (from random weights)"]
+    assert [s[2] for s in lineage_stages(card)] == ["cmd 5", "cmd 4", "cmd 3", "cmd 2", "cmd 1"]
+    assert "Its card's commands" not in card and "- 1.9" not in card
 
 
 def _eval_json(path, shards, student_nll, accuracy):

@@ -1,8 +1,9 @@
 """The default model's MODEL_CARD.md, as text, from the facts `export` gathers (run state, shards, eval, sources).
 
 A model trained from an earlier model's weights (`train --init MODEL_DIR`) is made in stages: its card gives this
-stage's commands and figures, then the earlier model's own "How it was made" and "Training" sections (read from
-its card at export time), so the commands go all the way back to random weights and the committed shards."""
+stage's commands and figures, then, under `## Earlier stages`, every earlier stage's "How it was made" and "Training"
+sections (read from the earlier model's card at export time, one `### Stage N` each, never nested deeper), so the
+commands go all the way back to random weights and the committed shards."""
 from __future__ import annotations
 
 import json
@@ -103,17 +104,50 @@ def _train_lines(command: str, replan: dict | None) -> list[str]:
     return lines
 
 
-def card_sections(text: str, titles=LINEAGE_SECTIONS, demote: int = 0) -> str:
-    """The named `## ` sections of a card, headings and all, every heading demoted `demote` levels (2: `## X` ->
-    `#### X`), so a card can carry its parent's inside one of its own sections; '' when it has none of them."""
-    out, keep = [], False
+def lineage_stages(text: str) -> list[list[str]]:
+    """The stages a card describes, newest first: each a list of its "How it was made (exact commands)" and
+    "Training" sections' lines, headings written `#### Title`. Reads both card layouts: the flat one this module
+    writes (`## Earlier stages` holding `### Stage N` entries) and the older nested one, where each stage held its
+    parent's sections under a `### The earlier model it continues` heading two levels deeper each time (past six
+    levels Markdown no longer reads those as headings: hence the flat layout)."""
+    stages: list[list[str]] = [[]]
+    keep = False
     for line in text.splitlines():
-        m = re.match(r"^## (.*)$", line)
+        m = re.match(r"^(#+) +(.*?)\s*$", line)
         if m:
-            keep = m.group(1).strip() in titles
-        if keep:
-            out.append("#" * demote + line if re.match(r"^#+ ", line) else line)
-    return "\n".join(out).strip()
+            title, top = m.group(2), len(m.group(1)) == 2
+            if title == "The earlier model it continues" or re.match(r"Stage \d+\b", title) and not top:
+                stages.append([])
+                keep = False
+                continue
+            if title in LINEAGE_SECTIONS:
+                keep = True
+                stages[-1].append(f"#### {title}")
+                continue
+            if top or title == "Earlier stages":
+                keep = False
+                continue
+        if keep and not line.startswith("Its card's commands and training figures"):
+            stages[-1].append(line)
+    return [st for st in stages if any(x.startswith("#### ") for x in st)]
+
+
+def _earlier_lines(parent_card: str) -> list[str]:
+    """The `## Earlier stages` section of a card whose model continues the one `parent_card` describes: the
+    parent's stage and every stage before it, each `### Stage N` (1: from random weights), newest first."""
+    stages = lineage_stages(parent_card)
+    if not stages:
+        return []
+    lines = ["", "## Earlier stages", "",
+             "Each stage started from the weights of the one below it; the stage at the bottom started from random "
+             "weights. Their commands and training figures, as each card gave them when the next stage was exported:"]
+    for i, st in enumerate(stages):
+        n = len(stages) - i
+        notes = (["the model this one continues"] if i == 0 else []) + (["from random weights"] if n == 1 else [])
+        what = f" ({', '.join(notes)})" if notes else ""
+        body = "\n".join(st).strip()
+        lines += ["", f"### Stage {n}{what}", "", body]
+    return lines
 
 
 def _data_lines(sh: dict | None, data: dict, cfg: dict) -> list[str]:
@@ -239,11 +273,8 @@ def model_card(f: dict) -> str:
                                                f"schedule's last {st['total_steps'] - st['step']:,} steps not run)"
                                                if st["step"] < st["total_steps"] else "") + f", seed {cfg['seed']}.",
     ]
-    earlier = card_sections(init["card"], demote=2) if init else ""
-    if earlier:
-        lines += ["", "### The earlier model it continues", "",
-                  "Its card's commands and training figures, as they were when this model was exported:", "",
-                  earlier]
+    if init:
+        lines += _earlier_lines(init["card"])
     lines += ["",
               "## Validation loss",
               "",
