@@ -48,3 +48,29 @@ def lines_run(fn: Callable[[], Any], budget: int | None = None) -> tuple[Any, in
     if budget is not None and count > budget:          # the trace was dropped (an error in it): still over
         raise AssertionError(f"more than {budget:,} lines of tinychat executed ({count:,})")
     return result, count
+
+
+class Lines:
+    """The lines of tinychat's Python this thread executes inside a `with` block: for code that awaits (a Textual
+    pilot), which lines_run's function call cannot hold. Coroutines the block resumes in this thread are counted
+    too (the app's handlers under run_test); other threads are not. `.count` after the block. No budget: cutting a
+    call short inside an event loop would be caught by whatever runs the callback, not fail the test."""
+
+    def __init__(self):
+        self.count = 0
+
+    def _local(self, frame, event, arg):
+        if event == "line":
+            self.count += 1
+        return self._local
+
+    def _on_call(self, frame, event, arg):
+        return self._local if frame.f_code.co_filename.startswith(PACKAGE) else None
+
+    def __enter__(self) -> Lines:
+        self._old = sys.gettrace()
+        sys.settrace(self._on_call)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.settrace(self._old)

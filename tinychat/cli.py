@@ -138,9 +138,10 @@ def _session_and_saving(session: str | None, continue_: bool, save: bool | None,
     the save_one_shots preference, else save."""
     from .loading import latest_session
     from .prefs import load_prefs
+    from .textsafe import safe_line
     prefs, why = load_prefs()
     if why:
-        print(f"tinychat: note: {why}", file=sys.stderr)
+        print(f"tinychat: note: {safe_line(why)}", file=sys.stderr)
     if continue_:
         if session is not None:
             raise UsageError("give -c (the most recent session) or --session ID, not both")

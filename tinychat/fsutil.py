@@ -70,7 +70,9 @@ def write_out(target: str | Path, data: bytes) -> Path:
     """Write `data` to a path the user named (`sessions export --out PATH`, the app's export), leaving what is there
     what it is. Returns the path written.
 
-    - Nothing there, or a regular file: an atomic write (a temp file beside it, renamed over it).
+    - Nothing there, or a regular file: an atomic write (a temp file beside it, renamed over it). A file that was
+      there keeps its permission bits (the temp file gets them before the rename; a new file is private, 0600).
+      Being a new file, it loses other hard links to the old one, and its owner is whoever writes it.
     - A symbolic link: never replaced; its target is written by these same rules (a link to nothing creates its
       target, as a shell's `>` does).
     - A FIFO or a character device (/dev/stdout, /dev/null, a terminal): written through, opened as it is (never
@@ -89,7 +91,13 @@ def write_out(target: str | Path, data: bytes) -> Path:
     if st is None or stat.S_ISREG(st.st_mode):
         if not real.parent.is_dir():
             raise OutPathError(f"{target}: no folder {real.parent}")
-        atomic_write_bytes(real, data)
+        keep = None if st is None else st.st_mode & 0o777
+
+        def fill(tmp: Path) -> None:
+            tmp.write_bytes(data)
+            if keep is not None:
+                os.chmod(tmp, keep)
+        atomic_write(real, fill)
         return real
     if stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode):
         fd = os.open(real, os.O_WRONLY | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))

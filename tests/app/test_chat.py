@@ -236,7 +236,7 @@ async def test_copy_new_chat_and_help(factory):
 
 
 async def test_paste_of_100kb_stays_responsive_sends_everything_and_comes_back_whole_on_failure(factory):
-    import time
+    from work import Lines
     app = make_app(factory(temperature=0.0, max_new=4), blink=False)
     big = "\n".join(f"line {i} " + "the quick brown fox jumps over the lazy dog " * 2 for i in range(1100))
     assert len(big) > 100_000
@@ -244,15 +244,14 @@ async def test_paste_of_100kb_stays_responsive_sends_everything_and_comes_back_w
         await ready(pilot)
         await say(pilot, "hi")
         from textual import events
-        t = time.perf_counter()
-        app.prompt.post_message(events.Paste(big))
-        await pilot.pause()
-        await pilot.press("x")
-        elapsed = time.perf_counter() - t
+        with Lines() as lines:                # responsive: the paste costs no work per line or character of it
+            app.prompt.post_message(events.Paste(big))
+            await pilot.pause()
+            await pilot.press("x")
         assert app.prompt.text.startswith("[paste #1: ") and app.prompt.text.endswith("x")
-        assert len(app.prompt.text) < 100
+        assert len(app.prompt.text) < 100     # the input holds a placeholder, not 100 KB for the widget to lay out
         assert app.prompt.expanded() == big + "x"
-        assert elapsed < 3.0, elapsed
+        assert lines.count < 1_000, lines.count            # 34 now; a loop over the paste's 1,100 lines fails
         await pilot.press("enter")
         await pilot.pause()
         await idle(pilot)

@@ -1,12 +1,16 @@
 """Sessions in the app: --session resumes, the sessions screen opens / renames / deletes / exports, replay plays a
 session back with divergences highlighted, and a failing model load is shown in the app."""
 import dataclasses
+import threading
 import time
+
+import pytest
 
 from app_support import idle, notes, ready, say, wait_for
 from support import make_chat, tokenizer
 
 from tinychat.sessions import session as S
+from tinychat.tui import jobs
 from tinychat.tui.app import TinyChatApp, make_app
 from tinychat.tui.runtime import Backend
 from tinychat.tui.widgets import NoticeMessage, UserMessage
@@ -175,16 +179,37 @@ async def test_replay_highlights_a_divergence(factory, chat_model):
         assert "diverge" in str(app.view.query(NoticeMessage).last().render())
 
 
-async def test_replay_paces_tokens_at_the_recorded_speed_and_stops_on_escape(factory, chat_model):
+class _Clock:
+    """The replay job's clock (tui/jobs.py's `time`): a sleep moves it on at once, so the pace a replay keeps is read
+    off it exactly, whatever the machine's load."""
+
+    def __init__(self):
+        self.now, self.slept, self._lock = 1000.0, 0.0, threading.Lock()
+
+    def perf_counter(self) -> float:
+        with self._lock:
+            return self.now
+
+    def sleep(self, seconds: float) -> None:
+        with self._lock:
+            self.now += seconds
+            self.slept += seconds
+        time.sleep(0)                                            # let the app's thread run, as a real sleep would
+
+
+async def test_replay_paces_tokens_at_the_recorded_speed_and_stops_on_escape(factory, chat_model, monkeypatch):
     sess = recorded_session(chat_model, turns=("hello there",), temperature=0.0, max_new=20)
     rec = sess.messages[-1]
     sess.messages[-1] = dataclasses.replace(rec, timing_ms=[40.0] * len(rec.timing_ms))   # 40 ms a token
-    app = make_app(factory(), replay=sess, replay_speed=2.0, blink=False)        # at 2x: 20 ms a token
-    async with app.run_test(size=SIZE) as pilot:
-        t = time.monotonic()
-        await wait_for(pilot, lambda: app.replay_summary is not None, what="the replay")
-        n = len(app.view.replies()[0].tokens)
-        assert time.monotonic() - t >= 0.02 * n * 0.9
+    with monkeypatch.context() as m:
+        clock = _Clock()
+        m.setattr(jobs, "time", clock)
+        app = make_app(factory(), replay=sess, replay_speed=2.0, blink=False)    # at 2x: 20 ms a token
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.replay_summary is not None, what="the replay")
+            n = len(app.view.replies()[0].tokens)
+    assert n == len(rec.timing_ms) > 1
+    assert clock.slept == pytest.approx(0.02 * n)                 # each token waited for until it was due, no longer
     app = make_app(factory(), replay=sess, replay_speed=0.05, blink=False)       # 800 ms a token
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.stream.current is not None and app.stream.current.tokens, what="a token")

@@ -3,6 +3,7 @@ errors from inside torch), `/set max-new` must fit the context (100000 on a 2,04
 later turn failed with a misleading "system prompt too long"), `bench --threads 0` ran while a chat refused it, and
 the other counts a flag takes are bounded the same way."""
 import json
+import re
 
 import pytest
 from support import make_chat, run_main
@@ -45,6 +46,18 @@ def test_a_reply_too_long_for_this_message_names_max_new_not_the_system_prompt()
     with pytest.raises(ChatError) as e:
         chat.send("hello there, " * 10)
     assert str(e.value).startswith("max-new 500 is too large for this message") and "/set max-new" in str(e.value)
+
+
+@pytest.mark.parametrize("who", ["message", "system prompt"])
+def test_a_turn_too_long_for_the_context_says_its_counts_with_thousands_separators(who):
+    long = "the cat sees the dog " * 300                                 # over 1,000 tokens
+    system, message = (long, "hi") if who == "system prompt" else (None, long)
+    chat = make_chat(max_new=4, seed=1, max_len=512, autosave=False, **({"system_prompt": system} if system else {}))
+    with pytest.raises(ChatError) as e:
+        chat.send(message)
+    text = str(e.value)
+    assert text.startswith(f"{who} too long") and re.search(r"\b\d{1,3}(,\d{3})+ tokens", text), text
+    assert not re.search(r"\d{4}", text), text                          # no count printed bare
 
 
 def test_a_max_new_flag_no_turn_could_hold_is_refused_before_the_first_turn(capsys, tmp_path):

@@ -206,6 +206,16 @@ def test_an_unreadable_prefs_file_is_one_note_and_the_defaults(model_dir):
     assert "not read" in load_prefs()[1]
 
 
+def test_the_prefs_note_prints_a_home_path_with_escape_codes_escaped(tmp_path, monkeypatch):
+    from tinychat.prefs import prefs_path
+    monkeypatch.setenv("TINYCHAT_HOME", str(tmp_path / "evil\x1b]0;PWNED\x07home"))
+    prefs_path().parent.mkdir(parents=True, exist_ok=True)
+    prefs_path().write_text("{not json")
+    r = _run(["-c", "-p", "hi"])                           # the note, then a usage error: no session to continue
+    assert r.exit_code != 0 and "note:" in r.stderr and "not read" in r.stderr
+    assert "\x1b" not in r.stderr and "\x07" not in r.stderr and "evil\\x1b]0;PWNED\\x07home" in r.stderr
+
+
 def test_the_reopen_last_preference_opens_the_latest_session_in_the_app_only(model_dir):
     from tinychat.cli import _session_and_saving
     from tinychat.prefs import Prefs, save_prefs

@@ -47,13 +47,12 @@ def test_a_client_gone_mid_stream_stops_its_reply_within_a_token(slow):
         lines = r.iter_lines()
         got = [next(lines) for _ in range(6)]           # the role chunk and a few tokens, then hang up
     assert any('"content"' in x for x in got)
-    t0 = time.monotonic()
     r = httpx.post(slow.base + "/v1/chat/completions", json=_body(model_id, max_tokens=3), timeout=30)
-    waited = time.monotonic() - t0
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
-    assert waited < 2.0, f"the next request waited {waited:.1f} s: the abandoned reply (300 x 20 ms) went on"
+    # counted in tokens, not seconds: had the abandoned reply gone on, the next request (one decoder, served in
+    # order) would have waited for all its 300; it stopped within a token of the cancel, a few tokens in
     seq, finish, out = [h for h in slow.worker.history if h[2] is not None][-2]
-    assert finish == "cancelled" and out.completion_tokens < 100
+    assert finish == "cancelled" and out.completion_tokens < 100, (finish, out.completion_tokens)
     assert out.tokens_after_cancel is not None and out.tokens_after_cancel <= 1
 
 

@@ -74,3 +74,20 @@ def test_a_regular_file_is_still_replaced_atomically(tmp_path):
     f.write_text("old")
     assert write_out(f, b"new") == f and f.read_bytes() == b"new"
     assert [p.name for p in tmp_path.iterdir()] == ["a.md"]          # no temp file left
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])
+def test_export_through_a_link_or_onto_a_file_keeps_the_file_s_mode(sid, tmp_path, capsys, mode):
+    out = tmp_path / "out"
+    out.mkdir()
+    target, link = out / "notes.md", out / "link.md"
+    target.write_text("old")
+    target.chmod(mode)
+    link.symlink_to(target)
+    code, _, err = run_main(["sessions", "export", sid, "--out", link], capsys)
+    assert code == 0, err
+    assert "hello there" in target.read_text() and stat.S_IMODE(target.stat().st_mode) == mode
+    target.chmod(mode ^ 0o020)
+    write_out(target, b"again")                                      # named directly, not through a link
+    assert target.read_bytes() == b"again" and stat.S_IMODE(target.stat().st_mode) == mode ^ 0o020
+    assert sorted(p.name for p in out.iterdir()) == ["link.md", "notes.md"]          # no temp file left

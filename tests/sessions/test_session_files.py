@@ -630,9 +630,7 @@ def test_save_survives_sigkill_at_random_moments(tmp_path):
     folder = tmp_path / "kill"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     rng = random.Random(3)
-    start = time.monotonic()
-    trials = 0
-    while trials < 30 and time.monotonic() - start < 15:
+    for _ in range(15):                 # a fixed number of kills: how many fit in some seconds would depend on the host
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(folder)], env=env, stdout=subprocess.PIPE)
         try:
             assert proc.stdout.readline() == b"ready\n"
@@ -647,5 +645,3 @@ def test_save_survives_sigkill_at_random_moments(tmp_path):
         assert s.messages[0].content == f"turn {n}"
         assert len(s.messages[0].token_ids) == 20_000 + (n % 7) * 6_000
         assert [i.id for i in S.list_sessions(folder)] == ["killtest"]  # stray temp files are never listed
-        trials += 1
-    assert trials >= 15

@@ -11,7 +11,6 @@ truncated or byte-flipped JSON, byte-flipped / truncated / foreign / missing sna
 import copy
 import json
 import random
-import time
 
 import torch
 from support import make_chat, make_chat_model, tokenizer
@@ -22,8 +21,7 @@ from tinychat.chat.runtime import Chat, ChatError
 from tinychat.chat.replay import replay
 from tinychat.textsafe import safe_text
 
-CASES = 300
-TIME_LIMIT_S = 240          # a safety net on a slow machine; the count is checked below
+CASES = 300                 # all of them every run: a fixed count, not as many as fit in some seconds
 
 POOL = [None, True, False, 0, -1, 1.5, 10.5, 64.5, 2**63, 2**64, 399, 400, 9000, 100000, "", "no", "abc",
         "\x1b]0;x\x07", [], {}, [1, 2], {"a": 1}, 1e308]
@@ -114,12 +112,8 @@ def test_damaged_session_files_and_snapshots_load_or_fail_cleanly_and_never_chan
     other.close()
 
     rng = random.Random(16)
-    start = time.monotonic()
     outcomes = {"refused": 0, "continued": 0, "snapshot used": 0, "replayed": 0}
-    n = 0
     for n in range(1, CASES + 1):
-        if time.monotonic() - start > TIME_LIMIT_S:
-            break
         j, s = good_json, good_snap
         kind = rng.randrange(10)
         if kind < 5:
@@ -163,6 +157,5 @@ def test_damaged_session_files_and_snapshots_load_or_fail_cleanly_and_never_chan
                 outcomes["replayed"] += 1
             except (S.SessionError, ChatError) as e:
                 assert _one_line(e), (case, str(e))
-    print(f"fuzz: {n} cases in {time.monotonic() - start:.1f} s: {outcomes}")
-    assert n == CASES, f"only {n} of {CASES} cases ran within {TIME_LIMIT_S} s"
+    print(f"fuzz: {CASES} cases: {outcomes}")
     assert outcomes["refused"] > CASES // 4 and outcomes["continued"] > CASES // 10

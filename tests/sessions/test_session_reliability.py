@@ -4,7 +4,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -334,14 +336,40 @@ def test_a_hand_edited_title_with_escape_codes_is_listed_escaped_and_the_file_ke
 
 # -- 11. only regular files, of a bounded size ---------------------------------------------------------------------
 
+def _load_traced(path: Path, fifo: Path) -> tuple[BaseException | None, int]:
+    """(what S.load(path) raised, the peak bytes Python allocated meanwhile). The load runs on a thread: one still
+    blocked after a minute (opening a FIFO waits for a writer) is let go and fails the test; the minute only stops
+    a hang, it bounds no speed."""
+    out: dict = {}
+
+    def load():
+        try:
+            S.load(path)
+        except BaseException as e:          # noqa: BLE001 - handed to the test
+            out["error"] = e
+
+    tracemalloc.start()
+    try:
+        t = threading.Thread(target=load, daemon=True)
+        t.start()
+        t.join(60)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    if t.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))    # a writer comes and goes: the blocked open returns
+        t.join(60)
+        pytest.fail(f"loading {path} blocked (opened without O_NONBLOCK?)")
+    return out.get("error"), peak
+
+
 def test_non_regular_and_oversized_files_are_refused_without_reading_them(tmp_path, monkeypatch):
     fifo = tmp_path / "pipe.json"
     os.mkfifo(fifo)
     for path, msg in [("/dev/zero", "not a regular file"), (fifo, "not a regular file"), (tmp_path, "a folder")]:
-        t = time.monotonic()
-        with pytest.raises(S.SessionError, match=msg):
-            S.load(Path(path))
-        assert time.monotonic() - t < 5
+        error, peak = _load_traced(Path(path), fifo)
+        assert isinstance(error, S.SessionError) and msg in str(error), (path, error)
+        assert peak < 1 << 20, (path, peak)              # nothing read: /dev/zero would be 256 MiB before the limit
     chat = _two_turn_chat()
     monkeypatch.setattr(S, "MAX_FILE_BYTES", 100)
     with pytest.raises(S.SessionError, match="too large for a session file"):

@@ -170,3 +170,66 @@ def test_a_lock_file_whose_holder_died_is_free():
                         str(folder)], env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
     assert p.returncode == 0
     L.acquire(folder, "x", shared=False, action="rm", wait=0).release()     # no retry: held, it would refuse at once
+
+
+def _lock_files() -> list[str]:
+    return sorted(p.name for p in paths.models_dir().glob(".*.lock"))
+
+
+def test_imports_done_or_refused_rm_listings_and_chats_leave_no_lock_file(src, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = run_main(["import", empty, "--name", "bad"], capsys)      # refused under the name's lock
+    assert code == 2 and err.count("\n") == 1 and _lock_files() == []
+    dest = import_model(src, name="kept")
+    assert _lock_files() == []
+    with L.acquire(dest.parent, "kept", shared=False, action="import"):
+        with pytest.raises(L.ModelBusy, match="being imported"):          # refused: someone else holds it
+            import_model(src, name="kept", force=True)
+        assert _lock_files() == [".kept.lock"]                             # the holder's, while it holds it
+    assert _lock_files() == []
+    rt = load_runtime(dest)                                                # a chat holds it shared
+    assert _lock_files() == [".kept.lock"]
+    del rt
+    gc.collect()
+    assert _lock_files() == []
+    (paths.models_dir() / ".gone.importing").mkdir()                      # a sweep locks the leftover's name
+    assert run_main(["models"], capsys)[0] == 0 and _lock_files() == []
+    assert run_main(["models", "rm", "kept"], capsys)[0] == 0 and _lock_files() == []
+
+
+def test_a_chat_letting_go_never_removes_the_lock_another_chat_holds(src):
+    dest = import_model(src, name="two")
+    first, second = (L.acquire(dest.parent, "two", shared=True) for _ in range(2))
+    first.release()
+    assert (dest.parent / ".two.lock").is_file()
+    with pytest.raises(L.ModelBusy, match="open in a chat"):               # the second chat still keeps imports out
+        import_model(src, name="two", force=True)
+    second.release()
+    assert _lock_files() == []
+    import_model(src, name="two", force=True)
+
+
+def test_an_acquirer_that_opened_a_lock_file_just_before_its_removal_locks_the_new_one(monkeypatch):
+    """The race the removal must not open: B opens the file, A (the holder) removes it and lets go, B's flock then
+    succeeds on the removed file. B must notice and lock the file the path names now, or a third party could hold
+    that one at the same time."""
+    folder = paths.models_dir()
+    a = L.acquire(folder, "race", shared=False, action="import")
+    real_flock, removed = L.fcntl.flock, []
+
+    def flock(fd, how):
+        if not removed:                          # B's first flock: A lets go (removing the file) just before it
+            removed.append(True)
+            a.release()
+        return real_flock(fd, how)
+
+    monkeypatch.setattr(L.fcntl, "flock", flock)
+    b = L.acquire(folder, "race", shared=False, action="import", wait=0)
+    monkeypatch.setattr(L.fcntl, "flock", real_flock)
+    now = os.stat(folder / ".race.lock")
+    assert (os.fstat(b.fd).st_dev, os.fstat(b.fd).st_ino) == (now.st_dev, now.st_ino)
+    with pytest.raises(L.ModelBusy):
+        L.acquire(folder, "race", shared=False, action="rm", wait=0)
+    b.release()
+    assert _lock_files() == []

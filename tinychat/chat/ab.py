@@ -183,7 +183,7 @@ def explain(a: Side, b: Side, j: int | None, chat: Chat) -> str:
     da, db = _drawn(a, chat.stop_id), _drawn(b, chat.stop_id)
     for s, d in ((a, da), (b, db)):
         if j >= len(d):
-            why = f"max-new {s.settings.max_new}" if s.finish == "length" else "it was stopped"
+            why = f"max-new {s.settings.max_new:,}" if s.finish == "length" else "it was stopped"
             return f"side {s.name} ended at token {j} ({why})"
     ta, tb = da[j], db[j]
     tra, trb = _trace(a, j), _trace(b, j)

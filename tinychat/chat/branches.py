@@ -148,7 +148,7 @@ class Branches:
             raise ChatError(f"no token {position} in this reply: it has {len(content)} (fork at 0..{len(content)})")
         st = dataclasses.replace(turn_settings(chat.settings, old), seed=seed)
         if tok_id != chat.stop_id and position + 1 > st.max_new:
-            raise ChatError(f"token {position} is this turn's last (max-new {st.max_new}): nothing can follow it")
+            raise ChatError(f"token {position} is this turn's last (max-new {st.max_new:,}): nothing can follow it")
         return index, Fork(position, tok_id, tuple(content[:position]) + (tok_id,)), st
 
     def _fork_token(self, token: int | str) -> int:
@@ -202,7 +202,7 @@ class Branches:
             raise ChatError(f"token id {max(ids)} is outside the model's vocabulary")
         before = sum(len(m.token_ids) for m in msgs[:index]) + len(chat.timeline.pending)
         if before + len(ids) > chat.max_len:
-            raise ChatError(f"the edited reply does not fit the {chat.max_len}-token context")
+            raise ChatError(f"the edited reply does not fit the {chat.max_len:,}-token context")
         tree.link(chat.session)
         turn = turn_of(msgs, index)
         mark = chat.timeline.keep_path(chat.session, turn)

@@ -136,8 +136,8 @@ class TurnRunner:
             feed = context_ids(msgs, context_start, len(msgs)) + user.token_ids + gen
         elif not self.room(len(feed), st.max_new):
             if fork is not None:             # a fork re-decodes the turn on its own context: never a shorter one
-                raise ChatError(f"this fork does not fit the {self.max_len}-token context (the turn's prompt and a "
-                                f"{st.max_new}-token reply); continue the session with a longer context to fork it")
+                raise ChatError(f"this fork does not fit the {self.max_len:,}-token context (the turn's prompt and "
+                                f"a {st.max_new:,}-token reply); continue the session with a longer context to fork it")
             feed, context_start, dropped = self.shorten(msgs, user, gen, st.max_new)
         seed = st.seed if st.seed is not None else random.SystemRandom().randrange(2 ** 63)
         hook, stream = self._hook(plan, st, msgs)
@@ -247,11 +247,11 @@ class TurnRunner:
         sys_n = len(msgs[0].token_ids) if first else 0
         room = self.max_len - sys_n - len(user.token_ids) - len(gen) - 1
         if room >= 1:                           # the message fits, with a shorter reply: max-new is what does not
-            raise ChatError(f"max-new {max_new:,} is too large for this message: its {len(user.token_ids)} tokens "
-                            f"and the system prompt's {sys_n} leave room for a {room:,}-token reply in the "
+            raise ChatError(f"max-new {max_new:,} is too large for this message: its {len(user.token_ids):,} tokens "
+                            f"and the system prompt's {sys_n:,} leave room for a {room:,}-token reply in the "
                             f"{self.max_len:,}-token context (/set max-new {room})")
         if sys_n > len(user.token_ids):         # the system prompt is what does not fit, not the message
-            raise ChatError(f"system prompt too long: its {sys_n} tokens, this message's {len(user.token_ids)} and "
-                            f"a {max_new}-token reply do not fit the {self.max_len}-token context")
-        raise ChatError(f"message too long: {len(user.token_ids)} tokens plus a {max_new}-token "
-                        f"reply do not fit the {self.max_len}-token context")
+            raise ChatError(f"system prompt too long: its {sys_n:,} tokens, this message's {len(user.token_ids):,} "
+                            f"and a {max_new:,}-token reply do not fit the {self.max_len:,}-token context")
+        raise ChatError(f"message too long: {len(user.token_ids):,} tokens plus a {max_new:,}-token "
+                        f"reply do not fit the {self.max_len:,}-token context")

@@ -5,10 +5,13 @@ rm never deletes a model a chat has open, and a chat never opens a model while i
 
 `models/.NAME.lock`, fcntl.flock, never waiting long: a refusal is one line, at once (ModelBusy). The kernel drops a
 lock when its process dies (kill -9 included). An exclusive holder writes "PID ACTION" into the file, so the refusal
-can say who; shared holders write nothing. A lock file is removed only by its exclusive holder (rm); an acquirer that
-opened it just before checks after flock that the path still names the inode it locked, else tries again (the
-pattern sessions/lock.py follows). Two open descriptions of one file conflict even within a process, so a chat and an
-import in one process exclude each other too.
+can say who; shared holders write nothing. The last holder removes the lock file as it lets go, while still holding
+it exclusively: an exclusive holder (import, rm, a sweep) always, a shared one (a chat) when it can take it
+exclusively at once, i.e. no other chat holds it. An acquirer that opened the file just before checks after flock
+that the path still names the inode it locked, else tries again (the pattern sessions/lock.py follows), so a removal
+never lets two holders in. Two open descriptions of one file conflict even within a process, so a chat and an import
+in one process exclude each other too. (A holder killed with kill -9 leaves its empty file; the next holder of the
+name removes it.)
 
 Leftovers: an import writes `models/.NAME.importing` and renames it into place, rm renames the model to
 `.NAME.removing` before deleting it; a SIGKILL or SIGTERM meanwhile leaves that folder (an import's can be hundreds of
@@ -48,18 +51,23 @@ class ModelLock:
     def __init__(self, fd: int | None, path: Path, shared: bool):
         self.fd, self.path, self.shared = fd, path, shared
 
-    def release(self, remove: bool = False) -> None:
-        """Let go; remove: delete the lock file first (an exclusive holder whose model is gone: rm)."""
+    def release(self) -> None:
+        """Let go, removing the lock file when no one else holds it (see the module's docstring)."""
         fd, self.fd = self.fd, None
         if fd is None:
             return
-        if not self.shared:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)         # no stale "PID ACTION" for the next refusal to name
-            if remove:
-                with contextlib.suppress(OSError):
-                    os.unlink(self.path)    # still locked: a waiting acquirer finds another inode and retries
-        os.close(fd)
+        try:
+            if not self.shared:
+                os.ftruncate(fd, 0)         # no stale "PID ACTION" for a refusal to name, should the file stay
+            else:
+                # the last chat? Taking it exclusively (at once or not at all) tells; failing drops our shared
+                # lock on Linux, which closing was about to do anyway
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _unlink_if_ours(fd, self.path)  # still locked: an acquirer that opened it finds it gone and retries
+        except OSError:
+            pass                            # another holder (or a folder we cannot write): the file stays
+        finally:
+            os.close(fd)
 
     def __enter__(self) -> ModelLock:
         return self
@@ -70,6 +78,14 @@ class ModelLock:
     def __del__(self):
         with contextlib.suppress(Exception):
             self.release()
+
+
+def _unlink_if_ours(fd: int, path: Path) -> None:
+    """Remove the lock file at `path`, which `fd` holds exclusively, when the path still names that file (never
+    another holder's newer one)."""
+    st, now = os.fstat(fd), os.stat(path)
+    if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+        os.unlink(path)
 
 
 def _holder(path: Path) -> str:

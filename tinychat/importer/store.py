@@ -103,8 +103,7 @@ def remove_model(name: str) -> Path:
     except ValueError as e:
         raise ImportRefused(str(e)) from None
     root = path.parent
-    lock = acquire(root, name, shared=False, action="rm")
-    try:
+    with acquire(root, name, shared=False, action="rm"):     # its file goes with it
         if not path.is_dir() and not path.is_symlink():
             raise ImportRefused(f"no imported model named {name!r} (`tinychat models` lists them)")
         gone = root / f".{name}.removing"
@@ -115,8 +114,4 @@ def remove_model(name: str) -> Path:
             gone.unlink()
         else:
             shutil.rmtree(gone, ignore_errors=True)
-    except BaseException:
-        lock.release()
-        raise
-    lock.release(remove=True)
     return path

@@ -115,7 +115,7 @@ def fork_problem(m: Any) -> str | None:
     if m.role != "assistant":
         return f"is only for a reply, not a {m.role} message"
     if m.fork["position"] >= len(m.token_ids):
-        return f"position {m.fork['position']} is past the message's {len(m.token_ids)} tokens"
+        return f"position {m.fork['position']} is past the message's {len(m.token_ids):,} tokens"
     return None
 
 
