@@ -1,7 +1,9 @@
-"""Where a tinychat command's peak resident memory is: runs `tinychat ARGS` in this process with a thread sampling
-/proc/self/statm every few ms; prints the peak sample's breakdown (file-backed / anonymous) and the Python
-stack of the main thread at that sample, plus the same at the end. torch's allocations are invisible to tracemalloc,
-hence /proc. Linux only. Not a test.
+"""Where a tinychat command's resident memory goes: runs `tinychat ARGS` in this process with a thread sampling
+/proc/self/statm every few ms. Prints the resident memory by kind (heap, anonymous, mapped weight files) after each
+load stage (the model, the tokenizer, the runtime, the chat), the peak sample (file-backed / anonymous) and the
+Python stack of the main thread then, the largest tensors outside the weight files (and which mapping holds them,
+how much of it resident), the largest mappings at the end and after a malloc_trim (what the heap keeps freed).
+torch's allocations are invisible to tracemalloc, hence /proc. Linux only. Not a test.
 
     python tests/perf/rss_peak.py -p hi --max-new 8 --model DIR --no-save --temperature 0"""
 from __future__ import annotations
@@ -43,9 +45,10 @@ def by_mapping(top: int = 10) -> list[tuple[int, str]]:
 def heap_tensors(top: int = 15) -> list[str]:
     """The largest tensor storages Python objects reach that are not in a mapped weight file (one line each)."""
     import gc
+    import warnings
 
     import torch
-
+    warnings.simplefilter("ignore")         # isinstance on deprecated torch module attributes warns
     from tinychat.mapped import MappedWeights
     mapped = MappedWeights()
     seen: dict[int, tuple[int, str]] = {}
@@ -142,8 +145,7 @@ def main() -> int:
         print(f"{what}: " + ", ".join(f"{k} {r.get(k, 0):,} kB" for k in keys if k in r), file=sys.stderr)
     print(f"VmHWM {int(hwm):,} kB ({int(hwm) * 1024 / 2**30:.3f} GiB, {int(hwm) * 1024 / 1e9:.3f} GB)",
           file=sys.stderr)
-    if "--tensors" in sys.argv[1:] or True:
-        print("\n".join(heap_tensors()), file=sys.stderr)
+    print("\n".join(heap_tensors()), file=sys.stderr)
     for kb, path in by_mapping():
         print(f"  end {kb:>10,} kB  {path}", file=sys.stderr)
     import ctypes
