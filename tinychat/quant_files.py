@@ -23,6 +23,10 @@ Two layouts (VERSION_KEY):
   tests/perf/perplexity.py: int4 38.33 vs 38.52 with the fp32 embedding, int8 26.49 vs 26.50) and removes the
   largest tensor of a small model (SmolLM2's int4 file 209 -> 96 MB; a 1B model's tied fp32 embedding is 1 GB).
   A gain with a zero or a reciprocal past fp32's range cannot be divided out: such a model is stored as "1".
+  Each attention's q/k/v Linears are stored as the one fused Linear the runtime runs (ATTN.w_qkv.qweight / scale /
+  bias: engine/fused.py's rows, [q | k | v], exactly quantize_cpu's fuse_qkv): a load builds it from the mapped
+  tensors and the q/k/v Linears as views of its rows, so nothing is copied (layout 1 copies them into the fused
+  rows at every load).
 
 Torch-free to import (store.py lists models without torch): stored_mode reads the file's header only."""
 from __future__ import annotations
@@ -35,6 +39,7 @@ VERSION_KEY = "tinychat_quant_version"
 FORMAT_VERSION = 2             # the newest layout this tinychat writes (a tied embedding read from the head rows)
 VERSIONS = ("1", "2")          # the layouts it reads
 TIED_KEY = "embed.inv_gain"    # version 2: the (d,) fp32 factors of the embedding read from the head's int8 rows
+QKV = "w_qkv"                  # version 2: ATTN.w_qkv.* per attention, its q/k/v Linears' rows fused (engine/fused.py)
 MODES = ("int8", "int4")
 WEIGHTS_FILE = "model.safetensors"
 _HEADER_MAX = 64 << 20        # a safetensors header larger than this is not one tinychat wrote
@@ -103,10 +108,26 @@ def tied_inv_gain(model):
     return inv.contiguous()
 
 
+def qkv_groups(model) -> list[tuple[str, list, dict]]:
+    """Per block of a model with blocks: (its attention's module path, the fused q/k/v pieces (engine/fused.py's
+    qkv_rows), {piece Linear: its module path}); [] for a model without blocks."""
+    from .engine.fused import qkv_rows
+    if not hasattr(model, "blocks"):
+        return []
+    names = {m: n for n, m in model.named_modules()}
+    c = model.cfg
+    out = []
+    for blk in model.blocks:
+        pieces = qkv_rows(blk.attn, c.n_kv_heads, c.head_dim)
+        out.append((names[blk.attn], pieces, {lin: names[lin] for lin, _, _ in pieces}))
+    return out
+
+
 def layout(model, mode: str, tied: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
     """{tensor name: (shape, safetensors dtype)} of the stored-`mode` file of a model like `model` (an unquantized
     TinyAgentLM, built from its config): every Linear's packed tensors, the other tensors as the model holds them;
-    tied (version 2): no embed.weight, TIED_KEY instead."""
+    tied (version 2): no embed.weight, TIED_KEY instead, and per attention one fused q/k/v Linear (ATTN.w_qkv.*, the
+    rows in engine/fused.py's order) instead of its q/k/v Linears' tensors."""
     import torch
     sd = model.state_dict()
     out = {}
@@ -124,6 +145,15 @@ def layout(model, mode: str, tied: bool = False) -> dict[str, tuple[tuple[int, .
     if tied:
         del out["embed.weight"]
         out[TIED_KEY] = ((model.cfg.d_model,), "F32")
+        for attn, pieces, names in qkv_groups(model):
+            for n in names.values():
+                for leaf in ("qweight", "scale", "bias"):
+                    out.pop(f"{n}.{leaf}", None)
+            first, rows = pieces[0][0], sum(b - a for _, a, b in pieces)
+            for leaf, spec in packed_shapes(_linear_class(names[first], mode), rows, first.in_features).items():
+                out[f"{attn}.{QKV}.{leaf}"] = spec
+            if first.bias is not None:
+                out[f"{attn}.{QKV}.bias"] = ((rows,), "F32")
     return out
 
 
@@ -141,6 +171,7 @@ def save_quantized(model, folder: Path, mode: str) -> None:
         raise ValueError(f"--quant must be one of {', '.join(MODES)} to store packed weights (got {mode!r})")
     inv = tied_inv_gain(model)
     want = layout(model, mode, tied=inv is not None)
+    groups = qkv_groups(model) if inv is not None else []
     quantize_cpu(model, mode)
     if quant_mode(model) != mode:
         raise ValueError(f"this PyTorch build cannot make --quant {mode} weights (it runs {quant_mode(model)})")
@@ -149,6 +180,12 @@ def save_quantized(model, folder: Path, mode: str) -> None:
     if inv is not None:
         del sd["embed.weight"]              # read from the head rows (head_embed.py)
         sd[TIED_KEY] = inv
+        for (attn, _, names), fused in zip(groups, model.fused_qkv):    # q/k/v as the runtime fuses them
+            for n in names.values():
+                for leaf in ("qweight", "scale", "bias"):
+                    sd.pop(f"{n}.{leaf}", None)
+            for leaf, t in [*fused.named_buffers(recurse=False), *fused.named_parameters(recurse=False)]:
+                sd[f"{attn}.{QKV}.{leaf}"] = t.detach().contiguous().clone()
     got = {k: (tuple(v.shape), _st_dtype(v)) for k, v in sd.items()}
     if got != want:                         # the runtime's modules and layout() disagree: a bug here
         bad = sorted(set(got.items()) ^ set(want.items()))[:2]
@@ -233,7 +270,9 @@ def load_quantized(folder: Path, check_finite: bool = True):
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{wpath}: unreadable safetensors file ({str(e).splitlines()[0][:120]})") from None
     mapped = MappedWeights()
-    targets = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    groups = qkv_groups(model) if tied else []
+    fused_in_file = {n for _, _, names in groups for n in names.values()}
+    targets = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n not in fused_in_file]
     for n, m in targets:
         q = _linear_class(n, mode).from_packed(sd[f"{n}.qweight"], sd[f"{n}.scale"], sd.get(f"{n}.bias"),
                                                m.in_features)
@@ -246,9 +285,11 @@ def load_quantized(folder: Path, check_finite: bool = True):
     for k, v in sd.items():                 # the other tensors: big floats stay mapped, small buffers are copied
         if not k.endswith((".qweight", ".scale")) and not (v.is_floating_point() and v.nbytes >= KEEP_MAPPED_BYTES):
             sd[k] = mapped.copy_out(v, v.dtype)
+    if tied:
+        _fused_from_file(model, sd, mode, groups)
     model.load_state_dict(sd, strict=True, assign=True)
     del sd
-    if hasattr(model, "blocks"):
+    if not tied and hasattr(model, "blocks"):
         pieces = [t for b in model.blocks for lin in (b.attn.w_q, b.attn.w_kv_local, b.attn.w_kv_global)
                   if lin is not None for t in (lin.qweight, lin.scale)]
         fuse_qkv(model)                     # the fused rows are a copy: the pieces' pages of the file go back
@@ -260,6 +301,32 @@ def load_quantized(folder: Path, check_finite: bool = True):
         raise CheckpointError(f"{wpath}: {bad} holds NaN or infinite values (a damaged file)")
     model.stored_quant = mode
     return model.eval()
+
+
+def _fused_from_file(model, sd: dict, mode: str, groups) -> None:
+    """Version 2: model.fused_qkv, one quant Linear per attention holding the file's ATTN.w_qkv tensors as they lie
+    (taken out of sd), and its q/k/v Linears made of views of their rows (engine/fused.py's piece_rows; a copy only
+    for a piece whose rows split around another's), their tensors put in sd under their own names: what quantize_cpu
+    leaves, with no copy of the mapped rows."""
+    from .engine.fused import piece_runs, piece_rows
+    fused = []
+    for attn, pieces, names in groups:
+        first = pieces[0][0]
+        cls = _linear_class(names[first], mode)
+        f = cls.from_packed(sd.pop(f"{attn}.{QKV}.qweight"), sd.pop(f"{attn}.{QKV}.scale"),
+                            sd.pop(f"{attn}.{QKV}.bias", None), first.in_features)
+        for lin, runs in piece_runs(pieces).items():
+            parts = {leaf: piece_rows(getattr(f, leaf), lin, runs) for leaf in ("qweight", "scale")}
+            bias = None if f.bias is None else piece_rows(f.bias.detach(), lin, runs)
+            q = cls.from_packed(parts["qweight"], parts["scale"], bias, lin.in_features)
+            n = names[lin]
+            parent, _, leaf = n.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, leaf, q)
+            sd.update({f"{n}.{k}": v for k, v in parts.items()})
+            if bias is not None:
+                sd[f"{n}.bias"] = q.bias
+        fused.append(f)
+    model.fused_qkv = fused
 
 
 def configure(model, options) -> None:

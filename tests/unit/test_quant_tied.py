@@ -17,18 +17,19 @@ from tinychat.loading import load_runtime, open_chat
 from tinychat.mapped import MappedWeights
 from tinychat.model import CheckpointError, Embedding, TinyAgentLM
 from tinychat.options import EngineOptions
-from tinychat.quant_files import TIED_KEY, VERSION_KEY, load_quantized, read_header, save_quantized
+from tinychat.quant_files import QKV, TIED_KEY, VERSION_KEY, load_quantized, read_header, save_quantized
 from tinychat.settings import ChatSettings
 
 sys.path.insert(0, str(Path(__file__).parent))         # the import tests' tiny llama writers
 from test_llama_import import PROMPT, VARIANTS, _weights, write_hf  # noqa: E402
 
 MODES = ["int8", "int4"]
+TIED_BIAS = {**VARIANTS["qwen2-bias-untied"], "tie_word_embeddings": True}     # Qwen2.5-0.5B's form: q/k/v biases
 pytestmark = pytest.mark.skipif(not int8_kernel_ok(), reason="this torch build has no CPU int8 kernel")
 
 
 def _src(tmp_path, variant="llama-tied", change=None):
-    cfg = VARIANTS[variant]
+    cfg = TIED_BIAS if variant == "qwen2-bias-tied" else VARIANTS[variant]
     w = _weights(cfg, qk_std=0.15)
     if change:
         change(w)
@@ -65,6 +66,36 @@ def test_a_tied_models_stored_file_has_no_embedding_and_reads_it_from_the_head_r
     bound = 0.5 * m.head.scale.double()[:, None] / g.abs()[None, :]
     assert bool(((rows - emb).abs() <= bound * 1.001 + 1e-6).all())
     assert (rows - emb).abs().max() > 0                        # really the int8 rows, not the fp32 table
+
+
+@pytest.mark.parametrize("variant", ["llama-tied", "qwen2-bias-tied"])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_tied_models_file_holds_q_k_v_fused_and_a_load_runs_them_where_they_lie(tmp_path, mode, variant):
+    _, _, src = _src(tmp_path, variant)
+    full, packed = import_model(src, name="full"), import_model(src, name="p", quant=mode)
+    h, meta = _header(packed)
+    assert meta[VERSION_KEY] == "2" and not [k for k in h if ".w_q." in k or ".w_kv_" in k]
+    ref = quantize_cpu(TinyAgentLM.from_pretrained(full), mode)
+    m = load_quantized(packed)
+    mapped = MappedWeights()
+    assert len(m.fused_qkv) == len(ref.fused_qkv) == len(m.blocks) == len([k for k in h if k.endswith(f"{QKV}.scale")])
+    for i, (f, r, blk) in enumerate(zip(m.fused_qkv, ref.fused_qkv, m.blocks)):
+        assert type(f) is type(r) and f"blocks.{i}.attn.{QKV}.qweight" in h
+        for leaf in ("qweight", "scale", "bias"):             # quantize_cpu's fused rows, bit for bit
+            a, b = getattr(f, leaf), getattr(r, leaf)
+            assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), (i, leaf)
+        assert mapped.holds(f.qweight) and mapped.holds(f.scale)        # the file's own bytes: no copy
+        for lin in (blk.attn.w_q, blk.attn.w_kv_global):                 # the q/k/v Linears: views of its rows
+            assert lin.qweight.untyped_storage().data_ptr() == f.qweight.untyped_storage().data_ptr()
+            assert lin.scale.untyped_storage().data_ptr() == f.scale.untyped_storage().data_ptr()
+            assert lin.bias is None or lin.bias.untyped_storage().data_ptr() == f.bias.untyped_storage().data_ptr()
+    have, want = m.state_dict(), ref.state_dict()                       # and the q/k/v Linears are quantize_cpu's
+    for k in want:
+        if ".attn.w_" in k:
+            assert torch.equal(have[k], want[k]), k
+    st = ChatSettings(max_new=8, temperature=0.0, seed=1)
+    r = open_chat(load_runtime(packed, mode), mode, "cpu", st, {}, autosave=False).send("hello there")
+    assert len(r.token_ids) > 3
 
 
 def test_the_head_rows_embedding_gathers_the_bits_of_its_float64_reference():
@@ -228,7 +259,12 @@ DAMAGES = {
     "gain-shape": (lambda sd, meta: sd.update({TIED_KEY: sd[TIED_KEY][:-1].clone()}), f"{TIED_KEY} is F32"),
     "gain-dtype": (lambda sd, meta: sd.update({TIED_KEY: sd[TIED_KEY].half()}), f"{TIED_KEY} is F16"),
     "v2-without-gain": (lambda sd, meta: sd.pop(TIED_KEY), f"missing {TIED_KEY}"),
-    "v1-without-embedding": (lambda sd, meta: meta.update({VERSION_KEY: "1"}), "missing embed.weight"),
+    "v1-without-embedding": (lambda sd, meta: meta.update({VERSION_KEY: "1"}), "missing blocks.0.attn.w_kv_global.qweight"),
+    "nan-in-fused-qkv": (lambda sd, meta: sd[f"blocks.0.attn.{QKV}.scale"].__setitem__(1, float("nan")),
+                         "blocks.0.attn.w_q.scale holds NaN"),
+    "fused-qkv-rows": (lambda sd, meta: sd.update({f"blocks.1.attn.{QKV}.qweight":
+                                                   sd[f"blocks.1.attn.{QKV}.qweight"][:-1].clone()}),
+                       f"blocks.1.attn.{QKV}.qweight is I8"),
 }
 
 

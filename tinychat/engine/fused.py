@@ -44,18 +44,39 @@ def fused_qkv_bias(attn, kv_heads: int, head_dim: int) -> torch.Tensor | None:
     return torch.cat([lin.bias.detach()[a:b] for lin, a, b in qkv_rows(attn, kv_heads, head_dim)])
 
 
-def _share_rows(fused, pieces) -> None:
-    """Point each piece Linear's per-row tensors (weights, scales, bias) at the fused Linear's rows, where all of the
-    piece's rows lie in the fused weight as one in-order run: the same values, held once."""
+def piece_runs(pieces) -> dict:
+    """{Linear: [(first row, end row, fused row of the first), ...]}: where each piece Linear's rows lie in the
+    fused projection of `pieces` (qkv_rows), in order."""
     parts, off = {}, 0
     for lin, a, b in pieces:
         parts.setdefault(lin, []).append((a, b, off))
         off += b - a
-    for lin, runs in parts.items():
-        start = runs[0][2] - runs[0][0]                    # fused row of the piece's row 0
-        if any(o - a != start for a, _, o in runs) or sum(b - a for a, b, _ in runs) != lin.out_features:
+    return parts
+
+
+def contiguous_run(lin, runs) -> slice | None:
+    """The fused rows holding all of lin's rows as one in-order run (runs: piece_runs' entry), or None where its rows
+    split around another piece's (a layer with both a local and a global K/V Linear)."""
+    start = runs[0][2] - runs[0][0]                        # fused row of the piece's row 0
+    if any(o - a != start for a, _, o in runs) or sum(b - a for a, b, _ in runs) != lin.out_features:
+        return None
+    return slice(start, start + lin.out_features)
+
+
+def piece_rows(t: torch.Tensor, lin, runs) -> torch.Tensor:
+    """lin's rows of the fused per-row tensor t (weights, scales or bias): a view where they lie as one run
+    (contiguous_run), else a copy of its runs in its own row order."""
+    rows = contiguous_run(lin, runs)
+    return t[rows] if rows is not None else torch.cat([t[o:o + b - a] for a, b, o in sorted(runs)])
+
+
+def _share_rows(fused, pieces) -> None:
+    """Point each piece Linear's per-row tensors (weights, scales, bias) at the fused Linear's rows, where all of the
+    piece's rows lie in the fused weight as one in-order run: the same values, held once."""
+    for lin, runs in piece_runs(pieces).items():
+        rows = contiguous_run(lin, runs)
+        if rows is None:
             continue                                       # its rows split around another piece's: keep the copy
-        rows = slice(start, start + lin.out_features)
         for name, t in [*lin.named_buffers(recurse=False), *lin.named_parameters(recurse=False)]:
             mine = getattr(fused, name)[rows]
             setattr(lin, name, torch.nn.Parameter(mine, requires_grad=False) if isinstance(t, torch.nn.Parameter)
