@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from tinychat.engine import Decoder, KVCache, append, int8_kernel_ok, native, quantize_cpu
 from tinychat.engine.head_embed import HeadRowsEmbedding, embed_rows
@@ -22,6 +21,7 @@ from tinychat.settings import ChatSettings
 
 sys.path.insert(0, str(Path(__file__).parent))         # the import tests' tiny llama writers
 from test_llama_import import PROMPT, VARIANTS, _weights, write_hf  # noqa: E402
+from test_quant_files import _damage  # noqa: E402
 
 MODES = ["int8", "int4"]
 TIED_BIAS = {**VARIANTS["qwen2-bias-untied"], "tie_word_embeddings": True}     # Qwen2.5-0.5B's form: q/k/v biases
@@ -234,17 +234,6 @@ def test_an_untied_model_and_a_gain_with_a_zero_keep_their_embedding(tmp_path):
     assert type(load_quantized(folder).embed) is Embedding
 
 
-def _rewrite(folder, change):
-    path = folder / "model.safetensors"
-    from safetensors import safe_open
-    with safe_open(str(path), "pt") as f:
-        meta = dict(f.metadata())
-    sd = {k: v.clone() for k, v in load_file(str(path)).items()}
-    change(sd, meta)
-    path.unlink()
-    save_file(sd, str(path), metadata=meta)
-
-
 def _nan_gain(sd, meta):
     sd[TIED_KEY][1] = float("nan")
 
@@ -274,7 +263,7 @@ def test_a_damaged_version_2_file_is_refused_in_one_line_naming_the_tensor(tmp_p
     change, why = DAMAGES[case]
     _, _, src = _src(tmp_path)
     packed = import_model(src, name="p", quant="int8")
-    _rewrite(packed, change)
+    _damage(packed, change)
     with pytest.raises(CheckpointError, match=why):
         load_quantized(packed)
     code, _, err = _main(["--model", "p", "-p", "hi", "--max-new", "2", "--no-save"], capsys)
