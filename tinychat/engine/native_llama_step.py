@@ -98,10 +98,7 @@ class _NativeLlama(_PointerView):
         self.tuner = ThreadTuner()
         self.rescore_k = RESCORE_K                          # head candidates recomputed in fp32 (0: none)
         self._plan = (lambda: None, None, None)             # (a weak reference to the cache, its key, the plan)
-        # the drop table (page_drop.py; fs.drop_pages): per layer its mapped pages, then the head's; None: no drops
-        self.drops = page_drop.drop_table(
-            [(fs.qkv[li], b.attn.w_o, b.mlp.up, b.mlp.down) for li, b in enumerate(model.blocks)],
-            fs.head) if getattr(fs, "drop_pages", False) else None
+        self.drops = page_drop.step_table(model, fs)      # (table, what it keeps alive) or None: no drops
 
     def plan(self, model, cache: KVCache) -> int | None:
         """The address of tc_llama_step's plan for this cache (rebuilt when one of the tensors it points into is

@@ -132,16 +132,13 @@ class _NativeStep(_PointerView):
         self._embed = (None, None)             # (the embedding weight, its numpy view when fp32 on the CPU)
         self._attn_ok = (lambda: None, False)  # (a weak reference to the cache, whether tc_attn can read it)
         self._plan = (lambda: None, None, None)   # (a weak reference to the cache, its key, tc_step's plan)
-        # the drop table (page_drop.py; fs.drop_pages): per layer its mapped pages, then the head's; None: no drops
-        self.drops = page_drop.drop_table(
-            [(fs.qkv[li], b.attn.w_o, b.mlp.up, b.mlp.down) for li, b in enumerate(model.blocks)],
-            fs.head) if getattr(fs, "drop_pages", False) else None
+        self.drops = page_drop.step_table(model, fs)      # (table, what it keeps alive) or None: no drops
         self.drop_p = 0 if self.drops is None else self.drops[0].data_ptr()
 
     def drop_row(self, row: int) -> None:
         """Hand back the pages of the drop table's row (a layer, or the head: row n_layers) when there is one."""
-        if self.drop_p:
-            self.lib.tc_drop(self.drop_p + row * 2 * DROP_RANGES * 8, DROP_RANGES)   # int64 pairs
+        if self.drops is not None:
+            self.lib.tc_drop(self.drops[0][row].data_ptr(), DROP_RANGES)
 
     def embed_row(self, model, tok: int) -> None:
         """x = the token's embedding row (a numpy copy for an fp32 table: no tensor op)."""

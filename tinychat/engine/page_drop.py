@@ -105,6 +105,14 @@ def arm(model, on: bool, mapped: MappedWeights | None = None) -> int:
     return armed_bytes(model)
 
 
+def step_table(model, fs) -> tuple[torch.Tensor, list] | None:
+    """The drop table of a native step on the model (fs: its cpu_step.CpuStep; per layer its fused QKV, w_o, up and
+    down, then the head), or None where fs.drop_pages is off or nothing lies in a mapped file."""
+    if not getattr(fs, "drop_pages", False):
+        return None
+    return drop_table([(fs.qkv[li], b.attn.w_o, b.mlp.up, b.mlp.down) for li, b in enumerate(model.blocks)], fs.head)
+
+
 def drop_table(layers, head, mapped: MappedWeights | None = None) -> tuple[torch.Tensor, list] | None:
     """The native steps' drop table (native.c's tc_drop): per layer one row of DROP_RANGES (address, bytes) pairs,
     the whole pages of its Linears' mapped weights and scales (layers: per layer its Linears), zero-padded, then
