@@ -1,6 +1,7 @@
 """EngineOptions: how the engine runs a model, as one object handed to Decoder, quantize_cpu, append and Chat (never
 module globals flipped from outside). Torch-free. Environment variables set the defaults (EngineOptions.from_env:
-TINYCHAT_NATIVE, TINYCHAT_STEP_IN_C, TINYCHAT_PREFILL_BF16, TINYCHAT_PAD_SHAPES, TINYCHAT_TUNE_THREADS, each 0 or 1);
+TINYCHAT_NATIVE, TINYCHAT_STEP_IN_C, TINYCHAT_PREFILL_BF16, TINYCHAT_PAD_SHAPES, TINYCHAT_TUNE_THREADS,
+TINYCHAT_DROP_PAGES, each 0 or 1; the tri-state ones "auto" too);
 engine/native.py reads TINYCHAT_NATIVE=0 too, and then does not build the kernels at all."""
 from __future__ import annotations
 
@@ -21,10 +22,14 @@ class EngineOptions:
     pad_shapes: bool | None = None      # append pads chunks to stable shapes; None: on GPUs only (True: tests)
     tune_threads: bool = True           # the native step picks its thread count by measurement (threads.py);
                                         # False: torch.get_num_threads() as set (the CLI's --threads N)
+    drop_pages: bool | None = None      # a stored-quantized model's mapped weight pages handed back once read (the
+                                        # native step per layer, a quant Linear after its prefill: engine/page_drop.py);
+                                        # None: on for stored models of page_drop.DROP_MIN_BYTES (256 MiB) or more of
+                                        # mapped quant weights (less resident memory for a few % of decode speed)
 
     ENV = {"native": "TINYCHAT_NATIVE", "step_in_c": "TINYCHAT_STEP_IN_C",
            "prefill_bf16": "TINYCHAT_PREFILL_BF16", "pad_shapes": "TINYCHAT_PAD_SHAPES",
-           "tune_threads": "TINYCHAT_TUNE_THREADS"}
+           "tune_threads": "TINYCHAT_TUNE_THREADS", "drop_pages": "TINYCHAT_DROP_PAGES"}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kw) -> "EngineOptions":
