@@ -20,7 +20,13 @@ for tinychat's kernels at the same level). On an AVX-512 host without AVX-VNNI (
         -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DLLAMA_CURL=OFF -DGGML_OPENMP=ON \
         '-DCMAKE_C_FLAGS=$F' '-DCMAKE_CXX_FLAGS=$F'" python tests/perf/llama_cpp_peer.py setup
 with TINYCHAT_NATIVE_ARCH="-march=x86-64-v3 $F" for tinychat (llama.cpp's system info then reads AVX2 and AVX512_VNNI,
-no AVX512). Run `setup` in the background:
+no AVX512). On a CPU listing AMX (Intel Xeon), ggml's AMX buffer type crashes in these VMs, and turning every extra
+buffer type off also turns off its repacked Q4 kernels; the fair peer there is a build without AMX:
+    TINYCHAT_PERF_DIR=runs/perf-noamx LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+        -DGGML_F16C=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \
+        -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_CURL=OFF \
+        -DGGML_OPENMP=ON" python tests/perf/llama_cpp_peer.py setup
+Run `setup` in the background:
     nohup python tests/perf/llama_cpp_peer.py setup > runs/perf/setup.log 2>&1 &
 """
 from __future__ import annotations
@@ -118,11 +124,15 @@ def _amx() -> bool:
 
 
 def _extra_bufts(choice: str) -> bool:
-    """Whether ggml's extra CPU buffer types stay on (auto: not where the CPU lists AMX). They include its AMX int8
-    kernels, which die with SIGILL (tileloadd) in these VMs although the CPU flags list AMX; off, the quantized
-    matmuls run on ggml's AVX-512/VNNI kernels. Call before a Llama is made."""
+    """Whether ggml's extra CPU buffer types stay on (auto: not in a build with AMX kernels on a CPU that lists AMX).
+    They include its AMX int8 kernels, which crash (SIGILL / SIGSEGV at tileloadd) in these VMs although the CPU flags
+    list AMX, and its repacked Q4_0 / Q4_K / IQ4 kernels (1.5x its Q4_0 decode here). Off, the quantized matmuls run
+    on ggml's plain AVX-512/VNNI dot products. A build without AMX (GGML_NATIVE=OFF, GGML_AMX_*=OFF: the docstring's
+    runs/perf-noamx) keeps the repacked kernels. Call before a Llama is made."""
+    import llama_cpp
     import llama_cpp.llama as ll
-    extra = {"auto": not _amx(), "on": True, "off": False}[choice]
+    amx_build = b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
+    extra = {"auto": not (_amx() and amx_build), "on": True, "off": False}[choice]
     if not extra:
         default = ll.llama_cpp.llama_model_default_params
 
