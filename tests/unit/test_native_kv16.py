@@ -64,6 +64,25 @@ def test_fp16_attention_matches_the_float64_reference_on_the_rounded_keys(D, L, 
         assert torch.equal(y, first), f"{nt} threads changed the bits"
 
 
+@pytest.mark.parametrize("D", [64, 24])
+@pytest.mark.parametrize("L0,C", [(0, 37), (50, 20)])
+def test_fp16_prefill_attention_gives_the_fp32_kernels_bits_on_the_widened_rows(D, L0, C):
+    lib = _lib()
+    if not native.kernel_info().prefill_attn:
+        pytest.skip("prefill's attention runs on SDPA on this kernel path")
+    H, Hk, M = 9, 3, 128
+    g = torch.Generator().manual_seed(D + L0)
+    q = torch.randn(H, C, D, generator=g) * 0.3
+    gk, gv = (torch.randn(Hk, M + 1, D, generator=g) * 2).half(), torch.randn(Hk, M + 1, D, generator=g).half()
+    got = native.prefill_attn_h(lib, q, gk, gv, L0)
+    assert torch.equal(got, native.prefill_attn(lib, q, gk.float(), gv.float(), None, L0, 0))
+    rep = H // Hk
+    for h, i in ((0, 0), (4, C - 1), (8, C // 2)):               # each query against keys 0..its position, float64
+        n = L0 + i + 1
+        w = torch.softmax(gk[h // rep, :n].double() @ q[h, i].double(), 0) @ gv[h // rep, :n].double()
+        torch.testing.assert_close(got[h, i].double(), w, rtol=2e-5, atol=2e-5)
+
+
 def _cpu_flags() -> set[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -86,6 +105,7 @@ def _build_and_run(cc, flags, tmp_path, runner=()):
 
 
 X86 = [(["-march=x86-64-v4", "-mavx512vnni"], "avx512-vnni", {"avx512_vnni", "avx512bw"}),
+       (["-march=x86-64-v4"], "avx512", {"avx512f", "avx512bw", "avx512vl", "f16c"}),
        (["-march=x86-64-v3", "-mavxvnni"], "avx2-vnni", {"avx_vnni", "avx2", "f16c"}),
        (["-march=x86-64-v3", "-mno-f16c"], "avx2", {"avx2", "fma"}),       # no F16C: the plain C conversions
        (["-march=x86-64"], "scalar", set())]
@@ -101,8 +121,11 @@ def test_x86_kernel_paths_fp16_cache_kernels_match_the_float64_reference(flags, 
     assert _build_and_run(cc, flags, tmp_path) == path
 
 
-@pytest.mark.parametrize("flags,path", [(["-march=armv8-a"], "neon"), (["-march=armv8-a", "-DTC_FORCE_SCALAR"],
-                                                                         "scalar")], ids=["neon", "scalar"])
+AARCH64 = [(["-march=armv8-a"], "neon"), (["-march=armv8.2-a+dotprod"], "neon-dotprod"),
+           (["-march=armv8-a", "-DTC_FORCE_SCALAR"], "scalar")]
+
+
+@pytest.mark.parametrize("flags,path", AARCH64, ids=[p for _, p in AARCH64])
 def test_aarch64_fp16_cache_kernels_match_the_float64_reference_under_qemu(flags, path, tmp_path):
     cc, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
     if cc is None or qemu is None:

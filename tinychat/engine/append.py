@@ -285,7 +285,7 @@ class PrefillView(CacheView):
             else:
                 self.Kg_all = cache.gk[group][self.rdev, :, :lgmax]
                 self.Vg_all = cache.gv[group][self.rdev, :, :lgmax]
-            if cache.gk.dtype != dt:       # fp16: every key so far (the chunk's too) read back rounded, as fp32
+            if cache.gk.dtype != dt and nat is None:   # fp16: every key so far (the chunk's too) read back rounded
                 self.Kg_all, self.Vg_all = self.Kg_all[:, :, :lgmax].to(dt), self.Vg_all[:, :, :lgmax].to(dt)
         Kg_all, Vg_all = self.Kg_all, self.Vg_all
         local = attn.w_kv_local is not None
@@ -304,8 +304,12 @@ class PrefillView(CacheView):
                 vl = vl.to(cache.lv.dtype)
                 seq_k = torch.cat([sel(cache.lk[li]).gather(2, self.ring_gather), kl], dim=2).to(dt)   # (B, Hk,
                 seq_v = torch.cat([sel(cache.lv[li]).gather(2, self.ring_gather), vl], dim=2).to(dt)   # W + C, D)
-        if nat is not None:                # int8 with the native kernels: each query against only its keys
+        if nat is not None and Kg_all.dtype != dt and not local:   # an fp16 cache: its rows widened as read (the
+            y = native.prefill_attn_h(nat, q[0], Kg_all[0], Vg_all[0], self.L0)[None]   # decode step's reading)
+        elif nat is not None:              # int8 with the native kernels: each query against only its keys
             seq = (seq_k[0], seq_v[0], self.spos) if local else None
+            if Kg_all.dtype != dt:         # fp16 with a local band (not a default): the rows widened first
+                Kg_all, Vg_all = Kg_all[:, :, :self.L0 + C].to(dt), Vg_all[:, :, :self.L0 + C].to(dt)
             y = native.prefill_attn(nat, q[0], Kg_all[0], Vg_all[0], seq, self.L0, W if seq else 0)[None]
         else:
             ys = []

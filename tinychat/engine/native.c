@@ -178,48 +178,18 @@ void tc_rope_heads(const float *src, int64_t ss, int64_t sh, int64_t C, int64_t 
     }
 }
 
-/* Prefill attention of one layer, batch 1: C queries at positions L0 .. L0 + C - 1, each against the global keys
-   0..its position of gk/gv ((Hk, gstride, D), the chunk's own keys already written) and its local band: seq_k/seq_v
-   ((Hk, W + C, D): the ring's last W entries in position order, then the chunk's keys) entries i + 1 .. i + W, whose
-   positions spos (W + C; -1: not a key) says. q: (H, C, D), rotated and already scaled by 1/sqrt(D); y: (H, C, D).
-   Every (head, query) pair runs over only the keys it sees; on AVX-512 with D = 64 the heads of a K/V group share
-   one pass over its keys and values (attend_grp16: the same bits); on AVX2 up to 3 heads do (attend_grp8: scores 4
-   keys at a time, its own bits). sc: nt * (H / Hk) * (L0 + C + W) floats. */
+/* Prefill attention of one layer, batch 1 (native_attn_kv.h's prefill_attn says what it computes). */
 void tc_prefill_attn(const float *q, int64_t H, int64_t Hk, int64_t D, int64_t C, int64_t L0, const float *gk,
                      const float *gv, int64_t gstride, const float *seq_k, const float *seq_v, const int64_t *spos,
                      int64_t W, float *y, float *sc, int nt) {
-    int64_t rep = H / Hk, n = L0 + C + W, G = 1;
-#if defined(TC_AVX512)
-    G = grp16_size(rep, D);                 /* heads of a group that share one pass over its keys and values */
-#elif defined(TC_AVX2)
-    if ((D & 7) == 0 && D <= 256) G = grp8_size(rep);
-#endif
-    int64_t ng = rep / G;
-#pragma omp parallel for schedule(dynamic, 4) num_threads(nt)
-    for (int64_t t = 0; t < Hk * ng * C; t++) {
-        int64_t hq = (t / C) * G, i = t % C, g = hq / rep;
-#ifdef _OPENMP
-        float *s = sc + (int64_t)omp_get_thread_num() * G * n;
-#else
-        float *s = sc;
-#endif
-        const float *qi = q + (hq * C + i) * D, *K = gk + g * gstride * D, *V = gv + g * gstride * D;
-        const float *Kl = W ? seq_k + (g * (W + C) + i + 1) * D : K, *Vl = W ? seq_v + (g * (W + C) + i + 1) * D : V;
-        const int64_t *lp = W ? spos + i + 1 : NULL;
-        float *o = y + (hq * C + i) * D;
-#if defined(TC_AVX512)
-        if ((D & 15) == 0 && D <= 256) {
-            attend_heads16(G, qi, C * D, K, V, Kl, Vl, lp, L0 + i, W, D, s, o, C * D);
-            continue;
-        }
-#elif defined(TC_AVX2)
-        if ((D & 7) == 0 && D <= 256) {
-            attend_heads8(G, qi, C * D, K, V, Kl, Vl, lp, L0 + i, W, D, s, o, C * D);
-            continue;
-        }
-#endif
-        attend_one(qi, K, V, Kl, Vl, lp, L0 + i, W, D, s, o);
-    }
+    prefill_attn(q, H, Hk, D, C, L0, gk, gv, gstride, seq_k, seq_v, spos, W, y, sc, nt);
+}
+
+/* tc_prefill_attn on an fp16 cache without local keys (the llama family's): gk / gv hold IEEE fp16 bits, read as
+   the decode step reads them (native_attn_kv.h's _h kernels: the bits tc_prefill_attn gives on the rows widened). */
+void tc_prefill_attn_h(const float *q, int64_t H, int64_t Hk, int64_t D, int64_t C, int64_t L0, const uint16_t *gk,
+                       const uint16_t *gv, int64_t gstride, float *y, float *sc, int nt) {
+    prefill_attn_h(q, H, Hk, D, C, L0, gk, gv, gstride, gk, gv, NULL, 0, y, sc, nt);
 }
 
 /* The attention of one layer for one token at position L, straight against an fp32 KVCache (row 0):

@@ -157,6 +157,8 @@ def _bind(lib):
     lib.tc_prefill_attn.restype = None
     lib.tc_rope_heads.argtypes = [_F, _I64, _I64, _I64, _I64, _I64, _F, _F, ctypes.c_float, _F, _I64, _INT]
     lib.tc_rope_heads.restype = None
+    lib.tc_prefill_attn_h.argtypes = [_F, _I64, _I64, _I64, _I64, _I64, _F, _F, _I64, _F, _F, _INT]
+    lib.tc_prefill_attn_h.restype = None
     lib.tc_attend_h.argtypes = [_F, _I64, _I64, _I64, _F, _F, _I64, _I64, _F, _F, _INT]
     lib.tc_f2h_rows.argtypes = [_F, _F, _I64]
     lib.tc_h2f_rows.argtypes = [_F, _F, _I64]
@@ -458,6 +460,23 @@ def prefill_attn(lib, q: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, seq: 
         sk, sv, sp = (t.contiguous() for t in seq)
     lib.tc_prefill_attn(q.data_ptr(), H, Hk, D, C, L0, kg.data_ptr(), vg.data_ptr(), kg.size(1), sk.data_ptr(),
                         sv.data_ptr(), sp.data_ptr(), W, y.data_ptr(), sc.data_ptr(), nt)
+    return y
+
+
+def prefill_attn_h(lib, q: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, L0: int) -> torch.Tensor:
+    """prefill_attn on an fp16 cache without local keys: kg / vg (Hk, gstride, D) fp16, contiguous, the chunk's keys
+    written at L0 ..; read as the decode step reads them (tc_prefill_attn_h: prefill_attn's bits on the rows widened
+    to fp32). Returns y (H, C, D)."""
+    H, C, D = q.shape
+    Hk = kg.size(0)
+    if kg.dtype != torch.float16 or not (kg.is_contiguous() and vg.is_contiguous()):
+        raise ValueError("prefill_attn_h: contiguous fp16 keys and values")
+    q = q.contiguous()
+    nt = torch.get_num_threads()
+    y = torch.empty(H, C, D)
+    sc = torch.empty(nt * (H // Hk) * (L0 + C))
+    lib.tc_prefill_attn_h(q.data_ptr(), H, Hk, D, C, L0, kg.data_ptr(), vg.data_ptr(), kg.size(1), y.data_ptr(),
+                          sc.data_ptr(), nt)
     return y
 
 

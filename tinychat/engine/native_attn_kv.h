@@ -410,6 +410,54 @@ static void TC_N(attend_all)(const float *heads, int64_t H, int64_t Hk, int64_t 
     }
 }
 
+
+/* Prefill attention of one layer, batch 1 (native.c's tc_prefill_attn, and tc_prefill_attn_h on an fp16 cache): C
+   queries at positions L0 .. L0 + C - 1, each against the global keys 0..its position of gk/gv ((Hk, gstride, D),
+   the chunk's own keys already written) and its local band: seq_k/seq_v ((Hk, W + C, D): the ring's last W entries
+   in position order, then the chunk's keys) entries i + 1 .. i + W, whose positions spos (W + C; -1: not a key)
+   says. q: (H, C, D), rotated and already scaled by 1/sqrt(D); y: (H, C, D). Every (head, query) pair runs over only
+   the keys it sees; on AVX-512 with D = 64 the heads of a K/V group share one pass over its keys and values
+   (attend_grp16: the same bits); on AVX2 up to 3 heads do (attend_grp8: scores 4 keys at a time, its own bits).
+   sc: nt * (H / Hk) * (L0 + C + W) floats. */
+static void TC_N(prefill_attn)(const float *q, int64_t H, int64_t Hk, int64_t D, int64_t C, int64_t L0,
+                               const TC_KVT *gk, const TC_KVT *gv, int64_t gstride, const TC_KVT *seq_k,
+                               const TC_KVT *seq_v, const int64_t *spos, int64_t W, float *y, float *sc, int nt) {
+    int64_t rep = H / Hk, n = L0 + C + W, G = 1;
+    (void)n;                                          /* without OpenMP: one thread's scores at sc */
+#if defined(TC_AVX512)
+    G = grp16_size(rep, D);                 /* heads of a group that share one pass over its keys and values */
+#elif defined(TC_AVX2)
+    if ((D & 7) == 0 && D <= 256) G = grp8_size(rep);
+#endif
+    int64_t ng = rep / G;
+#pragma omp parallel for schedule(dynamic, 4) num_threads(nt)
+    for (int64_t t = 0; t < Hk * ng * C; t++) {
+        int64_t hq = (t / C) * G, i = t % C, g = hq / rep;
+#ifdef _OPENMP
+        float *s = sc + (int64_t)omp_get_thread_num() * G * n;
+#else
+        float *s = sc;
+#endif
+        const float *qi = q + (hq * C + i) * D;
+        const TC_KVT *K = gk + g * gstride * D, *V = gv + g * gstride * D;
+        const TC_KVT *Kl = W ? seq_k + (g * (W + C) + i + 1) * D : K, *Vl = W ? seq_v + (g * (W + C) + i + 1) * D : V;
+        const int64_t *lp = W ? spos + i + 1 : NULL;
+        float *o = y + (hq * C + i) * D;
+#if defined(TC_AVX512)
+        if ((D & 15) == 0 && D <= 256) {
+            TC_N(attend_heads16)(G, qi, C * D, K, V, Kl, Vl, lp, L0 + i, W, D, s, o, C * D);
+            continue;
+        }
+#elif defined(TC_AVX2)
+        if ((D & 7) == 0 && D <= 256) {
+            TC_N(attend_heads8)(G, qi, C * D, K, V, Kl, Vl, lp, L0 + i, W, D, s, o, C * D);
+            continue;
+        }
+#endif
+        TC_N(attend_one)(qi, K, V, Kl, Vl, lp, L0 + i, W, D, s, o);
+    }
+}
+
 #undef TC_KVT
 #undef TC_N
 #undef TC_LD16
