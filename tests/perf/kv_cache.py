@@ -4,6 +4,7 @@ medians over rounds. Decode tok/s is the gen-len tokens decoded right after the 
 
     python tests/perf/kv_cache.py --model s-int8 --prompt-len 4000 --gen-len 64 --rounds 3 --threads 1
     python tests/perf/kv_cache.py --model DIR --rounds 1 --start 1      # one more round, the other order
+    python tests/perf/kv_cache.py --model s-int8 --interleaved --rounds 16 --block 16   # one process, A/B blocks
 
 Not a test: the figures go to docs/benchmarks.md ("fp16 KV cache")."""
 from __future__ import annotations
@@ -41,6 +42,49 @@ def run(model: str, quant: str, mode: str, prompt_len: int, gen_len: int, thread
     return json.loads(r.stdout)
 
 
+def interleaved(a) -> None:
+    """Both caches in one process, prefilled with the same prompt, then blocks of --block decode steps alternated
+    between them (each block from the same cache state: truncate to the mark): a load that comes and goes hits
+    both alike. Medians of the blocks' tok/s."""
+    import time
+
+    import torch
+
+    from tinychat.bench import _load
+    from tinychat.engine import Decoder, KVCache, append
+    from tinychat.options import EngineOptions
+    from tinychat.plan import decide
+    torch.set_num_threads(a.threads)
+    model, _ = _load(a.model, None, 0, a.quant)
+    opts = EngineOptions.from_env(tune_threads=False)
+    plan = decide(model, a.quant, "cpu", opts)
+    V = model.cfg.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, V - 1, (1, a.prompt_len), generator=g)
+    toks = torch.randint(0, V - 1, (a.block,), generator=g).tolist()
+    runs = {}
+    for mode, dt in (("fp32", torch.float32), ("fp16", torch.float16)):
+        cache = KVCache(model, 1, a.prompt_len + a.block + 2, "cpu", dtype=dt)
+        dec = Decoder(model, cache, graph=False, plan=plan)
+        append(model, cache, prompt, [a.prompt_len])
+        runs[mode] = (dec, cache, cache.mark())
+        print(f"{mode}: step {dec.variant.name}, {cache.used_bytes() / 1e6:.0f} MB of K/V", flush=True)
+    res: dict[str, list[float]] = {"fp32": [], "fp16": []}
+    for r in range(a.rounds):
+        for mode in (["fp32", "fp16"] if r % 2 == 0 else ["fp16", "fp32"]):
+            dec, cache, mark = runs[mode]
+            cache.truncate(mark)
+            t0 = time.perf_counter()
+            for tok in toks:
+                dec.step(tok)
+            res[mode].append(a.block / (time.perf_counter() - t0))
+    for mode, v in res.items():
+        print(f"{mode}: " + " ".join(f"{x:.1f}" for x in v))
+    m32, m16 = statistics.median(res["fp32"]), statistics.median(res["fp16"])
+    print(f"interleaved median decode tok/s at {a.prompt_len} tokens: fp32 {m32:.2f}, fp16 {m16:.2f} "
+          f"({m16 / m32:.2f}x)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
@@ -51,7 +95,15 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--start", type=int, default=0, help="0: fp32 first in round 0; 1: fp16 first")
     ap.add_argument("--warmup", type=int, default=0, help="untimed repeats before the timed one (bench's default: 1)")
+    ap.add_argument("--interleaved", action="store_true", help="one process, decode blocks alternated (see below)")
+    ap.add_argument("--block", type=int, default=16, help="--interleaved: decode steps per block")
     a = ap.parse_args()
+    if a.interleaved:
+        sys.path.insert(0, str(ROOT))
+        from tinychat.loading import model_path
+        a.model = str(model_path(Path(a.model)))
+        interleaved(a)
+        return 0
     res: dict[str, list[float]] = {"fp32": [], "fp16": []}
     for r in range(a.rounds):
         order = ["fp32", "fp16"] if (r + a.start) % 2 == 0 else ["fp16", "fp32"]
