@@ -28,6 +28,8 @@ class ExecutionPlan:
                                         # not int8)
     threads: int = 0                    # torch's thread count when decided (0: not known)
     quant_why: str | None = None        # why `--quant auto` chose the mode (None: a mode given by hand)
+    drop_pages: bool = False            # the model's mapped weight pages go back once read (options.drop_pages
+                                        # resolved: engine/page_drop.py; a stored-quantized model only)
     kv_cache: str | None = None         # the CPU KV cache's format, "fp16" or "fp32" (kv_format: EngineOptions.kv_cache
                                         # resolved); None: not decided (fp32 on the CPU, bf16 on GPUs)
 
@@ -97,6 +99,7 @@ def decide(model, quant: str | None = None, device: str = "cpu", options: Engine
     have = quant_mode(model)
     want = have if quant is None else effective_mode(quant)
     stored = getattr(model, "stored_quant", None)     # a stored-quantized file (quant_files.py): its mode only
+    drop = False
     if stored is not None:
         from .quant_files import configure, mismatch
         if quant is not None and quant_why is None and quant != stored:
@@ -104,7 +107,7 @@ def decide(model, quant: str | None = None, device: str = "cpu", options: Engine
         if quant_why is not None and want != stored:
             quant_why = f"the model is stored {stored}"
         want = stored                       # --quant auto takes the stored mode
-        configure(model, options)
+        drop = configure(model, options)    # its Linears' options, and whether its mapped pages go back once read
         from .engine.quant import release_freed_memory
         release_freed_memory()              # what loading freed (the tokenizer's), as quantizing at start does
     if want == "none":
@@ -122,7 +125,7 @@ def decide(model, quant: str | None = None, device: str = "cpu", options: Engine
         prefill = bulk_prefill_kernel(model)
     return ExecutionPlan(quant=want, device=str(torch.device(device)), options=options, graph=graph, kernel_path=path,
                          step_version=version, prefill_gemm=prefill, threads=torch.get_num_threads(),
-                         quant_why=quant_why, kv_cache=kv_format(model, want, dev, options, path))
+                         quant_why=quant_why, drop_pages=drop, kv_cache=kv_format(model, want, dev, options, path))
 
 
 def kv_format(model, mode: str, dev: str, options: EngineOptions, path: str | None) -> str | None:

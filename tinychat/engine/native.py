@@ -110,7 +110,7 @@ def _build(cc: str) -> Path:
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-ABI = 17                # tc_abi_version() of the source this module binds
+ABI = 18                # tc_abi_version() of the source this module binds
 TC_MAXN = 8             # native.c's highest Engram order for tc_step's hashing
 
 
@@ -119,7 +119,7 @@ class TcPlan(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in (
         "d", "hidden", "H", "Hk", "D", "W", "gstride", "V", "n_seg", "n1",
         "tab", "x", "h", "xq", "qkv", "y", "u", "logits", "sc", "embed", "cos_", "sin_", "lk", "lv", "gk", "gv", "lpos",
-        "tokens", "lens", "lens_cpu", "head_q", "head_s", "cid", "segs", "wfmt")]
+        "tokens", "lens", "lens_cpu", "head_q", "head_s", "cid", "segs", "wfmt", "drop")]
 
 
 class TcLlamaPlan(ctypes.Structure):
@@ -127,11 +127,12 @@ class TcLlamaPlan(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in (
         "d", "hidden", "H", "Hk", "D", "gstride", "V", "n_layers", "rescore_k", "embed_fmt",
         "tab", "x", "h", "xq", "qkv", "y", "u", "logits", "sc", "embed", "cos_", "sin_", "gk", "gv", "tokens", "lens",
-        "lens_cpu", "head_q", "head_s", "wfmt", "embed_s", "embed_g", "kv16")]
+        "lens_cpu", "head_q", "head_s", "wfmt", "embed_s", "embed_g", "drop", "kv16")]
 EMB_F32, EMB_BF16, EMB_Q8 = 0, 1, 2     # tc_lplan.embed_fmt (native_llama.h's TC_EMB_*)
 
 
 LTAB_COLS = 10          # native_llama.h's table columns per layer
+DROP_RANGES = 8         # native.c's TC_DROP_RANGES: (address, bytes) pairs per row of a step's drop table
 
 
 class TcSeg(ctypes.Structure):
@@ -148,7 +149,8 @@ def _bind(lib):
                             _I8, _F, _F, _I64, _INT, _INT]
     lib.tc_attn.argtypes = [_F, _I64, _I64, _I64, _INT, _F, _F, _F, _F, _I64, _F, _F, _I64, _F, _I64, _F, _F, _INT]
     lib.tc_layers.argtypes = [_F, _I64, _I64, _F, _F, _F, ctypes.c_float, _F, _F, _F, _I64, _I64, _I64, _I64, _I64,
-                              _F, _F, _F, _F, _I64, _F, _F, _I64, _F, _I64, _F, _INT, _INT]
+                              _F, _F, _F, _F, _I64, _F, _F, _I64, _F, _I64, _F, _F, _INT, _INT]
+    lib.tc_drop.argtypes = [_F, _I64]
     lib.tc_engram.argtypes = [_F, _F, _F, _I64, _I64, _I8, _F, _I8, _F, _I64, _F, _F, _F, _F, _INT]
     lib.tc_softcap.argtypes = [_F, _I64, ctypes.c_float]
     lib.tc_step.argtypes = [_F, _I64, _I64, ctypes.c_float, ctypes.c_float, _INT]
@@ -164,7 +166,7 @@ def _bind(lib):
     lib.tc_h2f_rows.argtypes = [_F, _F, _I64]
     lib.tc_attend_h.restype = lib.tc_f2h_rows.restype = lib.tc_h2f_rows.restype = None
     for f in (lib.tc_gemv, lib.tc_norm_gemv, lib.tc_tail, lib.tc_attn, lib.tc_layers, lib.tc_engram, lib.tc_softcap,
-              lib.tc_step, lib.tc_llama_step):
+              lib.tc_step, lib.tc_llama_step, lib.tc_drop):
         f.restype = None
     lib.tc_abi_version.restype = ctypes.c_int
     lib.tc_kernel_path.restype = ctypes.c_char_p

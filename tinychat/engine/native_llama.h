@@ -73,6 +73,7 @@ typedef struct {
     int64_t tab, x, h, xq, qkv, y, u, logits, sc, embed, cos_, sin_, gk, gv, tokens, lens, lens_cpu, head_q, head_s;
     int64_t wfmt;                                  /* the layers' weights' formats (a TC_F_* mask); the head is int8 */
     int64_t embed_s, embed_g;                      /* TC_EMB_Q8: the rows' fp32 scales, the (d) column factors */
+    int64_t drop;                                  /* 0, or the drop table (native.c's tc_drop): n_layers + 1 rows */
     int64_t kv16;                                  /* 1: gk / gv hold fp16 bits (uint16), else fp32 */
 } tc_lplan;
 enum { TC_EMB_F32 = 0, TC_EMB_BF16 = 1, TC_EMB_Q8 = 2 };
@@ -177,6 +178,7 @@ void tc_llama_step(const tc_lplan *p, int64_t tok, int64_t L, float eps, float c
         }
         llama_tail(t, li + 1 < p->n_layers ? t + LTAB_COLS : NULL, x, h, xq, eps, y, H * D, (float *)p->u, p->hidden,
                    d, qkv, (int)p->wfmt, nt);
+        if (p->drop) tc_drop((const int64_t *)p->drop + li * 2 * TC_DROP_RANGES, TC_DROP_RANGES);   /* all read */
     }
     ((int64_t *)p->lens)[0] += 1;
     ((int64_t *)p->lens_cpu)[0] += 1;
@@ -185,4 +187,5 @@ void tc_llama_step(const tc_lplan *p, int64_t tok, int64_t L, float eps, float c
     if (p->rescore_k > 0)
         rescore(logits, p->V, p->rescore_k, (const int8_t *)p->head_q, (const float *)p->head_s, h, d);
     if (cap > 0.f) tc_softcap(logits, p->V, cap);
+    if (p->drop) tc_drop((const int64_t *)p->drop + p->n_layers * 2 * TC_DROP_RANGES, TC_DROP_RANGES);   /* the head */
 }

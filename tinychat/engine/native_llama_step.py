@@ -21,6 +21,7 @@ import torch
 from .append import RESCORE_K
 from .cache import KVCache
 from .head_embed import HeadRowsEmbedding
+from . import page_drop
 from .native import act_scratch
 from .native_step import _PointerView, layer_format
 from .quant import Int8Linear
@@ -98,6 +99,7 @@ class _NativeLlama(_PointerView):
         self.tuner = ThreadTuner()
         self.rescore_k = RESCORE_K                          # head candidates recomputed in fp32 (0: none)
         self._plan = (lambda: None, None, None)             # (a weak reference to the cache, its key, the plan)
+        self.drops = page_drop.step_table(model, fs)      # (table, what it keeps alive) or None: no drops
 
     def plan(self, model, cache: KVCache) -> int | None:
         """The address of tc_llama_step's plan for this cache (rebuilt when one of the tensors it points into is
@@ -130,6 +132,7 @@ class _NativeLlama(_PointerView):
         for name in ("gk", "gv", "tokens", "lens", "lens_cpu"):
             setattr(p, name, getattr(cache, name).data_ptr())
         p.head_q, p.head_s = self.head[0], self.head[1]
+        p.drop = 0 if self.drops is None else self.drops[0].data_ptr()
         if q8:                                          # the head's fp32 scales (kept alive here) and inv_gain
             p.embed_s, p.embed_g = self.head[1], model.embed.inv_gain.data_ptr()
         self._plan_keep = p
