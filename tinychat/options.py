@@ -24,8 +24,8 @@ class EngineOptions:
                                         # False: torch.get_num_threads() as set (the CLI's --threads N)
     drop_pages: bool | None = None      # a stored-quantized model's mapped weight pages handed back once read (the
                                         # native step per layer, a quant Linear after its prefill: engine/page_drop.py);
-                                        # None: on for stored models of page_drop.DROP_MIN_BYTES (256 MiB) or more of
-                                        # mapped quant weights (less resident memory for a few % of decode speed)
+                                        # None: on for stored models of page_drop.DROP_MIN_BYTES (4 GiB) or more of
+                                        # mapped quant weights (less resident memory, slower decode)
     kv_cache: str = "auto"              # the CPU KV cache of an int8 / int4 global-attention (llama-family) model:
                                         # "fp16" (half the memory and the bytes a step reads; sessions record
                                         # "+kv16" with the step), "fp32", or "auto": fp16 where the native step runs

@@ -22,7 +22,10 @@ from ..mapped import MappedWeights
 from .native import DROP_RANGES
 from .quant import Int4Linear, Int8Linear
 
-DROP_MIN_BYTES = 256 << 20      # the default's threshold: mapped quant weights (qweight + scale bytes) of a model
+# the default's threshold: mapped quant weights (qweight + scale bytes) of a model. 4 GiB: a drop re-faults every
+# weight page each token (~10,900 faults a token for a 1B int4 file: decode 36-47% slower on an Intel Xeon guest),
+# so below that speed wins and TINYCHAT_DROP_PAGES=1 asks for the memory instead.
+DROP_MIN_BYTES = 4 << 30        # the default's threshold: mapped quant weights (qweight + scale bytes) of a model
 
 
 def _none():
