@@ -329,13 +329,18 @@ def _fused_from_file(model, sd: dict, mode: str, groups) -> None:
     model.fused_qkv = fused
 
 
-def configure(model, options) -> None:
+def configure(model, options) -> bool:
     """Set the engine options a quantize_cpu run would fix into each quant Linear (prefill_bf16, native) on a
-    stored-quantized model's Linears, the fused q/k/v ones included."""
+    stored-quantized model's Linears, the fused q/k/v ones included, and whether each hands its mapped pages back
+    after its forward (options.drop_pages, resolved for this model: engine/page_drop.py). Returns that."""
+    from .engine import page_drop
     from .engine.quant import Int4Linear, Int8Linear
     mods = [m for m in model.modules() if type(m) in (Int8Linear, Int4Linear)]
     for m in [*mods, *getattr(model, "fused_qkv", [])]:
         m.prefill_bf16, m.native = options.prefill_bf16, bool(options.native)
+    drop = page_drop.resolve(options.drop_pages, model)
+    page_drop.arm(model, drop)
+    return drop
 
 
 def mismatch(stored: str, quant: str) -> str:

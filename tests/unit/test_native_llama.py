@@ -41,10 +41,12 @@ def _rope(v, cs, sn):
 
 
 class RefStep:
-    """tc_llama_step in float64 PyTorch: its own K/V lists, the same rounding of every int8 product's input."""
+    """tc_llama_step in float64 PyTorch: its own K/V lists, the same rounding of every int8 product's input; kv16:
+    K/V rounded to fp16 as an fp16 cache stores them (the rest in float64)."""
 
-    def __init__(self, model, fs):
+    def __init__(self, model, fs, kv16=False):
         self.m, self.fs, self.c = model, fs, model.cfg
+        self.r = (lambda t: t.float().half().double()) if kv16 else (lambda t: t)
         self.eps = model.cfg.norm_eps
         self.k = [[] for _ in model.blocks]
         self.v = [[] for _ in model.blocks]
@@ -57,8 +59,8 @@ class RefStep:
         for li, blk in enumerate(m.blocks):
             heads = _lin(self.fs.qkv[li], _rms(x, self.eps)).view(-1, D)
             q = _rope(heads[:H], cs, sn) / math.sqrt(D)
-            self.k[li].append(_rope(heads[H:H + Hk], cs, sn))
-            self.v[li].append(heads[H + Hk:H + 2 * Hk])
+            self.k[li].append(self.r(_rope(heads[H:H + Hk], cs, sn)))
+            self.v[li].append(self.r(heads[H + Hk:H + 2 * Hk]))
             K, V = torch.stack(self.k[li], 1), torch.stack(self.v[li], 1)        # (Hk, L + 1, D)
             rep = H // Hk
             s = torch.einsum("hd,hld->hl", q, K.repeat_interleave(rep, 0))
@@ -174,3 +176,28 @@ def test_llama_configs_the_kernel_does_not_express_get_no_native_step(change):
     kw = {"qk_norm": True} if change == "qk_norm" else {"mlp_kind": "relu2"}
     q = quantize_cpu(make_llama_model(**kw), "int8")
     assert CpuStep.build(q, EngineOptions(native=True)).nat is None
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+@pytest.mark.parametrize("nt", [1, 2])
+def test_native_llama_step_on_an_fp16_cache_equals_the_float64_reference_with_fp16_keys_and_values(nt, quant):
+    q = quantize_cpu(make_llama_model(), quant)
+    got, step, cache = _native_walk(q, nt, rescore=False, cache_dtype=torch.float16)
+    assert step.nat.plan(q, cache) is not None                  # the kernel ran on the fp16 cache itself
+    ref16, ref32 = RefStep(q, step, kv16=True), RefStep(q, step)
+    want = torch.stack([ref16(t, L, rescore=False) for L, t in enumerate(TOKENS[0].tolist())])
+    plain = torch.stack([ref32(t, L, rescore=False) for L, t in enumerate(TOKENS[0].tolist())])
+    assert _rel(got, want) < 1e-4
+    assert _rel(got, want) < _rel(got, plain) / 4               # it reads the rounded K/V, not fp32 ones
+    K = torch.stack(ref16.k[1], 1)                              # the cache holds them rounded once
+    assert cache.gk.dtype == torch.float16 and _rel(cache.gk[1, 0, :, :TOKENS.size(1)], K) < 2e-3
+
+
+def test_an_fp16_cache_walk_replays_bit_exact_and_matches_the_pytorch_step_on_greedy_tokens():
+    q = quantize_cpu(make_llama_model(), "int8")
+    a, _, ca = _native_walk(q, cache_dtype=torch.float16)
+    b, _, cb = _native_walk(q, cache_dtype=torch.float16)
+    assert torch.equal(a, b) and torch.equal(ca.gk, cb.gk)
+    slow = _lean_walk(q, torch.float16)                         # the PyTorch step on an fp16 cache (fp32 attention)
+    assert _rel(a, slow) < 0.02
+    assert (a.argmax(-1) == slow.argmax(-1)).float().mean() >= 0.9

@@ -4,7 +4,8 @@
    optional logit softcap, after the head's best candidates are rescored in fp32 (as append.rescore_top).
 
    Per layer: h = rms(x); qkv = w_qkv(h) (+ b); q / k heads rotated (half-split RoPE), q scaled by 1/sqrt(D); the
-   token's K/V written at position L of the layer's cache; one softmax per q head over keys 0..L; x += w_o(y);
+   token's K/V written at position L of the layer's cache (an fp16 cache, kv16: rounded to fp16 there, and attention
+   reads the rounded rows, native_attn_kv.h's _h kernels, fp32 accumulation); one softmax per q head over keys 0..L; x += w_o(y);
    h = rms(x); u = w_up(h); x += w_down(silu(gate) * up). The int8 products are native_q8.h's (activations in
    blocks of 32 with an fp32 scale). */
 
@@ -61,7 +62,7 @@ static void rescore(float *logits, int64_t V, int64_t k, const int8_t *q, const 
     }
 }
 
-/* tc_llama_step's view of a model and its fp32 cache; all int64 (pointers as integers; native_llama_step.py builds
+/* tc_llama_step's view of a model and its fp32 (or fp16: kv16) cache; all int64 (pointers as integers; native_llama_step.py builds
    the same layout). tab: per layer LTAB_COLS: QKV weights, scales, rows, bias (0: none), then w_o, up, down weights
    and scales. gk/gv: (n_layers, 1, Hk, gstride, D). embed: (V, d) by embed_fmt: TC_EMB_F32, TC_EMB_BF16, or
    TC_EMB_Q8 (a tied embedding read from the int8 head rows, engine/head_embed.py: embed the int8 rows, embed_s their
@@ -72,6 +73,8 @@ typedef struct {
     int64_t tab, x, h, xq, qkv, y, u, logits, sc, embed, cos_, sin_, gk, gv, tokens, lens, lens_cpu, head_q, head_s;
     int64_t wfmt;                                  /* the layers' weights' formats (a TC_F_* mask); the head is int8 */
     int64_t embed_s, embed_g;                      /* TC_EMB_Q8: the rows' fp32 scales, the (d) column factors */
+    int64_t drop;                                  /* 0, or the drop table (native.c's tc_drop): n_layers + 1 rows */
+    int64_t kv16;                                  /* 1: gk / gv hold fp16 bits (uint16), else fp32 */
 } tc_lplan;
 enum { TC_EMB_F32 = 0, TC_EMB_BF16 = 1, TC_EMB_Q8 = 2 };
 
@@ -150,7 +153,6 @@ void tc_llama_step(const tc_lplan *p, int64_t tok, int64_t L, float eps, float c
     float qs = (float)(1.0 / sqrt((double)D));
     for (int64_t li = 0; li < p->n_layers; li++) {
         const int64_t *t = tab + li * LTAB_COLS;
-        float *K = gk + li * Hk * gs * D, *Vc = gv + li * Hk * gs * D;
         for (int64_t i = 0; i < H + Hk; i++) {               /* RoPE of the q and k heads in place, q / sqrt(D) */
             float *v = qkv + i * D, r = i < H ? qs : 1.0f;
             for (int64_t j = 0; j < half; j++) {
@@ -159,13 +161,24 @@ void tc_llama_step(const tc_lplan *p, int64_t tok, int64_t L, float eps, float c
                 v[j + half] = (b * cs[j] + a * sn[j]) * r;
             }
         }
-        for (int64_t g = 0; g < Hk; g++) {
-            memcpy(K + (g * gs + L) * D, qkv + (H + g) * D, D * sizeof(float));
-            memcpy(Vc + (g * gs + L) * D, qkv + (H + Hk + g) * D, D * sizeof(float));
+        if (p->kv16) {                                       /* the new K/V rounded to fp16 once */
+            uint16_t *K16 = (uint16_t *)p->gk + li * Hk * gs * D, *V16 = (uint16_t *)p->gv + li * Hk * gs * D;
+            for (int64_t g = 0; g < Hk; g++) {
+                tc_f2h_row(K16 + (g * gs + L) * D, qkv + (H + g) * D, D);
+                tc_f2h_row(V16 + (g * gs + L) * D, qkv + (H + Hk + g) * D, D);
+            }
+            attend_all_h(qkv, H, Hk, D, K16, V16, gs, K16, V16, 0, NULL, L, y, (float *)p->sc, nt);
+        } else {
+            float *K = gk + li * Hk * gs * D, *Vc = gv + li * Hk * gs * D;
+            for (int64_t g = 0; g < Hk; g++) {
+                memcpy(K + (g * gs + L) * D, qkv + (H + g) * D, D * sizeof(float));
+                memcpy(Vc + (g * gs + L) * D, qkv + (H + Hk + g) * D, D * sizeof(float));
+            }
+            attend_all(qkv, H, Hk, D, K, Vc, gs, K, Vc, 0, NULL, L, y, (float *)p->sc, nt);
         }
-        attend_all(qkv, H, Hk, D, K, Vc, gs, K, Vc, 0, NULL, L, y, (float *)p->sc, nt);
         llama_tail(t, li + 1 < p->n_layers ? t + LTAB_COLS : NULL, x, h, xq, eps, y, H * D, (float *)p->u, p->hidden,
                    d, qkv, (int)p->wfmt, nt);
+        if (p->drop) tc_drop((const int64_t *)p->drop + li * 2 * TC_DROP_RANGES, TC_DROP_RANGES);   /* all read */
     }
     ((int64_t *)p->lens)[0] += 1;
     ((int64_t *)p->lens_cpu)[0] += 1;
@@ -174,4 +187,5 @@ void tc_llama_step(const tc_lplan *p, int64_t tok, int64_t L, float eps, float c
     if (p->rescore_k > 0)
         rescore(logits, p->V, p->rescore_k, (const int8_t *)p->head_q, (const float *)p->head_s, h, d);
     if (cap > 0.f) tc_softcap(logits, p->V, cap);
+    if (p->drop) tc_drop((const int64_t *)p->drop + p->n_layers * 2 * TC_DROP_RANGES, TC_DROP_RANGES);   /* the head */
 }

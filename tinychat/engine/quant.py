@@ -128,6 +128,14 @@ def _from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None,
     return out
 
 
+def _drop_read_pages(lin) -> None:
+    """After a quant Linear's forward: hand its mapped weight pages back (its page_drop, a page_drop.PageRanges set
+    where EngineOptions.drop_pages is on for a stored model; None or absent: nothing)."""
+    pd = lin.__dict__.get("page_drop")
+    if pd is not None:
+        pd.drop()
+
+
 class BF16Linear(torch.nn.Module):
     """A Linear whose weight is stored in bf16: half the bytes to stream per token. The matmul runs on bf16 inputs
     (fp32 accumulation inside oneDNN), the output is returned in the input dtype."""
@@ -260,6 +268,11 @@ class Int8Linear(torch.nn.Module):
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def forward(self, x):
+        y = self._forward(x)
+        _drop_read_pages(self)
+        return y
+
+    def _forward(self, x):
         shape = x.shape
         rows = x.numel() // shape[-1]
         kernel = self.prefill_kernel(rows, x.device.type == "cpu")
@@ -380,6 +393,11 @@ class Int4Linear(torch.nn.Module):
         return "native-gemm" if cpu and self.gemm_lib() is not None else "fp32-gemm"
 
     def forward(self, x):
+        y = self._forward(x)
+        _drop_read_pages(self)
+        return y
+
+    def _forward(self, x):
         shape = x.shape
         lib = self.gemm_lib() if x.device.type == "cpu" else None
         if lib is None:
