@@ -445,4 +445,4 @@ void tc_step(const tc_plan *p, int64_t tok, int64_t L, float inv, float cap, int
 
 #include "native_llama.h"
 
-int tc_abi_version(void) { return 16; }
+int tc_abi_version(void) { return 17; }
