@@ -353,10 +353,10 @@ def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # native steps: int8 or int4 as a whole). The q/k/v rows are the most sensitive to 4 bits when the norm gains are
 # folded into them: SmolLM2-135M's perplexity on tests/perf/data/held_text.txt, fp32 25.8, int8 26.6, every layer
 # Linear int4 49.1, q/k/v int8 38.1 (+12% bytes a token), q/k/v and down int8 34.3 (+32%); docs/benchmarks.md,
-# "--quant int4". With the gains kept apart (in_gain, GAIN_KEYS) q/k/v go int4 too: INT4_INT8_NAMES_GAINED.
+# "--quant int4". With the gains kept apart (in_gain, GAIN_OF) q/k/v go int4 too, INT4_INT8_NAMES_GAINED: SmolLM2's
+# int4 30.98 with q/k/v int4, 31.63 with them int8 (docs/benchmarks.md, "Norm gains kept apart").
 INT4_INT8_NAMES = ("head", "w_v", "w_k", "w_q", "w_kv_local", "w_kv_global")
-INT4_INT8_NAMES_GAINED = ("head", "w_v", "w_k")      # a model with input gains: q/k/v int4 (docs/benchmarks.md,
-                                                     # "Norm gains kept apart")
+INT4_INT8_NAMES_GAINED = ("head", "w_v", "w_k")      # a model with input gains: q/k/v int4
 
 
 def int4_keeps_int8(name: str, gained: bool = False) -> bool:
