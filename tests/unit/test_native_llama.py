@@ -22,7 +22,9 @@ TOKENS = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(
 
 def _lin(m, v):
     """An int8 (int4) Linear as the kernels compute it: int8 rows (int4 rows times their group scales) times the
-    int8-rounded activations, in float64."""
+    int8-rounded activations (times the Linear's input gain first, where it has one), in float64."""
+    if getattr(m, "in_gain", None) is not None:
+        v = v.float() * m.in_gain
     if type(m) is Int4Linear:
         y = native.dequant4_ref(m.qweight, m.scale, m.in_features) @ native.quant8_ref(v.float())
         return y if m.bias is None else y + m.bias.double()
@@ -78,6 +80,19 @@ class RefStep:
         return logits
 
 
+def _with_gains(m, seed=3):
+    """m with norm gains kept apart (model.in_gains, as a llama import leaves them): spread gains with outliers."""
+    g = torch.Generator().manual_seed(seed)
+    d = m.cfg.d_model
+
+    def gain():
+        v = torch.rand(d, generator=g) + 0.3
+        v[torch.randint(0, d, (3,), generator=g)] *= 12          # a few outlier columns, as real checkpoints have
+        return v
+    m.in_gains = {f"blocks.{i}.{k}": gain() for i in range(m.cfg.n_layers) for k in ("attn", "mlp")}
+    return m
+
+
 def _native_walk(model, nt=1, rescore=True, cache_dtype=torch.float32):
     cache = KVCache(model, 1, 64, "cpu", dtype=cache_dtype)
     dec = Decoder(model, cache, graph=False, options=EngineOptions(native=True, tune_threads=False))
@@ -108,11 +123,14 @@ def _rel(a, b):
     return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
 
 
+@pytest.mark.parametrize("gains", [False, True], ids=["folded", "in-gain"])
 @pytest.mark.parametrize("quant", ["int8", "int4"])
 @pytest.mark.parametrize("nt", [1, 2])
 @pytest.mark.parametrize("bias", [True, False], ids=["qkv-bias", "no-bias"])
-def test_native_llama_step_equals_the_float64_reference_of_its_rounding(bias, nt, quant):
-    q = quantize_cpu(make_llama_model(bias=bias), quant)
+def test_native_llama_step_equals_the_float64_reference_of_its_rounding(bias, nt, quant, gains):
+    m = make_llama_model(bias=bias)
+    q = quantize_cpu(_with_gains(m) if gains else m, quant)
+    assert (q.fused_qkv[0].in_gain is not None) == gains and (q.blocks[0].mlp.up.in_gain is not None) == gains
     got, step, cache = _native_walk(q, nt, rescore=False)
     ref = RefStep(q, step)
     want = torch.stack([ref(t, L, rescore=False) for L, t in enumerate(TOKENS[0].tolist())])
@@ -145,8 +163,10 @@ def test_native_llama_step_runs_any_even_head_dim_and_a_bf16_embedding(head_dim)
     assert _rel(got, want) < 1e-4
 
 
-def test_native_llama_step_stays_close_to_the_pytorch_lean_step_and_agrees_on_greedy_tokens():
-    q = quantize_cpu(make_llama_model(), "int8")
+@pytest.mark.parametrize("gains", [False, True], ids=["folded", "in-gain"])
+def test_native_llama_step_stays_close_to_the_pytorch_lean_step_and_agrees_on_greedy_tokens(gains):
+    m = make_llama_model()
+    q = quantize_cpu(_with_gains(m) if gains else m, "int8")
     fast, _, _ = _native_walk(q)
     slow = _lean_walk(q, torch.float32)
     assert _rel(fast, slow) < 0.02          # int8 activations vs bf16 ones, same int8 weights

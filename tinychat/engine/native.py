@@ -42,8 +42,9 @@ INT8_STEP_VERSION = 6   # the native step's rounding's version: bump it when the
                         # prefill's included (it fills the KV cache a later turn or a restore reads), and give those
                         # paths the new number in KERNEL_PATHS. What each version changed: docs/benchmarks.md,
                         # "Int8 step versions".
-INT4_STEP_VERSION = 1   # the native int4 step's rounding (native_q4.h: Q4_0-style groups of 32 with fp16 scales, the
-                        # int8 activations of the int8 step): sessions record "native-int4-v<N>@<path>"
+INT4_STEP_VERSION = 2   # the native int4 step's rounding (native_q4.h: Q4_0-style groups of 32 with fp16 scales, the
+                        # int8 activations of the int8 step): sessions record "native-int4-v<N>@<path>". 2: the
+                        # llama step multiplies the norm output by the fused matrices' input gains (issue #34)
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ def _build(cc: str) -> Path:
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-ABI = 18                # tc_abi_version() of the source this module binds
+ABI = 19                # tc_abi_version() of the source this module binds
 TC_MAXN = 8             # native.c's highest Engram order for tc_step's hashing
 
 
@@ -131,7 +132,7 @@ class TcLlamaPlan(ctypes.Structure):
 EMB_F32, EMB_BF16, EMB_Q8 = 0, 1, 2     # tc_lplan.embed_fmt (native_llama.h's TC_EMB_*)
 
 
-LTAB_COLS = 10          # native_llama.h's table columns per layer
+LTAB_COLS = 12          # native_llama.h's table columns per layer
 DROP_RANGES = 8         # native.c's TC_DROP_RANGES: (address, bytes) pairs per row of a step's drop table
 
 

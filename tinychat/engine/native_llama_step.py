@@ -6,7 +6,8 @@ PyTorch step it must equal is lean_step._decode_lean).
 What it expresses: every layer global (kv_group 1, no local ring), no QK-norm, SwiGLU, RMSNorm with an epsilon,
 optional q/k/v biases, an optional softcap, no Engram, int8 Linears (no bias on w_o, up, down or the head), an
 fp32 or fp16 cache of batch 1 (fp16: the token's K/V rounded once as written, attention on the rounded rows widened to
-fp32: native_attn_kv.h). Anything else runs lean_step. `--quant int4`: the same step on int4 layer weights (native_q4.h),
+fp32: native_attn_kv.h); input gains (the norm gains kept apart: engine/quant.py's in_gain) on the fused QKV and up
+only, applied to the norm's output. Anything else runs lean_step. `--quant int4`: the same step on int4 layer weights (native_q4.h),
 the head int8. The embedding: an fp32 or bf16 table by pointer, or (a tied stored-quantized model: head_embed.py) the
 head's own int8 rows, their fp32 scales and the inverse final gain, dequantized per token in C to the bits
 HeadRowsEmbedding gives (the step's rounding is unchanged: the row is the model's, exactly)."""
@@ -32,7 +33,9 @@ def expresses(model, fs) -> bool:
     """Can tc_llama_step run this quantized model (fs: its cpu_step.CpuStep)?"""
     c = model.cfg
     lin = [b.attn.w_o for b in model.blocks] + [b.mlp.up for b in model.blocks] + [b.mlp.down for b in model.blocks]
+    no_gain = [b.attn.w_o for b in model.blocks] + [b.mlp.down for b in model.blocks] + [fs.head]
     return (not c.has_local and c.kv_group == 1 and c.mlp_kind == "swiglu" and not c.qk_norm
+            and all(getattr(m, "in_gain", None) is None for m in no_gain)
             and all(b.engram is None and b.attn.mode == "full" for b in model.blocks)
             and layer_format(model, fs) is not None and type(fs.head) is Int8Linear and fs.head.bias is None
             and all(m.bias is None for m in lin)
@@ -83,7 +86,8 @@ class _NativeLlama(_PointerView):
                 bt = q.bias.detach().float().contiguous()
                 self._keep.append(bt)
                 bias = bt.data_ptr()
-            rows.append([*self._ptrs(q), bias, *w(b.attn.w_o), *w(b.mlp.up), *w(b.mlp.down)])
+            rows.append([*self._ptrs(q), bias, *w(b.attn.w_o), *w(b.mlp.up), *w(b.mlp.down),
+                         self._gain(q), self._gain(b.mlp.up)])
         self.tab = torch.tensor(rows, dtype=torch.int64)
         assert self.tab.size(1) == LTAB_COLS
         self.head = self._ptrs(fs.head)
@@ -100,6 +104,15 @@ class _NativeLlama(_PointerView):
         self.rescore_k = RESCORE_K                          # head candidates recomputed in fp32 (0: none)
         self._plan = (lambda: None, None, None)             # (a weak reference to the cache, its key, the plan)
         self.drops = page_drop.step_table(model, fs)      # (table, what it keeps alive) or None: no drops
+
+    def _gain(self, lin) -> int:
+        """The address of lin's (d) fp32 input gain (kept alive here), or 0 for none (engine/quant.py's in_gain)."""
+        g = getattr(lin, "in_gain", None)
+        if g is None:
+            return 0
+        g = g.float().contiguous()
+        self._keep.append(g)
+        return g.data_ptr()
 
     def plan(self, model, cache: KVCache) -> int | None:
         """The address of tc_llama_step's plan for this cache (rebuilt when one of the tensors it points into is

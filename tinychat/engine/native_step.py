@@ -67,7 +67,8 @@ class _NativeStep(_PointerView):
         heads_int8 = isinstance(fs.head, Int8Linear)
         lins = [*fs.qkv, *(m for b in model.blocks for m in (b.attn.w_o, b.mlp.up, b.mlp.down))]
         if not (layer_format(model, fs) is not None and heads_int8 and isinstance(model.embed, torch.nn.Embedding)
-                and all(m.bias is None for m in lins) and fs.head.bias is None):
+                and all(m.bias is None and getattr(m, "in_gain", None) is None for m in lins)
+                and fs.head.bias is None):
             return None
         lib = native.load()
         return None if lib is None else cls(model, fs, lib)
