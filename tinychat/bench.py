@@ -120,7 +120,7 @@ def _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup
     plan = None
     if device == "cpu":
         plan = decide(model, quant, device, options, graph=graph)   # quantized as a chat's model is (plan.py)
-        kv_dtype = torch.float32            # what the CPU speed modes run with (fp32 attention / softmax)
+        kv_dtype = plan.kv_dtype()          # a chat's: fp32, or fp16 (options.kv_cache; fp32 attention either way)
     else:
         if quant == "bf16":
             model = model.to(torch.bfloat16)

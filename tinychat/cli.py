@@ -309,6 +309,9 @@ def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="P
           repeats: int = typer.Option(3, "--repeats", metavar="N", help="Timed repeats (medians are reported)."),
           threads: Optional[int] = typer.Option(None, "--threads", metavar="N", help="CPU threads, pinned (default: torch's, with "
                                                 "the int8 step's thread tuning on)."),
+          kv_cache: Optional[str] = typer.Option(None, "--kv-cache", metavar="auto|fp16|fp32", help="The CPU KV cache "
+                                                 "of an int8 / int4 llama-family model (default: TINYCHAT_KV_CACHE, "
+                                                 "else auto: fp16 where the native step runs)."),
           json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Measure prefill tok/s, time to first token, batch-1 decode tok/s, KV bytes per token and peak RSS."""
     import json
@@ -321,8 +324,13 @@ def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="P
     if model is not None and config is not None:
         raise UsageError("give --model or --config, not both")
     check_threads(threads)
+    from .options import EngineOptions
+    if kv_cache is not None:
+        check_choice("--kv-cache", kv_cache, EngineOptions.KV_CACHES)
+    options = EngineOptions.from_env(**({"kv_cache": kv_cache} if kv_cache else {}))
     if json_out or not sys.stderr.isatty():
-        result = run_bench(model, config, quant, device, prompt_len, gen_len, repeats, threads=threads)
+        result = run_bench(model, config, quant, device, prompt_len, gen_len, repeats, threads=threads,
+                           options=options)
     else:
         from rich.progress import Progress
         with Progress(transient=True) as bar:
@@ -332,7 +340,7 @@ def bench(model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="P
                 bar.update(task, completed=done, total=total, description=what)
 
             result = run_bench(model, config, quant, device, prompt_len, gen_len, repeats, progress=progress,
-                               threads=threads)
+                               threads=threads, options=options)
     if json_out:
         typer.echo(json.dumps(result))
     else:

@@ -21,9 +21,10 @@ import torch
 from .fsutil import atomic_write
 from .mapped import MappedWeights
 from .nativebuild import cache_dir
+from .norm_gains import GAINS_FILE
 
 SCHEME = 2      # 2: an identity is only remembered for weights found finite (no NaN / Inf) while hashed
-FILES = ("config.json", "model.safetensors")
+FILES = ("config.json", "model.safetensors")     # and norm_gains.py's GAINS_FILE where there is one
 
 
 def model_identity(model, check_finite: bool = True) -> str:
@@ -45,6 +46,9 @@ def model_identity(model, check_finite: bool = True) -> str:
                                           "checkpoint)")
                 part = part.float() if widen else part
                 h.update(part.view(torch.uint8).numpy())
+    for k, t in sorted((getattr(model, "in_gains", None) or {}).items()):    # norm_gains.py: kept-apart gains
+        h.update(f"in_gains.{k}".encode())
+        h.update(t.detach().float().contiguous().view(torch.uint8).numpy())
     return h.hexdigest()
 
 
@@ -69,6 +73,11 @@ def file_key(folder: Path) -> list | None:
         except OSError:
             return None
         key.append([name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns])
+    try:                                        # optional: an import's norm gains (norm_gains.py), hashed too
+        st = os.stat(Path(folder) / GAINS_FILE)
+        key.append([GAINS_FILE, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns])
+    except OSError:
+        pass
     return key
 
 

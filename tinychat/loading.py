@@ -87,10 +87,14 @@ def load_folder(path: Path, quant: str = "none", check_finite: bool = True):
     lie, whatever quant says; the plan then runs its stored mode) or a full-precision one (from_pretrained; quant
     int8 / int4 / bf16: the Linear weights stay as stored until quantized)."""
     from .model import TinyAgentLM
+    from .norm_gains import load_gains
     from .quant_files import load_quantized, stored_mode
     if stored_mode(Path(path)) is not None:
         return load_quantized(Path(path), check_finite=check_finite)
-    return TinyAgentLM.from_pretrained(path, stored_linears=quant in ("int8", "int4", "bf16"), check_finite=check_finite)
+    model = TinyAgentLM.from_pretrained(path, stored_linears=quant in ("int8", "int4", "bf16"),
+                                        check_finite=check_finite)
+    load_gains(model, Path(path))           # an import's norm gains, for quantize_cpu (norm_gains.py)
+    return model
 
 
 def resolve_device(device: str, resolve: bool = True) -> str:

@@ -53,17 +53,28 @@ class MappedWeights:
         a, b = st.data_ptr(), st.data_ptr() + st.nbytes()
         return any(start <= a and b <= end for start, end in self.ranges)
 
+    def page_span(self, t) -> tuple[int, int] | None:
+        """(first address, bytes) of the whole pages inside t's bytes when t is a contiguous tensor in a mapped
+        weight file (a neighbour keeps the edge pages it shares), else None (also: no whole page)."""
+        if not (t.is_contiguous() and self.holds(t)):
+            return None
+        a = t.data_ptr()
+        b = a + t.numel() * t.element_size()
+        lo, hi = -(-a // PAGE) * PAGE, b // PAGE * PAGE
+        return (lo, hi - lo) if hi > lo else None
+
     def drop(self, t) -> int:
         """Drop the whole pages of t's bytes from the process (t stays valid: its next read faults them back from
         the file). Returns the bytes dropped: 0 when t is not in a mapped weight file."""
-        if not (t.is_contiguous() and self.holds(t)):
+        span = self.page_span(t)
+        if span is None or self._madvise(span[0], span[1], MADV_DONTNEED) != 0:
             return 0
-        a = t.data_ptr()
-        b = a + t.numel() * t.element_size()
-        lo, hi = -(-a // PAGE) * PAGE, b // PAGE * PAGE      # whole pages only: a neighbour keeps its edge pages
-        if hi <= lo or self._madvise(lo, hi - lo, MADV_DONTNEED) != 0:
-            return 0
-        return hi - lo
+        return span[1]
+
+    def drop_span(self, lo: int, n: int) -> bool:
+        """Drop the n bytes of whole pages at lo, a page_span of a tensor this process still holds (its mapping
+        alive: a freed mapping's range could be other memory by now). True when dropped."""
+        return self._madvise is not None and n > 0 and self._madvise(lo, n, MADV_DONTNEED) == 0
 
     def blocks(self, t):
         """t's leading-dim slices of about BLOCK bytes, in order, each one's pages dropped once the caller has read

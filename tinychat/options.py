@@ -1,6 +1,7 @@
 """EngineOptions: how the engine runs a model, as one object handed to Decoder, quantize_cpu, append and Chat (never
 module globals flipped from outside). Torch-free. Environment variables set the defaults (EngineOptions.from_env:
-TINYCHAT_NATIVE, TINYCHAT_STEP_IN_C, TINYCHAT_PREFILL_BF16, TINYCHAT_PAD_SHAPES, TINYCHAT_TUNE_THREADS, each 0 or 1);
+TINYCHAT_NATIVE, TINYCHAT_STEP_IN_C, TINYCHAT_PREFILL_BF16, TINYCHAT_PAD_SHAPES, TINYCHAT_TUNE_THREADS,
+TINYCHAT_DROP_PAGES, each 0 or 1; the tri-state ones "auto" too; TINYCHAT_KV_CACHE: auto, fp16 or fp32);
 engine/native.py reads TINYCHAT_NATIVE=0 too, and then does not build the kernels at all."""
 from __future__ import annotations
 
@@ -21,10 +22,24 @@ class EngineOptions:
     pad_shapes: bool | None = None      # append pads chunks to stable shapes; None: on GPUs only (True: tests)
     tune_threads: bool = True           # the native step picks its thread count by measurement (threads.py);
                                         # False: torch.get_num_threads() as set (the CLI's --threads N)
+    drop_pages: bool | None = None      # a stored-quantized model's mapped weight pages handed back once read (the
+                                        # native step per layer, a quant Linear after its prefill: engine/page_drop.py);
+                                        # None: on for stored models of page_drop.DROP_MIN_BYTES (4 GiB) or more of
+                                        # mapped quant weights (less resident memory, slower decode)
+    kv_cache: str = "auto"              # the CPU KV cache of an int8 / int4 global-attention (llama-family) model:
+                                        # "fp16" (half the memory and the bytes a step reads; sessions record
+                                        # "+kv16" with the step), "fp32", or "auto": fp16 where the native step runs
+                                        # (plan.kv_format); TinyAgentLM's ring cache and GPUs' bf16 stay as they are
 
     ENV = {"native": "TINYCHAT_NATIVE", "step_in_c": "TINYCHAT_STEP_IN_C",
            "prefill_bf16": "TINYCHAT_PREFILL_BF16", "pad_shapes": "TINYCHAT_PAD_SHAPES",
-           "tune_threads": "TINYCHAT_TUNE_THREADS"}
+           "tune_threads": "TINYCHAT_TUNE_THREADS", "drop_pages": "TINYCHAT_DROP_PAGES",
+           "kv_cache": "TINYCHAT_KV_CACHE"}
+    KV_CACHES = ("auto", "fp16", "fp32")
+
+    def __post_init__(self):
+        if self.kv_cache not in self.KV_CACHES:
+            raise ValueError(f"kv_cache must be one of {', '.join(self.KV_CACHES)}, not {self.kv_cache!r}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kw) -> "EngineOptions":
@@ -34,7 +49,10 @@ class EngineOptions:
         vals: dict = {}
         for name, var in cls.ENV.items():
             raw = env.get(var, "").strip().lower()
-            if raw in ("1", "true", "yes", "on"):
+            if name == "kv_cache":
+                if raw:
+                    vals[name] = raw
+            elif raw in ("1", "true", "yes", "on"):
                 vals[name] = True
             elif raw in ("0", "false", "no", "off"):
                 vals[name] = False

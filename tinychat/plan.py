@@ -28,6 +28,17 @@ class ExecutionPlan:
                                         # not int8)
     threads: int = 0                    # torch's thread count when decided (0: not known)
     quant_why: str | None = None        # why `--quant auto` chose the mode (None: a mode given by hand)
+    drop_pages: bool = False            # the model's mapped weight pages go back once read (options.drop_pages
+                                        # resolved: engine/page_drop.py; a stored-quantized model only)
+    kv_cache: str | None = None         # the CPU KV cache's format, "fp16" or "fp32" (kv_format: EngineOptions.kv_cache
+                                        # resolved); None: not decided (fp32 on the CPU, bf16 on GPUs)
+
+    def kv_dtype(self):
+        """The torch dtype of the chat's KV cache: kv_cache's, else fp32 on the CPU and bf16 on GPUs."""
+        import torch
+        if self.kv_cache is not None:
+            return torch.float16 if self.kv_cache == "fp16" else torch.float32
+        return torch.float32 if self.device.split(":")[0] == "cpu" else torch.bfloat16
 
     @property
     def int8_cpu(self) -> bool:
@@ -45,15 +56,18 @@ class ExecutionPlan:
         a model the native step cannot express runs the PyTorch one (Int8Steps.name says what runs)."""
         if not self.int8_cpu:
             return None
-        return step_name(self.native, self.prefill_gemm, self.step_version, self.kernel_path, self.quant)
+        return step_name(self.native, self.prefill_gemm, self.step_version, self.kernel_path, self.quant,
+                         self.kv_cache == "fp16")
 
 
-def step_name(native: bool, prefill: str | None, version: int | None, path: str | None, mode: str = "int8") -> str:
+def step_name(native: bool, prefill: str | None, version: int | None, path: str | None, mode: str = "int8",
+              kv16: bool = False) -> str:
     """The int8 step's name as sessions record it: the decode step ("native-int8-v<N>", or "torch-int8", the
     fallback without kernels), then the prefill's GEMM where it is not the decode step's own rounding
     ("+native-prefill-v<N>", "+bf16-prefill", "+fp32-prefill"), then, where native kernels run, "@" and their path.
     native: the decode step runs in the kernels; prefill: the int8 Linears' prefill kernel (Int8Linear.prefill_kernel);
-    version, path: the plan's; mode: int8 or int4 ("native-int4-v<N>", "torch-int4")."""
+    version, path: the plan's; mode: int8 or int4 ("native-int4-v<N>", "torch-int4"); kv16: the KV cache holds fp16
+    ("+kv16" before the path: another rounding of every attention, so another step to replay on)."""
     name = f"native-{mode}-v{version}" if native else f"torch-{mode}"
     if prefill == "native-gemm" and not native:
         name += f"+native-prefill-v{version}"
@@ -61,6 +75,8 @@ def step_name(native: bool, prefill: str | None, version: int | None, path: str 
         name += "+bf16-prefill"
     elif prefill == "fp32-gemm" and native:
         name += "+fp32-prefill"
+    if kv16:
+        name += "+kv16"
     if native or prefill == "native-gemm":
         name += f"@{path}"           # vector widths sum in other orders: avx512-vnni, avx2-vnni, ...
     return name
@@ -83,6 +99,7 @@ def decide(model, quant: str | None = None, device: str = "cpu", options: Engine
     have = quant_mode(model)
     want = have if quant is None else effective_mode(quant)
     stored = getattr(model, "stored_quant", None)     # a stored-quantized file (quant_files.py): its mode only
+    drop = False
     if stored is not None:
         from .quant_files import configure, mismatch
         if quant is not None and quant_why is None and quant != stored:
@@ -90,7 +107,7 @@ def decide(model, quant: str | None = None, device: str = "cpu", options: Engine
         if quant_why is not None and want != stored:
             quant_why = f"the model is stored {stored}"
         want = stored                       # --quant auto takes the stored mode
-        configure(model, options)
+        drop = configure(model, options)    # its Linears' options, and whether its mapped pages go back once read
         from .engine.quant import release_freed_memory
         release_freed_memory()              # what loading freed (the tokenizer's), as quantizing at start does
     if want == "none":
@@ -108,4 +125,22 @@ def decide(model, quant: str | None = None, device: str = "cpu", options: Engine
         prefill = bulk_prefill_kernel(model)
     return ExecutionPlan(quant=want, device=str(torch.device(device)), options=options, graph=graph, kernel_path=path,
                          step_version=version, prefill_gemm=prefill, threads=torch.get_num_threads(),
-                         quant_why=quant_why)
+                         quant_why=quant_why, drop_pages=drop, kv_cache=kv_format(model, want, dev, options, path))
+
+
+def kv_format(model, mode: str, dev: str, options: EngineOptions, path: str | None) -> str | None:
+    """The KV cache's format on the CPU, "fp16" or "fp32" (None on GPUs: bf16). fp16 only for an int8 / int4 model
+    whose layers are all global (the llama family; TinyAgentLM's local ring keeps fp32) and whose steps sessions
+    record; options.kv_cache "auto" takes it where the native step runs on SIMD kernels (F16C / AVX-512 or NEON
+    conversions: not the scalar path), where it halves the bytes a long context's step reads (docs/benchmarks.md,
+    "fp16 KV cache")."""
+    if dev != "cpu":
+        return None
+    cfg = model.cfg
+    if mode not in ("int8", "int4") or cfg.has_local or cfg.is_tinyagent or options.kv_cache == "fp32":
+        return "fp32"
+    if options.kv_cache == "fp16":
+        return "fp16"
+    llama_step = (cfg.kv_group == 1 and cfg.mlp_kind == "swiglu" and not cfg.qk_norm  # the shapes tc_llama_step
+                  and not model.engram_modules())                                     # runs (native_llama_step)
+    return "fp16" if llama_step and options.native and path is not None and path != "scalar" else "fp32"

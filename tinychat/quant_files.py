@@ -27,6 +27,11 @@ Two layouts (VERSION_KEY):
   bias: engine/fused.py's rows, [q | k | v], exactly quantize_cpu's fuse_qkv): a load builds it from the mapped
   tensors and the q/k/v Linears as views of its rows, so nothing is copied (layout 1 copies them into the fused
   rows at every load).
+- "3" (a model whose importer kept its norm gains apart, tinychat/norm_gains.py: every llama-family import since
+  issue #34): layout 2's fused q/k/v (ATTN.w_qkv.*), the embedding as layout 2 where tied (TIED_KEY present) else as
+  layout 1, and each gained Linear's input gain beside its packed tensors (ATTN.w_qkv.in_gain, BLOCK.mlp.up.in_gain:
+  (d,) fp32, engine/quant.py's in_gain): the weights are quantized with the gain divided out, and under int4 the
+  q/k/v rows are int4 too (int4_keeps_int8's gained rule). Older layouts load and run as they always did (folded).
 
 Torch-free to import (store.py lists models without torch): stored_mode reads the file's header only."""
 from __future__ import annotations
@@ -36,8 +41,8 @@ from pathlib import Path
 
 FORMAT_KEY = "tinychat_quant"
 VERSION_KEY = "tinychat_quant_version"
-FORMAT_VERSION = 2             # the newest layout this tinychat writes (a tied embedding read from the head rows)
-VERSIONS = ("1", "2")          # the layouts it reads
+FORMAT_VERSION = 3             # the newest layout this tinychat writes (the norm gains kept apart)
+VERSIONS = ("1", "2", "3")     # the layouts it reads
 TIED_KEY = "embed.inv_gain"    # version 2: the (d,) fp32 factors of the embedding read from the head's int8 rows
 QKV = "w_qkv"                  # version 2: ATTN.w_qkv.* per attention, its q/k/v Linears' rows fused (engine/fused.py)
 MODES = ("int8", "int4")
@@ -69,10 +74,11 @@ def stored_mode(folder: Path) -> str | None:
     return str(meta[FORMAT_KEY])
 
 
-def _linear_class(name: str, mode: str):
-    """The quant Linear class quantize_cpu(mode) gives the Linear at module path name."""
+def _linear_class(name: str, mode: str, gained: bool = False):
+    """The quant Linear class quantize_cpu(mode) gives the Linear at module path name (gained: a model with input
+    gains, layout 3)."""
     from .engine.quant import Int4Linear, Int8Linear, int4_keeps_int8
-    return Int4Linear if mode == "int4" and not int4_keeps_int8(name) else Int8Linear
+    return Int4Linear if mode == "int4" and not int4_keeps_int8(name, gained) else Int8Linear
 
 
 def packed_shapes(cls, rows: int, cols: int) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -123,12 +129,15 @@ def qkv_groups(model) -> list[tuple[str, list, dict]]:
     return out
 
 
-def layout(model, mode: str, tied: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
+def layout(model, mode: str, tied: bool = False, gained: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
     """{tensor name: (shape, safetensors dtype)} of the stored-`mode` file of a model like `model` (an unquantized
     TinyAgentLM, built from its config): every Linear's packed tensors, the other tensors as the model holds them;
-    tied (version 2): no embed.weight, TIED_KEY instead, and per attention one fused q/k/v Linear (ATTN.w_qkv.*, the
-    rows in engine/fused.py's order) instead of its q/k/v Linears' tensors."""
+    tied (versions 2, 3): no embed.weight, TIED_KEY instead; tied or gained (version 3): per attention one fused
+    q/k/v Linear (ATTN.w_qkv.*, the rows in engine/fused.py's order) instead of its q/k/v Linears' tensors; gained:
+    each gained Linear's in_gain (engine/quant.py's gain_key), the fused one's for q/k/v."""
     import torch
+
+    from .engine.quant import gain_key
     sd = model.state_dict()
     out = {}
     linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
@@ -138,29 +147,36 @@ def layout(model, mode: str, tied: bool = False) -> dict[str, tuple[tuple[int, .
             continue
         out[k] = (tuple(t.shape), _st_dtype(t))
     for n, m in linears.items():
-        for leaf, spec in packed_shapes(_linear_class(n, mode), m.out_features, m.in_features).items():
+        for leaf, spec in packed_shapes(_linear_class(n, mode, gained), m.out_features, m.in_features).items():
             out[f"{n}.{leaf}"] = spec
         if m.bias is not None:
             out[f"{n}.bias"] = ((m.out_features,), "F32")
+        if gained and gain_key(n) is not None:
+            out[f"{n}.in_gain"] = ((m.in_features,), "F32")
     if tied:
         del out["embed.weight"]
         out[TIED_KEY] = ((model.cfg.d_model,), "F32")
+    if tied or gained:
         for attn, pieces, names in qkv_groups(model):
             for n in names.values():
-                for leaf in ("qweight", "scale", "bias"):
+                for leaf in ("qweight", "scale", "bias", "in_gain"):
                     out.pop(f"{n}.{leaf}", None)
             first, rows = pieces[0][0], sum(b - a for _, a, b in pieces)
-            for leaf, spec in packed_shapes(_linear_class(names[first], mode), rows, first.in_features).items():
+            for leaf, spec in packed_shapes(_linear_class(names[first], mode, gained), rows,
+                                            first.in_features).items():
                 out[f"{attn}.{QKV}.{leaf}"] = spec
             if first.bias is not None:
                 out[f"{attn}.{QKV}.bias"] = ((rows,), "F32")
+            if gained and gain_key(names[first]) is not None:
+                out[f"{attn}.{QKV}.in_gain"] = ((first.in_features,), "F32")
     return out
 
 
 def save_quantized(model, folder: Path, mode: str) -> None:
     """Quantize `model` (a full-precision TinyAgentLM) to `mode` in place (quantize_cpu: the bytes a chat's start
     would make) and write folder/config.json and folder/model.safetensors (atomic writes) holding it packed: layout
-    version 2 (no embedding, TIED_KEY) where tied_inv_gain(model) gives the factors, else version 1.
+    version 3 where the model keeps its norm gains apart (model.in_gains), else version 2 (no embedding, TIED_KEY)
+    where tied_inv_gain(model) gives the factors, else version 1.
     ValueError when this build cannot make the mode (int8 without torch's int8 kernel runs as bf16)."""
     from safetensors.torch import save_file
 
@@ -170,8 +186,9 @@ def save_quantized(model, folder: Path, mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"--quant must be one of {', '.join(MODES)} to store packed weights (got {mode!r})")
     inv = tied_inv_gain(model)
-    want = layout(model, mode, tied=inv is not None)
-    groups = qkv_groups(model) if inv is not None else []
+    gained = bool(getattr(model, "in_gains", None))
+    want = layout(model, mode, tied=inv is not None, gained=gained)
+    groups = qkv_groups(model) if inv is not None or gained else []
     quantize_cpu(model, mode)
     if quant_mode(model) != mode:
         raise ValueError(f"this PyTorch build cannot make --quant {mode} weights (it runs {quant_mode(model)})")
@@ -180,9 +197,10 @@ def save_quantized(model, folder: Path, mode: str) -> None:
     if inv is not None:
         del sd["embed.weight"]              # read from the head rows (head_embed.py)
         sd[TIED_KEY] = inv
+    if groups:
         for (attn, _, names), fused in zip(groups, model.fused_qkv):    # q/k/v as the runtime fuses them
             for n in names.values():
-                for leaf in ("qweight", "scale", "bias"):
+                for leaf in ("qweight", "scale", "bias", "in_gain"):
                     sd.pop(f"{n}.{leaf}", None)
             for leaf, t in [*fused.named_buffers(recurse=False), *fused.named_parameters(recurse=False)]:
                 sd[f"{attn}.{QKV}.{leaf}"] = t.detach().contiguous().clone()
@@ -190,7 +208,7 @@ def save_quantized(model, folder: Path, mode: str) -> None:
     if got != want:                         # the runtime's modules and layout() disagree: a bug here
         bad = sorted(set(got.items()) ^ set(want.items()))[:2]
         raise ValueError(f"internal error: the {mode} tensors are not the stored layout ({bad})")
-    meta = {"format": "pt", FORMAT_KEY: mode, VERSION_KEY: "2" if inv is not None else "1"}
+    meta = {"format": "pt", FORMAT_KEY: mode, VERSION_KEY: "3" if gained else "2" if inv is not None else "1"}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / WEIGHTS_FILE, lambda tmp: save_file(sd, str(tmp), metadata=meta))
@@ -258,24 +276,26 @@ def load_quantized(folder: Path, check_finite: bool = True):
     if header is None:
         raise CheckpointError(f"{wpath}: unreadable safetensors file")
     mode, version = _check_header(wpath, header, cfg)
-    tied = version == "2"
+    gained = version == "3"
+    tied = version == "2" or (gained and TIED_KEY in header)
+    fused_file = tied or gained             # q/k/v stored fused (ATTN.w_qkv.*)
     token = _SKIP_INIT.set(True)
     try:
         model = TinyAgentLM(cfg)
     finally:
         _SKIP_INIT.reset(token)
-    _compare(wpath, header, layout(model, mode, tied))
+    _compare(wpath, header, layout(model, mode, tied, gained))
     try:
         sd = load_file(str(wpath))          # memory-mapped
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{wpath}: unreadable safetensors file ({str(e).splitlines()[0][:120]})") from None
     mapped = MappedWeights()
-    groups = qkv_groups(model) if tied else []
+    groups = qkv_groups(model) if fused_file else []
     fused_in_file = {n for _, _, names in groups for n in names.values()}
     targets = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n not in fused_in_file]
     for n, m in targets:
-        q = _linear_class(n, mode).from_packed(sd[f"{n}.qweight"], sd[f"{n}.scale"], sd.get(f"{n}.bias"),
-                                               m.in_features)
+        q = _linear_class(n, mode, gained).from_packed(sd[f"{n}.qweight"], sd[f"{n}.scale"], sd.get(f"{n}.bias"),
+                                                       m.in_features, in_gain=sd.get(f"{n}.in_gain"))
         parent, _, leaf = n.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, q)
     del targets, m
@@ -285,11 +305,11 @@ def load_quantized(folder: Path, check_finite: bool = True):
     for k, v in sd.items():                 # the other tensors: big floats stay mapped, small buffers are copied
         if not k.endswith((".qweight", ".scale")) and not (v.is_floating_point() and v.nbytes >= KEEP_MAPPED_BYTES):
             sd[k] = mapped.copy_out(v, v.dtype)
-    if tied:
-        _fused_from_file(model, sd, mode, groups)
+    if fused_file:
+        _fused_from_file(model, sd, mode, groups, gained)
     model.load_state_dict(sd, strict=True, assign=True)
     del sd
-    if not tied and hasattr(model, "blocks"):
+    if not fused_file and hasattr(model, "blocks"):
         pieces = [t for b in model.blocks for lin in (b.attn.w_q, b.attn.w_kv_local, b.attn.w_kv_global)
                   if lin is not None for t in (lin.qweight, lin.scale)]
         fuse_qkv(model)                     # the fused rows are a copy: the pieces' pages of the file go back
@@ -303,8 +323,8 @@ def load_quantized(folder: Path, check_finite: bool = True):
     return model.eval()
 
 
-def _fused_from_file(model, sd: dict, mode: str, groups) -> None:
-    """Version 2: model.fused_qkv, one quant Linear per attention holding the file's ATTN.w_qkv tensors as they lie
+def _fused_from_file(model, sd: dict, mode: str, groups, gained: bool = False) -> None:
+    """Versions 2 and 3: model.fused_qkv, one quant Linear per attention holding the file's ATTN.w_qkv tensors as they lie
     (taken out of sd), and its q/k/v Linears made of views of their rows (engine/fused.py's piece_rows; a copy only
     for a piece whose rows split around another's), their tensors put in sd under their own names: what quantize_cpu
     leaves, with no copy of the mapped rows."""
@@ -312,30 +332,39 @@ def _fused_from_file(model, sd: dict, mode: str, groups) -> None:
     fused = []
     for attn, pieces, names in groups:
         first = pieces[0][0]
-        cls = _linear_class(names[first], mode)
+        cls = _linear_class(names[first], mode, gained)
+        gain = sd.pop(f"{attn}.{QKV}.in_gain", None)
         f = cls.from_packed(sd.pop(f"{attn}.{QKV}.qweight"), sd.pop(f"{attn}.{QKV}.scale"),
-                            sd.pop(f"{attn}.{QKV}.bias", None), first.in_features)
+                            sd.pop(f"{attn}.{QKV}.bias", None), first.in_features, in_gain=gain)
         for lin, runs in piece_runs(pieces).items():
             parts = {leaf: piece_rows(getattr(f, leaf), lin, runs) for leaf in ("qweight", "scale")}
             bias = None if f.bias is None else piece_rows(f.bias.detach(), lin, runs)
-            q = cls.from_packed(parts["qweight"], parts["scale"], bias, lin.in_features)
+            q = cls.from_packed(parts["qweight"], parts["scale"], bias, lin.in_features, in_gain=f.in_gain)
+            q.in_gain = f.in_gain                    # the fused Linear's own tensor, shared
             n = names[lin]
             parent, _, leaf = n.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, leaf, q)
             sd.update({f"{n}.{k}": v for k, v in parts.items()})
             if bias is not None:
                 sd[f"{n}.bias"] = q.bias
+            if f.in_gain is not None:
+                sd[f"{n}.in_gain"] = f.in_gain
         fused.append(f)
     model.fused_qkv = fused
 
 
-def configure(model, options) -> None:
+def configure(model, options) -> bool:
     """Set the engine options a quantize_cpu run would fix into each quant Linear (prefill_bf16, native) on a
-    stored-quantized model's Linears, the fused q/k/v ones included."""
+    stored-quantized model's Linears, the fused q/k/v ones included, and whether each hands its mapped pages back
+    after its forward (options.drop_pages, resolved for this model: engine/page_drop.py). Returns that."""
+    from .engine import page_drop
     from .engine.quant import Int4Linear, Int8Linear
     mods = [m for m in model.modules() if type(m) in (Int8Linear, Int4Linear)]
     for m in [*mods, *getattr(model, "fused_qkv", [])]:
         m.prefill_bf16, m.native = options.prefill_bf16, bool(options.native)
+    drop = page_drop.resolve(options.drop_pages, model)
+    page_drop.arm(model, drop)
+    return drop
 
 
 def mismatch(stored: str, quant: str) -> str:

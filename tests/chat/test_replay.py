@@ -131,10 +131,40 @@ def test_a_llama_int8_chat_records_the_native_prefill_beside_the_pytorch_decode_
     from tinychat.engine.quant import cpu_has_amx
     v, at = native.step_version(), "@" + native.kernel_path()
     off = "torch-int8+bf16-prefill" if cpu_has_bf16_dot() else "torch-int8"   # kernels off: bf16 GEMMs where they run
+    # the llama the native step runs gets an fp16 KV cache by default (+kv16); the others keep fp32
     if cpu_has_amx():                           # AMX tiles: bf16 prefill GEMMs whatever the decode step
-        assert names == [f"native-int8-v{v}+bf16-prefill{at}", "torch-int8+bf16-prefill", off]
+        assert names == [f"native-int8-v{v}+bf16-prefill+kv16{at}", "torch-int8+bf16-prefill", off]
     else:
-        assert names == [f"native-int8-v{v}{at}", f"torch-int8+native-prefill-v{v}{at}", off]
+        assert names == [f"native-int8-v{v}+kv16{at}", f"torch-int8+native-prefill-v{v}{at}", off]
+
+
+def test_an_fp16_cache_session_replays_exact_on_its_step_and_is_another_step_on_an_fp32_cache():
+    """The fp16 KV cache rounds every attention otherwise: its turns record "+kv16" with the step, replay token-exact
+    on a chat with that cache, and are "another step" (not a divergence) on a chat whose cache is fp32."""
+    from support import make_llama_model, tokenizer
+    from tinychat.engine import EngineOptions, native
+    if native.load() is None or native.kernel_path() == "scalar":
+        pytest.skip("no native kernels with fp16 conversions here")
+    tok = tokenizer()
+
+    def chat(kv):
+        m = make_llama_model(vocab_size=tok.vocab_size)
+        m.set_token_strings(tok.token_strings())
+        return make_chat(m, quant="int8", max_new=8, seed=2, autosave=False, options=EngineOptions(kv_cache=kv))
+
+    c16 = chat("auto")
+    assert c16.cache.kv16 and "+kv16@" in c16.step_name()
+    c16.send("hello there")
+    c16.send("and the cat")
+    sess = c16.session
+    assert all("+kv16@" in m.settings["step"] for m in sess.messages if m.role == "assistant")
+    report = replay(chat("fp16"), sess)
+    assert report.ok and all(t.tokens == t.recorded for t in report.turns)
+    c32 = chat("fp32")
+    assert not c32.cache.kv16 and "+kv16" not in c32.step_name()
+    report = replay(c32, sess)
+    assert not report.ok and not report.divergences and report.step_mismatch
+    assert "with an fp16 KV cache" in report.step_note() and "which this machine does not have" in report.step_note()
 
 
 def test_the_step_version_moves_only_on_the_kernel_paths_whose_rounding_changed():

@@ -72,7 +72,8 @@ def main():
     import torch
 
     from tinychat.engine import quantize_cpu
-    from tinychat.model import TOKENIZER_FILE, TinyAgentLM
+    from tinychat.loading import load_folder
+    from tinychat.model import TOKENIZER_FILE
     from tinychat.quant_files import load_quantized, stored_mode
     from tinychat.tokenizer import Tokenizer
     torch.set_num_threads(a.threads)
@@ -87,7 +88,7 @@ def main():
         if stored is not None:
             m = load_quantized(path)
         else:
-            m = TinyAgentLM.from_pretrained(path).eval()
+            m = load_folder(path, mode).eval()          # an import's norm gains too, where it has them
             if mode != "none":
                 quantize_cpu(m, mode)
         nll, picks, n = score(m, ids, a.ctx)

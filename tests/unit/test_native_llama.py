@@ -22,7 +22,9 @@ TOKENS = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(
 
 def _lin(m, v):
     """An int8 (int4) Linear as the kernels compute it: int8 rows (int4 rows times their group scales) times the
-    int8-rounded activations, in float64."""
+    int8-rounded activations (times the Linear's input gain first, where it has one), in float64."""
+    if getattr(m, "in_gain", None) is not None:
+        v = v.float() * m.in_gain
     if type(m) is Int4Linear:
         y = native.dequant4_ref(m.qweight, m.scale, m.in_features) @ native.quant8_ref(v.float())
         return y if m.bias is None else y + m.bias.double()
@@ -41,10 +43,12 @@ def _rope(v, cs, sn):
 
 
 class RefStep:
-    """tc_llama_step in float64 PyTorch: its own K/V lists, the same rounding of every int8 product's input."""
+    """tc_llama_step in float64 PyTorch: its own K/V lists, the same rounding of every int8 product's input; kv16:
+    K/V rounded to fp16 as an fp16 cache stores them (the rest in float64)."""
 
-    def __init__(self, model, fs):
+    def __init__(self, model, fs, kv16=False):
         self.m, self.fs, self.c = model, fs, model.cfg
+        self.r = (lambda t: t.float().half().double()) if kv16 else (lambda t: t)
         self.eps = model.cfg.norm_eps
         self.k = [[] for _ in model.blocks]
         self.v = [[] for _ in model.blocks]
@@ -57,8 +61,8 @@ class RefStep:
         for li, blk in enumerate(m.blocks):
             heads = _lin(self.fs.qkv[li], _rms(x, self.eps)).view(-1, D)
             q = _rope(heads[:H], cs, sn) / math.sqrt(D)
-            self.k[li].append(_rope(heads[H:H + Hk], cs, sn))
-            self.v[li].append(heads[H + Hk:H + 2 * Hk])
+            self.k[li].append(self.r(_rope(heads[H:H + Hk], cs, sn)))
+            self.v[li].append(self.r(heads[H + Hk:H + 2 * Hk]))
             K, V = torch.stack(self.k[li], 1), torch.stack(self.v[li], 1)        # (Hk, L + 1, D)
             rep = H // Hk
             s = torch.einsum("hd,hld->hl", q, K.repeat_interleave(rep, 0))
@@ -74,6 +78,19 @@ class RefStep:
             ids = logits.topk(RESCORE_K).indices
             logits[ids] = (self.fs.head.qweight[ids].double() @ hd) * self.fs.head.scale[ids].double()
         return logits
+
+
+def _with_gains(m, seed=3):
+    """m with norm gains kept apart (model.in_gains, as a llama import leaves them): spread gains with outliers."""
+    g = torch.Generator().manual_seed(seed)
+    d = m.cfg.d_model
+
+    def gain():
+        v = torch.rand(d, generator=g) + 0.3
+        v[torch.randint(0, d, (3,), generator=g)] *= 12          # a few outlier columns, as real checkpoints have
+        return v
+    m.in_gains = {f"blocks.{i}.{k}": gain() for i in range(m.cfg.n_layers) for k in ("attn", "mlp")}
+    return m
 
 
 def _native_walk(model, nt=1, rescore=True, cache_dtype=torch.float32):
@@ -106,11 +123,14 @@ def _rel(a, b):
     return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
 
 
+@pytest.mark.parametrize("gains", [False, True], ids=["folded", "in-gain"])
 @pytest.mark.parametrize("quant", ["int8", "int4"])
 @pytest.mark.parametrize("nt", [1, 2])
 @pytest.mark.parametrize("bias", [True, False], ids=["qkv-bias", "no-bias"])
-def test_native_llama_step_equals_the_float64_reference_of_its_rounding(bias, nt, quant):
-    q = quantize_cpu(make_llama_model(bias=bias), quant)
+def test_native_llama_step_equals_the_float64_reference_of_its_rounding(bias, nt, quant, gains):
+    m = make_llama_model(bias=bias)
+    q = quantize_cpu(_with_gains(m) if gains else m, quant)
+    assert (q.fused_qkv[0].in_gain is not None) == gains and (q.blocks[0].mlp.up.in_gain is not None) == gains
     got, step, cache = _native_walk(q, nt, rescore=False)
     ref = RefStep(q, step)
     want = torch.stack([ref(t, L, rescore=False) for L, t in enumerate(TOKENS[0].tolist())])
@@ -143,8 +163,10 @@ def test_native_llama_step_runs_any_even_head_dim_and_a_bf16_embedding(head_dim)
     assert _rel(got, want) < 1e-4
 
 
-def test_native_llama_step_stays_close_to_the_pytorch_lean_step_and_agrees_on_greedy_tokens():
-    q = quantize_cpu(make_llama_model(), "int8")
+@pytest.mark.parametrize("gains", [False, True], ids=["folded", "in-gain"])
+def test_native_llama_step_stays_close_to_the_pytorch_lean_step_and_agrees_on_greedy_tokens(gains):
+    m = make_llama_model()
+    q = quantize_cpu(_with_gains(m) if gains else m, "int8")
     fast, _, _ = _native_walk(q)
     slow = _lean_walk(q, torch.float32)
     assert _rel(fast, slow) < 0.02          # int8 activations vs bf16 ones, same int8 weights
@@ -174,3 +196,28 @@ def test_llama_configs_the_kernel_does_not_express_get_no_native_step(change):
     kw = {"qk_norm": True} if change == "qk_norm" else {"mlp_kind": "relu2"}
     q = quantize_cpu(make_llama_model(**kw), "int8")
     assert CpuStep.build(q, EngineOptions(native=True)).nat is None
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+@pytest.mark.parametrize("nt", [1, 2])
+def test_native_llama_step_on_an_fp16_cache_equals_the_float64_reference_with_fp16_keys_and_values(nt, quant):
+    q = quantize_cpu(make_llama_model(), quant)
+    got, step, cache = _native_walk(q, nt, rescore=False, cache_dtype=torch.float16)
+    assert step.nat.plan(q, cache) is not None                  # the kernel ran on the fp16 cache itself
+    ref16, ref32 = RefStep(q, step, kv16=True), RefStep(q, step)
+    want = torch.stack([ref16(t, L, rescore=False) for L, t in enumerate(TOKENS[0].tolist())])
+    plain = torch.stack([ref32(t, L, rescore=False) for L, t in enumerate(TOKENS[0].tolist())])
+    assert _rel(got, want) < 1e-4
+    assert _rel(got, want) < _rel(got, plain) / 4               # it reads the rounded K/V, not fp32 ones
+    K = torch.stack(ref16.k[1], 1)                              # the cache holds them rounded once
+    assert cache.gk.dtype == torch.float16 and _rel(cache.gk[1, 0, :, :TOKENS.size(1)], K) < 2e-3
+
+
+def test_an_fp16_cache_walk_replays_bit_exact_and_matches_the_pytorch_step_on_greedy_tokens():
+    q = quantize_cpu(make_llama_model(), "int8")
+    a, _, ca = _native_walk(q, cache_dtype=torch.float16)
+    b, _, cb = _native_walk(q, cache_dtype=torch.float16)
+    assert torch.equal(a, b) and torch.equal(ca.gk, cb.gk)
+    slow = _lean_walk(q, torch.float16)                         # the PyTorch step on an fp16 cache (fp32 attention)
+    assert _rel(a, slow) < 0.02
+    assert (a.argmax(-1) == slow.argmax(-1)).float().mean() >= 0.9

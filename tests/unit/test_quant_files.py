@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from tinychat.cli import main
 from tinychat.engine import int8_kernel_ok, quantize_cpu
 from tinychat.importer import ImportRefused, import_model, list_models
-from tinychat.loading import load_runtime, open_chat
+from tinychat.loading import load_folder, load_runtime, open_chat
 from tinychat.mapped import MappedWeights
 from tinychat.model import CheckpointError, TinyAgentLM
 from tinychat.quant_files import FORMAT_KEY, TIED_KEY, VERSION_KEY, layout, load_quantized, stored_mode
@@ -52,7 +52,8 @@ def _main(args, capsys):
 def test_a_stored_file_holds_exactly_what_quantizing_at_start_makes(tmp_path, mode, variant):
     full, packed = _pair(tmp_path, mode, variant)
     assert stored_mode(full) is None and stored_mode(packed) == mode
-    want = quantize_cpu(TinyAgentLM.from_pretrained(full), mode).state_dict()
+    want = quantize_cpu(load_folder(full, mode), mode).state_dict()       # the norm gains kept apart: in_gain
+    assert any(k.endswith(".in_gain") for k in want)
     got = load_quantized(packed)
     assert got.stored_quant == mode
     have = got.state_dict()
@@ -60,8 +61,9 @@ def test_a_stored_file_holds_exactly_what_quantizing_at_start_makes(tmp_path, mo
     assert sorted(have) == sorted({*want, TIED_KEY} - {"embed.weight"} if tied else want)
     for k, v in want.items():
         assert (tied and k == "embed.weight") or (have[k].dtype == v.dtype and torch.equal(have[k], v)), k
-    for a, b in zip(got.fused_qkv, quantize_cpu(TinyAgentLM.from_pretrained(full), mode).fused_qkv):
+    for a, b in zip(got.fused_qkv, quantize_cpu(load_folder(full, mode), mode).fused_qkv):
         assert type(a) is type(b) and torch.equal(a.qweight, b.qweight) and torch.equal(a.scale, b.scale)
+        assert torch.equal(a.in_gain, b.in_gain)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -12,10 +12,11 @@ import torch
 from tinychat.engine import Decoder, KVCache, append, int8_kernel_ok, native, quantize_cpu
 from tinychat.engine.head_embed import HeadRowsEmbedding, embed_rows
 from tinychat.importer import import_model
-from tinychat.loading import load_runtime, open_chat
+from tinychat.loading import load_folder, load_runtime, open_chat
 from tinychat.mapped import MappedWeights
 from tinychat.model import CheckpointError, Embedding, TinyAgentLM
 from tinychat.options import EngineOptions
+from tinychat.norm_gains import GAINS_FILE
 from tinychat.quant_files import QKV, TIED_KEY, VERSION_KEY, load_quantized, read_header, save_quantized
 from tinychat.settings import ChatSettings
 
@@ -46,7 +47,7 @@ def test_a_tied_models_stored_file_has_no_embedding_and_reads_it_from_the_head_r
     cfg, w, src = _src(tmp_path)
     full, packed = import_model(src, name="full"), import_model(src, name="p", quant=mode)
     h, meta = _header(packed)
-    assert meta[VERSION_KEY] == "2" and "embed.weight" not in h and h[TIED_KEY]["shape"] == [cfg["hidden_size"]]
+    assert meta[VERSION_KEY] == "3" and "embed.weight" not in h and h[TIED_KEY]["shape"] == [cfg["hidden_size"]]
     m = load_quantized(packed)
     assert isinstance(m.embed, HeadRowsEmbedding) and m.embed.head is m.head
     mapped = MappedWeights()                                  # by reference: the head's mapped tensors, no table
@@ -54,8 +55,8 @@ def test_a_tied_models_stored_file_has_no_embedding_and_reads_it_from_the_head_r
     assert not [k for k in m.state_dict() if k.startswith("embed.") and k != TIED_KEY]
     g = w["model.norm.weight"].double()
     assert torch.equal(m.embed.inv_gain, (1.0 / g).float())
-    # every other tensor is quantize_cpu's of the full-precision import, bit for bit
-    want = quantize_cpu(TinyAgentLM.from_pretrained(full), mode).state_dict()
+    # every other tensor is quantize_cpu's of the full-precision import (its norm gains kept apart), bit for bit
+    want = quantize_cpu(load_folder(full, mode), mode).state_dict()
     have = m.state_dict()
     assert sorted(have) == sorted({*want, TIED_KEY} - {"embed.weight"})
     for k, v in want.items():
@@ -74,14 +75,14 @@ def test_a_tied_models_file_holds_q_k_v_fused_and_a_load_runs_them_where_they_li
     _, _, src = _src(tmp_path, variant)
     full, packed = import_model(src, name="full"), import_model(src, name="p", quant=mode)
     h, meta = _header(packed)
-    assert meta[VERSION_KEY] == "2" and not [k for k in h if ".w_q." in k or ".w_kv_" in k]
-    ref = quantize_cpu(TinyAgentLM.from_pretrained(full), mode)
+    assert meta[VERSION_KEY] == "3" and not [k for k in h if ".w_q." in k or ".w_kv_" in k]
+    ref = quantize_cpu(load_folder(full, mode), mode)
     m = load_quantized(packed)
     mapped = MappedWeights()
     assert len(m.fused_qkv) == len(ref.fused_qkv) == len(m.blocks) == len([k for k in h if k.endswith(f"{QKV}.scale")])
     for i, (f, r, blk) in enumerate(zip(m.fused_qkv, ref.fused_qkv, m.blocks)):
         assert type(f) is type(r) and f"blocks.{i}.attn.{QKV}.qweight" in h
-        for leaf in ("qweight", "scale", "bias"):             # quantize_cpu's fused rows, bit for bit
+        for leaf in ("qweight", "scale", "bias", "in_gain"):  # quantize_cpu's fused rows, bit for bit
             a, b = getattr(f, leaf), getattr(r, leaf)
             assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), (i, leaf)
         assert mapped.holds(f.qweight) and mapped.holds(f.scale)        # the file's own bytes: no copy
@@ -200,10 +201,29 @@ def test_a_chat_on_a_tied_stored_model_runs_the_stored_step_and_replays_exactly(
 
 
 def _as_v1(full: Path, dest: Path, mode: str) -> Path:
-    """What an older tinychat wrote for the tied model: the layout-1 file (the fp32 embedding kept)."""
+    """What an older tinychat wrote for the tied model: the layout-1 file (the fp32 embedding kept, the gains folded)."""
     shutil.copytree(full, dest)
     (dest / "model.safetensors").unlink()
-    save_quantized(TinyAgentLM.from_pretrained(full), dest, mode)        # no tied_gain: layout 1
+    (dest / GAINS_FILE).unlink()
+    save_quantized(TinyAgentLM.from_pretrained(full), dest, mode)        # no tied_gain, no in_gains: layout 1
+    return dest
+
+
+def _as_v2(full: Path, dest: Path, mode: str, gain: torch.Tensor) -> Path:
+    """What the tinychat before issue #34's gains wrote for the tied model: layout 2 (the gains folded)."""
+    shutil.copytree(full, dest)
+    (dest / "model.safetensors").unlink()
+    (dest / GAINS_FILE).unlink()
+    m = TinyAgentLM.from_pretrained(full)
+    m.tied_gain = gain
+    save_quantized(m, dest, mode)
+    return dest
+
+
+def _older_import(full: Path, dest: Path) -> Path:
+    """The full-precision import as a tinychat before issue #34's gains wrote it: no norm gains file (folded)."""
+    shutil.copytree(full, dest)
+    (dest / GAINS_FILE).unlink()
     return dest
 
 
@@ -217,20 +237,35 @@ def test_a_version_1_file_of_a_tied_model_still_loads_and_chats_as_quantizing_at
     m = load_quantized(v1)
     assert type(m.embed) is Embedding
     st = ChatSettings(max_new=10, temperature=0.0, seed=1)
-    a = open_chat(load_runtime(full, mode), mode, "cpu", st, {}, autosave=False)
+    a = open_chat(load_runtime(_older_import(full, tmp_path / "old"), mode), mode, "cpu", st, {}, autosave=False)
     b = open_chat(load_runtime(v1, mode), mode, "cpu", st, {}, autosave=False)
     ra, rb = a.send("hello there"), b.send("hello there")
     assert len(ra.token_ids) > 3 and ra.token_ids == rb.token_ids and a.step_name() == b.step_name()
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_version_2_file_of_a_tied_model_still_loads_and_chats_folded(tmp_path, mode):
+    _, w, src = _src(tmp_path)
+    full = import_model(src, name="full")
+    v2 = _as_v2(full, tmp_path / "v2", mode, w["model.norm.weight"].float())
+    h, meta = _header(v2)
+    assert meta[VERSION_KEY] == "2" and TIED_KEY in h and not [k for k in h if k.endswith(".in_gain")]
+    m = load_quantized(v2)
+    assert isinstance(m.embed, HeadRowsEmbedding) and all(f.in_gain is None for f in m.fused_qkv)
+    assert all(type(f) is type(m.head) for f in m.fused_qkv)            # q/k/v int8 under int4 too, as before
+    st = ChatSettings(max_new=10, temperature=0.0, seed=1)
+    r = open_chat(load_runtime(v2, mode), mode, "cpu", st, {}, autosave=False).send("hello there")
+    assert len(r.token_ids) > 3
+
+
 def test_an_untied_model_and_a_gain_with_a_zero_keep_their_embedding(tmp_path):
     _, _, src = _src(tmp_path, "qwen2-bias-untied")
     h, meta = _header(import_model(src, name="untied", quant="int4"))
-    assert meta[VERSION_KEY] == "1" and "embed.weight" in h and TIED_KEY not in h
+    assert meta[VERSION_KEY] == "3" and "embed.weight" in h and TIED_KEY not in h
     _, _, src = _src(tmp_path / "z", change=lambda w: w["model.norm.weight"].__setitem__(2, 0.0))
     folder = import_model(src, name="zero-gain", quant="int4")
     h, meta = _header(folder)
-    assert meta[VERSION_KEY] == "1" and "embed.weight" in h and TIED_KEY not in h
+    assert meta[VERSION_KEY] == "3" and "embed.weight" in h and TIED_KEY not in h
     assert type(load_quantized(folder).embed) is Embedding
 
 
@@ -247,7 +282,11 @@ DAMAGES = {
     "inf-head-scale": (_inf_head_scale, "head.scale holds NaN"),
     "gain-shape": (lambda sd, meta: sd.update({TIED_KEY: sd[TIED_KEY][:-1].clone()}), f"{TIED_KEY} is F32"),
     "gain-dtype": (lambda sd, meta: sd.update({TIED_KEY: sd[TIED_KEY].half()}), f"{TIED_KEY} is F16"),
-    "v2-without-gain": (lambda sd, meta: sd.pop(TIED_KEY), f"missing {TIED_KEY}"),
+    "v2-without-gain": (lambda sd, meta: (sd.pop(TIED_KEY), meta.update({VERSION_KEY: "2"})), f"missing {TIED_KEY}"),
+    "v3-without-gain": (lambda sd, meta: sd.pop(TIED_KEY), "missing embed.weight"),
+    "v3-without-in-gain": (lambda sd, meta: sd.pop("blocks.1.mlp.up.in_gain"), "missing blocks.1.mlp.up.in_gain"),
+    "nan-in-gain": (lambda sd, meta: sd[f"blocks.0.attn.{QKV}.in_gain"].__setitem__(1, float("nan")),
+                    "in_gain holds NaN"),
     "v1-without-embedding": (lambda sd, meta: meta.update({VERSION_KEY: "1"}), "missing blocks.0.attn.w_kv_global.qweight"),
     "nan-in-fused-qkv": (lambda sd, meta: sd[f"blocks.0.attn.{QKV}.scale"].__setitem__(1, float("nan")),
                          "blocks.0.attn.w_q.scale holds NaN"),

@@ -63,8 +63,7 @@ class Chat:
         self.quant = plan.quant
         self.quant_auto: str | None = plan.quant_why   # why `--quant auto` chose this mode (None: given by hand)
         self.max_len = min(max_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
-        dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
-        self.cache = KVCache(model, 1, self.max_len, self.device, dtype=dtype)
+        self.cache = KVCache(model, 1, self.max_len, self.device, dtype=plan.kv_dtype())   # fp16 / fp32 / bf16
         self.decoder = Decoder(model, self.cache, graph=plan.graph, plan=plan)
         self.steps = Int8Steps(model, self.decoder, plan)
         self.timeline = CacheTimeline(model, self.cache, self.decoder, self.steps, tokenizer, plan.options.pad_shapes)

@@ -200,7 +200,7 @@ class PrefillView(CacheView):
         B, C = idx.shape
         dev = idx.device
         Hk, D, W = c.n_kv_heads, c.head_dim, c.swa_window
-        self.cache, self.rows, self.W, self.dt = cache, rows, W, cache.gk.dtype
+        self.cache, self.rows, self.W, self.dt = cache, rows, W, cache.attn_dtype      # fp16 cache: fp32 attention
         n = self.n = n_cpu.to(dev, non_blocking=True)
         rdev, sel, lens, lens_cpu = _rows(cache, B, dev, rows)
         self.rdev, self.sel = rdev, sel
@@ -269,19 +269,24 @@ class PrefillView(CacheView):
             group = attn.group
             k, v = kvp["w_kv_global"] if kvp is not None else attn.w_kv_global(h).view(B, C, 2, Hk, D).unbind(2)
             k, v = _heads(attn.qkn, k), v.transpose(1, 2)                           # (B, Hk, C, D) each
-            if nat is not None:
+            if nat is not None and cache.gk.dtype == dt:
                 native.rope_heads(nat, k[0], self.csn, out=cache.gk[group][0, :, self.at])
                 native.rope_heads(nat, v[0], None, out=cache.gv[group][0, :, self.at])
+            elif nat is not None:          # fp16 cache: rotated as above, rounded to fp16 as the decode step rounds
+                cache.gk[group][0, :, self.at] = native.rope_heads(nat, k[0], self.csn)
+                cache.gv[group][0, :, self.at] = v[0]
             else:
                 k = self.rot(k)
-                cache.gk[group][lay.bidx, :, lay.gpos] = k.transpose(1, 2).to(dt)
-                cache.gv[group][lay.bidx, :, lay.gpos] = v.transpose(1, 2).to(dt)
+                cache.gk[group][lay.bidx, :, lay.gpos] = k.transpose(1, 2).to(cache.gk.dtype)
+                cache.gv[group][lay.bidx, :, lay.gpos] = v.transpose(1, 2).to(cache.gv.dtype)
+            lgmax = self.L0 + C if nat is not None else self.blocks[-1][2]
             if self.rows is None:
                 self.Kg_all, self.Vg_all = cache.gk[group], cache.gv[group]
             else:
-                lgmax = self.blocks[-1][2]
                 self.Kg_all = cache.gk[group][self.rdev, :, :lgmax]
                 self.Vg_all = cache.gv[group][self.rdev, :, :lgmax]
+            if cache.gk.dtype != dt and nat is None:   # fp16: every key so far (the chunk's too) read back rounded
+                self.Kg_all, self.Vg_all = self.Kg_all[:, :, :lgmax].to(dt), self.Vg_all[:, :, :lgmax].to(dt)
         Kg_all, Vg_all = self.Kg_all, self.Vg_all
         local = attn.w_kv_local is not None
         if local:
@@ -293,14 +298,18 @@ class PrefillView(CacheView):
                 seq_v[:, :, :W] = cache.lv[li].index_select(2, self.ring_idx[0])
                 native.rope_heads(nat, kl[0], self.csn, out=seq_k[0, :, W:])
                 native.rope_heads(nat, vl[0], None, out=seq_v[0, :, W:])
-                kl, vl = seq_k[:, :, W:], seq_v[:, :, W:]
+                kl, vl = seq_k[:, :, W:].to(cache.lk.dtype), seq_v[:, :, W:].to(cache.lv.dtype)
             else:
                 kl = self.rot(kl).to(cache.lk.dtype)
                 vl = vl.to(cache.lv.dtype)
-                seq_k = torch.cat([sel(cache.lk[li]).gather(2, self.ring_gather), kl], dim=2)   # (B, Hk, W + C, D)
-                seq_v = torch.cat([sel(cache.lv[li]).gather(2, self.ring_gather), vl], dim=2)
-        if nat is not None:                # int8 with the native kernels: each query against only its keys
+                seq_k = torch.cat([sel(cache.lk[li]).gather(2, self.ring_gather), kl], dim=2).to(dt)   # (B, Hk,
+                seq_v = torch.cat([sel(cache.lv[li]).gather(2, self.ring_gather), vl], dim=2).to(dt)   # W + C, D)
+        if nat is not None and Kg_all.dtype != dt and not local:   # an fp16 cache: its rows widened as read (the
+            y = native.prefill_attn_h(nat, q[0], Kg_all[0], Vg_all[0], self.L0)[None]   # decode step's reading)
+        elif nat is not None:              # int8 with the native kernels: each query against only its keys
             seq = (seq_k[0], seq_v[0], self.spos) if local else None
+            if Kg_all.dtype != dt:         # fp16 with a local band (not a default): the rows widened first
+                Kg_all, Vg_all = Kg_all[:, :, :self.L0 + C].to(dt), Vg_all[:, :, :self.L0 + C].to(dt)
             y = native.prefill_attn(nat, q[0], Kg_all[0], Vg_all[0], seq, self.L0, W if seq else 0)[None]
         else:
             ys = []
@@ -334,10 +343,10 @@ def _fused_prefill(model, rows: int, dev):
 def _native_attn(model, cache: KVCache, dev, rows, n_cpu, C: int):
     """The native kernels for this prefill's attention (native.prefill_attn), or None for SDPA: only an int8 model
     whose prefill runs on the native kernels (its rounding is the int8 step's, recorded with the step's version and
-    the kernel path), one row of fp32 cache on the CPU, every token of the chunk valid, a kernel path whose
+    the kernel path), one row of fp32 (or fp16: read back as fp32) cache on the CPU, every token of the chunk valid, a kernel path whose
     KERNEL_PATHS entry takes prefill's attention (the x86 levels)."""
     from .quant import native_prefill
-    if dev.type != "cpu" or cache.gk.dtype != torch.float32 or cache.B != 1 or rows is not None \
+    if dev.type != "cpu" or cache.gk.dtype not in (torch.float32, torch.float16) or cache.B != 1 or rows is not None \
             or int(n_cpu[0]) != C:
         return None
     if not native_prefill(model):            # False unless its Linears are int8 / int4 (and on the native GEMM)
@@ -416,15 +425,16 @@ class ChunkView(CacheView):
         if loc is not None:
             kl, vl = loc[0].to(cache.lk.dtype), loc[1].to(cache.lv.dtype)
         # grouped-query attention straight against the cache: queries (B, Hk, rep*C, D)
-        q2 = q.to(cache.gk.dtype).reshape(B, Hk, rep * C, D)
+        adt = cache.attn_dtype                                                  # fp16 cache: read back as fp32
+        q2 = q.to(adt).reshape(B, Hk, rep * C, D)
         if self.rows is None:
-            Kg, Vg = cache.gk[group][:, :, :Lg], cache.gv[group][:, :, :Lg]
+            Kg, Vg = cache.gk[group][:, :, :Lg].to(adt), cache.gv[group][:, :, :Lg].to(adt)
         else:
-            Kg, Vg = cache.gk[group][self.rdev, :, :Lg], cache.gv[group][self.rdev, :, :Lg]
+            Kg, Vg = cache.gk[group][self.rdev, :, :Lg].to(adt), cache.gv[group][self.rdev, :, :Lg].to(adt)
         s = q2 @ Kg.transpose(-1, -2)
         if loc is not None:
-            Kl = torch.cat([sel(cache.lk[li]), kl], dim=2)                      # (B, Hk, W+1+C, D) (small)
-            Vl = torch.cat([sel(cache.lv[li]), vl], dim=2)
+            Kl = torch.cat([sel(cache.lk[li]), kl], dim=2).to(adt)              # (B, Hk, W+1+C, D) (small)
+            Vl = torch.cat([sel(cache.lv[li]), vl], dim=2).to(adt)
             s = torch.cat([s, q2 @ Kl.transpose(-1, -2)], dim=-1)
         s = s.float() * self.scale
         s = s.view(B, Hk, rep, C, -1).masked_fill(~self.mask, self.neg)
@@ -458,7 +468,7 @@ class DecodeView(CacheView):
         c = model.cfg
         dev = idx.device
         W = c.swa_window
-        self.cache, self.L, self.dt = cache, L, cache.gk.dtype
+        self.cache, self.L, self.dt = cache, L, cache.attn_dtype          # fp16 cache: fp32 attention
         p2 = torch.full((1, 1), L, device=dev, dtype=torch.long)
         self.addrs = _engram_addrs(model, cache.tokens[:1], p2[0], idx)
         cache.tokens[0, L] = idx[0, 0]
@@ -480,16 +490,16 @@ class DecodeView(CacheView):
         q, glob, loc = attn.heads(h, self.rot)
         if glob is not None:
             k, v = glob
-            cache.gk[group][:, :, L] = k[:, :, 0].to(dt)
-            cache.gv[group][:, :, L] = v[:, :, 0].to(dt)
-            self.Kg, self.Vg = cache.gk[group][:, :, :L + 1], cache.gv[group][:, :, :L + 1]
+            cache.gk[group][:, :, L] = k[:, :, 0].to(cache.gk.dtype)
+            cache.gv[group][:, :, L] = v[:, :, 0].to(cache.gv.dtype)
+            self.Kg, self.Vg = cache.gk[group][:, :, :L + 1].to(dt), cache.gv[group][:, :, :L + 1].to(dt)
         Kg, Vg = self.Kg, self.Vg
         q2 = q.to(dt).reshape(1, Hk, rep, D)
         s = q2 @ Kg.transpose(-1, -2)
         if loc is not None:
             kl, vl = loc[0].to(cache.lk.dtype), loc[1].to(cache.lv.dtype)
-            Kl = torch.cat([cache.lk[li][:1], kl], dim=2)
-            Vl = torch.cat([cache.lv[li][:1], vl], dim=2)
+            Kl = torch.cat([cache.lk[li][:1], kl], dim=2).to(dt)
+            Vl = torch.cat([cache.lv[li][:1], vl], dim=2).to(dt)
             s = torch.cat([s, q2 @ Kl.transpose(-1, -2)], dim=-1)
         s = s.float() * self.scale
         s = s.view(1, Hk, rep, 1, -1).masked_fill(self.inv, self.neg)

@@ -1,6 +1,10 @@
 """The small KV cache: one global K/V per layer GROUP (grows with the context) + one ring of `swa_window` local
 K/V slots per layer (constant size). Every tensor has one extra scratch slot at its end, where padded / no-op
-writes land, so steps need no boolean filtering and no host syncs. Row lengths are mirrored on the CPU."""
+writes land, so steps need no boolean filtering and no host syncs. Row lengths are mirrored on the CPU.
+
+dtype: fp32 on the CPU, bf16 on GPUs, or fp16 on the CPU (EngineOptions.kv_cache, plan.kv_cache_dtype: half the
+memory and the bytes a decode step reads): every write rounds K/V to fp16 once, every reader widens them back to fp32
+(attn_dtype) and computes as with an fp32 cache."""
 from __future__ import annotations
 
 import math
@@ -40,6 +44,17 @@ class KVCache:
         self.tokens = torch.zeros(B, max_len + 1, device=device, dtype=torch.long)      # history (Engram context)
         self.static_feed = None   # set by a GPU Decoder: append() replays captured graphs for short batch-1 chunks
         self._host = None                             # numpy views (host()), made on first use
+
+    @property
+    def attn_dtype(self) -> torch.dtype:
+        """The dtype attention computes in against this cache: its own, but fp32 for an fp16 cache (K/V stored rounded
+        to IEEE fp16, read back exactly as fp32: fp32 products, softmax and sums, as the native kernels do)."""
+        return torch.float32 if self.gk.dtype == torch.float16 else self.gk.dtype
+
+    @property
+    def kv16(self) -> bool:
+        """The cache holds fp16 K/V (a step on it rounds as the "+kv16" steps sessions record)."""
+        return self.gk.dtype == torch.float16
 
     def length(self, row: int = 0) -> int:
         """Row's current length (its CPU mirror), read without a tensor op."""

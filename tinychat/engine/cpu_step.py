@@ -19,6 +19,7 @@ from .append import _engram_addrs
 from .cache import KVCache
 from .fused import fuse_qkv, n_qk_heads, rope_basis, rope_matrix
 from .head_embed import embed_rows
+from . import page_drop
 from .native_llama_step import _NativeLlama
 from .native_step import _NativeStep
 from ..options import EngineOptions
@@ -42,10 +43,12 @@ class CpuStep:
     q/k heads contiguous, so one norm and one RoPE matmul cover them), per-head norm divisors, the
     RoPE helper matrices, a bf16 activation buffer and, for an int8 model with native kernels, their view of the
     model (`nat`). Build with CpuStep.build(model, options): None for a model quantize_cpu did not touch.
-    mode, native: the plan's quant mode and whether the native step may run (a Decoder given an ExecutionPlan passes
-    them; None: asked of the model's Linears and options.native, for engine callers without a plan)."""
+    mode, native, drop: the plan's quant mode, whether the native step may run and whether it hands the mapped
+    weight pages back once read (a Decoder given an ExecutionPlan passes them; None: asked of the model's Linears,
+    options.native and page_drop.resolve(options.drop_pages), for engine callers without a plan)."""
 
-    def __init__(self, model, options: EngineOptions, mode: str | None = None, native: bool | None = None):
+    def __init__(self, model, options: EngineOptions, mode: str | None = None, native: bool | None = None,
+                 drop: bool | None = None):
         c = model.cfg
         H, Hk, D = c.n_heads, c.n_kv_heads, c.head_dim
         self.mode = quant_mode(model) if mode is None else mode
@@ -64,6 +67,7 @@ class CpuStep:
         self.hb = torch.empty(1, c.d_model, dtype=self.act)
         self.step_in_c = options.step_in_c
         self.tinyagent = c.is_tinyagent
+        self.drop_pages = page_drop.resolve(options.drop_pages, model) if drop is None else drop   # the native steps'
         # native kernels: TinyAgentLM's step (native_step.py) or the llama family's (native_llama_step.py); other
         # configs, and every model without the kernels, run the PyTorch steps (lean_step.py picks its own threads)
         builder = _NativeStep if self.tinyagent else _NativeLlama
@@ -74,9 +78,9 @@ class CpuStep:
 
     @classmethod
     def build(cls, model, options: EngineOptions, mode: str | None = None,
-              native: bool | None = None) -> "CpuStep | None":
+              native: bool | None = None, drop: bool | None = None) -> "CpuStep | None":
         mode = quant_mode(model) if mode is None else mode
-        return None if mode == "none" else cls(model, options, mode, native)
+        return None if mode == "none" else cls(model, options, mode, native, drop)
 
 
 def _decode_fast(model, cache: KVCache, idx, L: int, fs: CpuStep):

@@ -62,8 +62,8 @@ class Decoder:
         if self.graph and feed:          # append() of short chunks on this cache: captured graphs too
             cache.static_feed = _StaticFeed(model, cache, self._static_aux(), capture=self.capture)
         # the lean CPU step of a quantized model (None: fp32, or a device loop)
-        mode, native = (plan.quant, plan.native) if plan is not None else (None, None)
-        self.cpu_step = CpuStep.build(model, self.options, mode, native) \
+        mode, native, drop = (plan.quant, plan.native, plan.drop_pages) if plan is not None else (None, None, None)
+        self.cpu_step = CpuStep.build(model, self.options, mode, native, drop) \
             if self.dev.type == "cpu" and not self.graph else None
 
     @property

@@ -78,6 +78,8 @@ def _share_rows(fused, pieces) -> None:
         if rows is None:
             continue                                       # its rows split around another piece's: keep the copy
         for name, t in [*lin.named_buffers(recurse=False), *lin.named_parameters(recurse=False)]:
+            if name == "in_gain":                          # per column, not per row: the fused one is the same
+                continue
             mine = getattr(fused, name)[rows]
             setattr(lin, name, torch.nn.Parameter(mine, requires_grad=False) if isinstance(t, torch.nn.Parameter)
                     else mine)

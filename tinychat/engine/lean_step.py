@@ -65,7 +65,7 @@ def _step(model, cache: KVCache, idx, L: int, fs):
     R = rope_matrix(fs.eye, fs.P, cs, sn)                           # x @ R == RoPE(x) at position L
     gk, gv = cache.gk[:, 0], cache.gv[:, 0]
     KgT_all, Vg_all = gk[:, :, :L + 1].transpose(-1, -2), gv[:, :, :L + 1]
-    kdt = cache.gk.dtype
+    kdt = cache.attn_dtype                          # an fp16 cache: read back as fp32 (the new rows rounded first)
     x = embed_rows(model.embed, idx[0]).float()                                  # (1, d), a copy
     if R.dtype != x.dtype:
         R = R.to(x.dtype)
@@ -85,19 +85,19 @@ def _step(model, cache: KVCache, idx, L: int, fs):
             group += 1
             gk[group, :, L].copy_(qk[nqk - Hk:nqk])
             gv[group, :, L].copy_(heads[nqk + (Hk if local else 0):])
-            KgT, Vg = KgT_all[group], Vg_all[group]
+            KgT, Vg = KgT_all[group].to(kdt), Vg_all[group].to(kdt)
         s = torch.bmm(q, KgT)                                                    # (Hk, rep, L + 1) global
         if local:
             cache.lk[li, 0, :, slot].copy_(qk[H:H + Hk])
             cache.lv[li, 0, :, slot].copy_(heads[nqk:nqk + Hk])
-            sl = torch.bmm(q, cache.lk[li, 0, :, :W].transpose(-1, -2))          # (Hk, rep, W) local ring
+            sl = torch.bmm(q, cache.lk[li, 0, :, :W].transpose(-1, -2).to(kdt))          # (Hk, rep, W) local ring
             if lbias is not None:
                 sl.add_(lbias)
             s = torch.cat([s, sl], dim=-1)
         p = torch.softmax(s.mul_(scale), dim=-1, dtype=torch.float32).to(kdt)
         y = torch.bmm(p[..., :L + 1], Vg)                                        # (Hk, rep, D)
         if local:
-            y.baddbmm_(p[..., L + 1:], cache.lv[li, 0, :, :W])
+            y.baddbmm_(p[..., L + 1:], cache.lv[li, 0, :, :W].to(kdt))
         x.add_(blk.attn.w_o.mm(y.view(1, H * D).to(bf)))
         hb.copy_(F.rms_norm(x, (x.size(-1),), eps=eps))
         u = blk.mlp.up.mm(hb)

@@ -11,6 +11,7 @@
    step:      a whole TinyAgentLM decode step; llama_step (native_llama.h) the llama family's
    prefill_attn: prefill's attention, batch 1, each query against only the keys it sees
    gemm:      prefill's Y (M, N) = X (M, K) @ (s * q)^T (+ bias), many tokens at once (native_gemm.h)
+   drop:      a mapped weight file's pages handed back once read (EngineOptions.drop_pages; step, llama_step)
 
    The int8 products (gemv, and every Linear of norm_gemv, tail, engram) are native_q8.h's: activations rounded
    to int8 in blocks of 32 (one fp32 scale each, as llama.cpp's Q8_0), exact int32 block dots on the widest
@@ -26,6 +27,9 @@
 #include "native_attn.h"
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#if defined(__linux__)
+#include <sys/mman.h>
 #endif
 
 #define MIN_PAR_WORK (1 << 16)   /* weights per call below which one thread does it all */
@@ -150,56 +154,6 @@ void tc_tail(float *x, float *h, void *xq, float inv, const float *y_attn, int64
 
 
 
-/* The H q heads at heads (H*D) against their K/V group (q head h reads group h / (H / Hk)): keys 0..L of gk/gv
-   ((Hk, gstride, D)) and the W ring slots of lk/lv ((Hk, W + 1, D); W = 0: none). y: (H*D). sc: nt * (H / Hk) *
-   (L + 1 + W) floats of scores. Each thread takes a contiguous range of heads (as a static schedule would); on
-   AVX-512 with D = 64 the heads of its range that share a K/V group run in one pass (attend_grp16, up to 4 at a
-   time: the same bits as one by one; on AVX2 attend_grp8, up to 3, prefill's kernel), so a group split between two
-   threads (SmolLM2's 9 heads in 3 groups over 2 threads) is read once by each instead of once per head. */
-static void attend_all(const float *heads, int64_t H, int64_t Hk, int64_t D, const float *gk, const float *gv,
-                       int64_t gstride, const float *lk, const float *lv, int64_t W, const int64_t *lpos, int64_t L,
-                       float *y, float *sc, int nt) {
-    int64_t rep = H / Hk, n = L + 1 + W;
-/* heads over the threads from short contexts on: a head's attention is little work a layer there, but the step's
-   workers are still spinning from the GEMV before, so splitting costs no wake-up (docs/benchmarks.md, "Kernel
-   figures moved out of the sources") */
-    int par = (L + 1) * H * D > (1 << 14) ? nt : 1;
-#pragma omp parallel num_threads(par)
-    {
-        int64_t me = 0, all = 1;
-#ifdef _OPENMP
-        me = omp_get_thread_num(), all = omp_get_num_threads();
-#endif
-        float *s = sc + me * rep * n;
-        int64_t h = H * me / all, h1 = H * (me + 1) / all;
-        while (h < h1) {
-            int64_t g = h / rep;
-            const float *K = gk + g * gstride * D, *V = gv + g * gstride * D;
-            const float *Kl = lk + g * (W + 1) * D, *Vl = lv + g * (W + 1) * D;
-#if defined(TC_AVX2)
-            int64_t run = ((g + 1) * rep < h1 ? (g + 1) * rep : h1) - h;   /* the range's heads of group g */
-#endif
-#if defined(TC_AVX512)
-            if (D == 64) {                  /* 5 -> 3 + 2, 6 -> 4 + 2, ... */
-                int64_t c = run <= 4 ? run : run == 5 ? 3 : 4;
-                attend_heads16(c, heads + h * D, D, K, V, Kl, Vl, lpos, L, W, D, s, y + h * D, D);
-                h += c;
-                continue;
-            }
-#elif defined(TC_AVX2)
-            if ((D & 7) == 0 && D <= 256) {   /* 4 -> 2 + 2, 5 -> 3 + 2, ... */
-                int64_t c = run <= 3 ? run : run == 4 ? 2 : 3;
-                attend_heads8(c, heads + h * D, D, K, V, Kl, Vl, lpos, L, W, D, s, y + h * D, D);
-                h += c;
-                continue;
-            }
-#endif
-            attend_one(heads + h * D, K, V, Kl, Vl, lpos, L, W, D, s, y + h * D);
-            h++;
-        }
-    }
-}
-
 /* Prefill's rotary embedding, bit for bit append.py's _rope_cs: x1 * c - x2 * s and x1 * s + x2 * c, each product
    rounded, then their difference and sum (the build has -ffp-contract=off), then times scale where it is not 1 (q's
    1 / sqrt(D): one more rounding, as `q * D ** -0.5`). Head h's token i is read at src + i * ss + h * sh (a
@@ -228,48 +182,18 @@ void tc_rope_heads(const float *src, int64_t ss, int64_t sh, int64_t C, int64_t 
     }
 }
 
-/* Prefill attention of one layer, batch 1: C queries at positions L0 .. L0 + C - 1, each against the global keys
-   0..its position of gk/gv ((Hk, gstride, D), the chunk's own keys already written) and its local band: seq_k/seq_v
-   ((Hk, W + C, D): the ring's last W entries in position order, then the chunk's keys) entries i + 1 .. i + W, whose
-   positions spos (W + C; -1: not a key) says. q: (H, C, D), rotated and already scaled by 1/sqrt(D); y: (H, C, D).
-   Every (head, query) pair runs over only the keys it sees; on AVX-512 with D = 64 the heads of a K/V group share
-   one pass over its keys and values (attend_grp16: the same bits); on AVX2 up to 3 heads do (attend_grp8: scores 4
-   keys at a time, its own bits). sc: nt * (H / Hk) * (L0 + C + W) floats. */
+/* Prefill attention of one layer, batch 1 (native_attn_kv.h's prefill_attn says what it computes). */
 void tc_prefill_attn(const float *q, int64_t H, int64_t Hk, int64_t D, int64_t C, int64_t L0, const float *gk,
                      const float *gv, int64_t gstride, const float *seq_k, const float *seq_v, const int64_t *spos,
                      int64_t W, float *y, float *sc, int nt) {
-    int64_t rep = H / Hk, n = L0 + C + W, G = 1;
-#if defined(TC_AVX512)
-    G = grp16_size(rep, D);                 /* heads of a group that share one pass over its keys and values */
-#elif defined(TC_AVX2)
-    if ((D & 7) == 0 && D <= 256) G = grp8_size(rep);
-#endif
-    int64_t ng = rep / G;
-#pragma omp parallel for schedule(dynamic, 4) num_threads(nt)
-    for (int64_t t = 0; t < Hk * ng * C; t++) {
-        int64_t hq = (t / C) * G, i = t % C, g = hq / rep;
-#ifdef _OPENMP
-        float *s = sc + (int64_t)omp_get_thread_num() * G * n;
-#else
-        float *s = sc;
-#endif
-        const float *qi = q + (hq * C + i) * D, *K = gk + g * gstride * D, *V = gv + g * gstride * D;
-        const float *Kl = W ? seq_k + (g * (W + C) + i + 1) * D : K, *Vl = W ? seq_v + (g * (W + C) + i + 1) * D : V;
-        const int64_t *lp = W ? spos + i + 1 : NULL;
-        float *o = y + (hq * C + i) * D;
-#if defined(TC_AVX512)
-        if ((D & 15) == 0 && D <= 256) {
-            attend_heads16(G, qi, C * D, K, V, Kl, Vl, lp, L0 + i, W, D, s, o, C * D);
-            continue;
-        }
-#elif defined(TC_AVX2)
-        if ((D & 7) == 0 && D <= 256) {
-            attend_heads8(G, qi, C * D, K, V, Kl, Vl, lp, L0 + i, W, D, s, o, C * D);
-            continue;
-        }
-#endif
-        attend_one(qi, K, V, Kl, Vl, lp, L0 + i, W, D, s, o);
-    }
+    prefill_attn(q, H, Hk, D, C, L0, gk, gv, gstride, seq_k, seq_v, spos, W, y, sc, nt);
+}
+
+/* tc_prefill_attn on an fp16 cache without local keys (the llama family's): gk / gv hold IEEE fp16 bits, read as
+   the decode step reads them (native_attn_kv.h's _h kernels: the bits tc_prefill_attn gives on the rows widened). */
+void tc_prefill_attn_h(const float *q, int64_t H, int64_t Hk, int64_t D, int64_t C, int64_t L0, const uint16_t *gk,
+                       const uint16_t *gv, int64_t gstride, float *y, float *sc, int nt) {
+    prefill_attn_h(q, H, Hk, D, C, L0, gk, gv, gstride, gk, gv, NULL, 0, y, sc, nt);
 }
 
 /* The attention of one layer for one token at position L, straight against an fp32 KVCache (row 0):
@@ -308,16 +232,33 @@ void tc_attn(float *heads, int64_t H, int64_t Hk, int64_t D, int full, const flo
     attend_all(heads, H, Hk, D, gk, gv, gstride, lk, lv, W, lpos, L, y, sc, nt);
 }
 
+/* Hand n (address, bytes) ranges of whole pages of a mapped weight file back to the system (EngineOptions.drop_pages,
+   engine/page_drop.py): madvise MADV_DONTNEED. The mapping is private and never written, so its pages are the
+   file's own: the next read faults them back from the page cache, the same bytes. A range of 0 bytes is skipped.
+   Elsewhere than Linux this does nothing. The steps' drop tables: per layer TC_DROP_RANGES pairs (its Linears'
+   weights and scales), then one row for the head. */
+#define TC_DROP_RANGES 8
+void tc_drop(const int64_t *r, int64_t n) {
+#if defined(__linux__)
+    for (int64_t i = 0; i < n; i++)
+        if (r[2 * i + 1] > 0) madvise((void *)r[2 * i], (size_t)r[2 * i + 1], MADV_DONTNEED);
+#else
+    (void)r;
+    (void)n;
+#endif
+}
+
 /* Layers [l0, l1) of one token against fp32 caches, in one call: per layer tc_attn then tc_tail, the tail computing
    the next layer's norm + fused QKV while li + 1 < l1 (the caller runs an Engram block and its QKV between
    segments). qkv holds layer l0's fused QKV on entry. tab: per layer TAB_COLS int64s: QKV weights, scales and rows,
    full (1: writes the group's global K/V), group, then w_o, up, down weights and scales. lk/lv: the (L, 1, Hk, W + 1,
-   D) rings, gk/gv: the (G, 1, Hk, gstride, D) global caches. */
+   D) rings, gk/gv: the (G, 1, Hk, gstride, D) global caches. drop: NULL, or the drop table (tc_drop): each layer's
+   pages handed back once its tail has read them. */
 #define TAB_COLS 11
 void tc_layers(const int64_t *tab, int64_t l0, int64_t l1, float *x, float *h, void *xq, float inv, float *qkv,
                float *y, float *u, int64_t hidden, int64_t d, int64_t H, int64_t Hk, int64_t D, const float *cos_,
                const float *sin_, float *lk, float *lv, int64_t W, float *gk, float *gv, int64_t gstride,
-               const int64_t *lpos, int64_t L, float *sc, int fmt, int nt) {
+               const int64_t *lpos, int64_t L, float *sc, const int64_t *drop, int fmt, int nt) {
     int64_t lstep = Hk * (W + 1) * D, gstep = Hk * gstride * D;
     for (int64_t li = l0; li < l1; li++) {
         const int64_t *t = tab + li * TAB_COLS;
@@ -327,6 +268,7 @@ void tc_layers(const int64_t *tab, int64_t l0, int64_t l1, float *x, float *h, v
         tc_tail(x, h, xq, inv, y, H * D, (const void *)t[5], (const void *)t[6], (const void *)t[7],
                 (const void *)t[8], (const void *)t[9], (const void *)t[10], u, hidden, d,
                 n ? (const void *)n[0] : NULL, n ? (const void *)n[1] : NULL, qkv, n ? n[2] : 0, fmt, nt);
+        if (drop) tc_drop(drop + li * 2 * TC_DROP_RANGES, TC_DROP_RANGES);
     }
 }
 
@@ -395,6 +337,7 @@ typedef struct {
     int64_t tab, x, h, xq, qkv, y, u, logits, sc, embed, cos_, sin_, lk, lv, gk, gv, lpos, tokens, lens, lens_cpu,
         head_q, head_s, cid, segs;
     int64_t wfmt;                                  /* the layers' weights' formats (a TC_F_* mask); the head is int8 */
+    int64_t drop;                                  /* 0, or the drop table (tc_drop): n_layers + 1 rows */
 } tc_plan;
 typedef struct {
     int64_t a, b, qkv_q, qkv_s, qkv_n;             /* layers [a, b); the fused QKV of layer a */
@@ -435,14 +378,25 @@ void tc_step(const tc_plan *p, int64_t tok, int64_t L, float inv, float cap, int
         tc_layers((const int64_t *)p->tab, s->a, s->b, x, h, xq, inv, qkv, (float *)p->y, (float *)p->u, p->hidden,
                   d, p->H, p->Hk, p->D, (const float *)p->cos_ + L * half, (const float *)p->sin_ + L * half,
                   (float *)p->lk, (float *)p->lv, W, (float *)p->gk, (float *)p->gv, p->gstride, lpos, L,
-                  (float *)p->sc, (int)p->wfmt, nt);
+                  (float *)p->sc, (const int64_t *)p->drop, (int)p->wfmt, nt);
     }
     ((int64_t *)p->lens)[0] += 1;
     ((int64_t *)p->lens_cpu)[0] += 1;
     tc_norm_gemv(x, h, xq, inv, (const void *)p->head_q, (const void *)p->head_s, (float *)p->logits, p->V, d, 0, nt);
     tc_softcap((float *)p->logits, p->V, cap);
+    if (p->drop) tc_drop((const int64_t *)p->drop + segs[p->n_seg - 1].b * 2 * TC_DROP_RANGES, TC_DROP_RANGES);
 }
 
 #include "native_llama.h"
 
-int tc_abi_version(void) { return 16; }
+/* The fp16 cache's kernels alone, for the tests: the H q heads (H*D, rotated and scaled) against keys 0..L of fp16
+   gk / gv ((Hk, gstride, D) of IEEE fp16 bits), as tc_llama_step's kv16 attention runs them; sc: nt * (H / Hk) *
+   (L + 1) floats. And rows rounded to fp16 / widened back, as its cache writes round them. */
+void tc_attend_h(const float *q, int64_t H, int64_t Hk, int64_t D, const uint16_t *gk, const uint16_t *gv,
+                 int64_t gstride, int64_t L, float *y, float *sc, int nt) {
+    attend_all_h(q, H, Hk, D, gk, gv, gstride, gk, gv, 0, NULL, L, y, sc, nt);
+}
+void tc_f2h_rows(const float *x, uint16_t *h, int64_t n) { tc_f2h_row(h, x, n); }
+void tc_h2f_rows(const uint16_t *h, float *x, int64_t n) { tc_h2f_row(x, h, n); }
+
+int tc_abi_version(void) { return 19; }

@@ -42,8 +42,9 @@ INT8_STEP_VERSION = 6   # the native step's rounding's version: bump it when the
                         # prefill's included (it fills the KV cache a later turn or a restore reads), and give those
                         # paths the new number in KERNEL_PATHS. What each version changed: docs/benchmarks.md,
                         # "Int8 step versions".
-INT4_STEP_VERSION = 1   # the native int4 step's rounding (native_q4.h: Q4_0-style groups of 32 with fp16 scales, the
-                        # int8 activations of the int8 step): sessions record "native-int4-v<N>@<path>"
+INT4_STEP_VERSION = 2   # the native int4 step's rounding (native_q4.h: Q4_0-style groups of 32 with fp16 scales, the
+                        # int8 activations of the int8 step): sessions record "native-int4-v<N>@<path>". 2: the
+                        # llama step multiplies the norm output by the fused matrices' input gains (issue #34)
 
 
 @dataclass(frozen=True)
@@ -72,10 +73,12 @@ why_not: str | None = None     # why the kernels are off (None while on or not t
 
 SOURCES = {n: Path(__file__).with_name(n).read_text(encoding="utf-8")
            for n in ("native.c", "native_simd.h", "native_q8.h", "native_gemm.h", "native_q4.h", "native_attn.h",
-                     "native_llama.h")}
+                     "native_attn_kv.h", "native_f16.h", "native_llama.h")}
 SOURCE = SOURCES["native.c"]    # the kernels (C), beside this file; included: native_simd.h (the SIMD level and
                                 # kernel path, decided once), native_q8.h (the int8 GEMV), native_gemm.h (prefill's
-                                # int8 GEMM), native_attn.h (per-head attention), native_llama.h (the llama step)
+                                # int8 GEMM), native_attn.h (per-head attention; native_attn_kv.h its K/V readers, for
+                                # fp32 and fp16 caches; native_f16.h the fp16 conversions), native_llama.h (the llama
+                                # step)
 ARCH_ENV = "TINYCHAT_NATIVE_ARCH"   # the build's target flags instead of the host's own (-march=native), e.g.
                                     # "-march=x86-64-v3 -mavxvnni" (AVX2 + AVX-VNNI), "-march=x86-64-v3" (AVX2)
 
@@ -108,7 +111,7 @@ def _build(cc: str) -> Path:
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-ABI = 16                # tc_abi_version() of the source this module binds
+ABI = 19                # tc_abi_version() of the source this module binds
 TC_MAXN = 8             # native.c's highest Engram order for tc_step's hashing
 
 
@@ -117,7 +120,7 @@ class TcPlan(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in (
         "d", "hidden", "H", "Hk", "D", "W", "gstride", "V", "n_seg", "n1",
         "tab", "x", "h", "xq", "qkv", "y", "u", "logits", "sc", "embed", "cos_", "sin_", "lk", "lv", "gk", "gv", "lpos",
-        "tokens", "lens", "lens_cpu", "head_q", "head_s", "cid", "segs", "wfmt")]
+        "tokens", "lens", "lens_cpu", "head_q", "head_s", "cid", "segs", "wfmt", "drop")]
 
 
 class TcLlamaPlan(ctypes.Structure):
@@ -125,11 +128,12 @@ class TcLlamaPlan(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in (
         "d", "hidden", "H", "Hk", "D", "gstride", "V", "n_layers", "rescore_k", "embed_fmt",
         "tab", "x", "h", "xq", "qkv", "y", "u", "logits", "sc", "embed", "cos_", "sin_", "gk", "gv", "tokens", "lens",
-        "lens_cpu", "head_q", "head_s", "wfmt", "embed_s", "embed_g")]
+        "lens_cpu", "head_q", "head_s", "wfmt", "embed_s", "embed_g", "drop", "kv16")]
 EMB_F32, EMB_BF16, EMB_Q8 = 0, 1, 2     # tc_lplan.embed_fmt (native_llama.h's TC_EMB_*)
 
 
-LTAB_COLS = 10          # native_llama.h's table columns per layer
+LTAB_COLS = 12          # native_llama.h's table columns per layer
+DROP_RANGES = 8         # native.c's TC_DROP_RANGES: (address, bytes) pairs per row of a step's drop table
 
 
 class TcSeg(ctypes.Structure):
@@ -146,7 +150,8 @@ def _bind(lib):
                             _I8, _F, _F, _I64, _INT, _INT]
     lib.tc_attn.argtypes = [_F, _I64, _I64, _I64, _INT, _F, _F, _F, _F, _I64, _F, _F, _I64, _F, _I64, _F, _F, _INT]
     lib.tc_layers.argtypes = [_F, _I64, _I64, _F, _F, _F, ctypes.c_float, _F, _F, _F, _I64, _I64, _I64, _I64, _I64,
-                              _F, _F, _F, _F, _I64, _F, _F, _I64, _F, _I64, _F, _INT, _INT]
+                              _F, _F, _F, _F, _I64, _F, _F, _I64, _F, _I64, _F, _F, _INT, _INT]
+    lib.tc_drop.argtypes = [_F, _I64]
     lib.tc_engram.argtypes = [_F, _F, _F, _I64, _I64, _I8, _F, _I8, _F, _I64, _F, _F, _F, _F, _INT]
     lib.tc_softcap.argtypes = [_F, _I64, ctypes.c_float]
     lib.tc_step.argtypes = [_F, _I64, _I64, ctypes.c_float, ctypes.c_float, _INT]
@@ -155,8 +160,14 @@ def _bind(lib):
     lib.tc_prefill_attn.restype = None
     lib.tc_rope_heads.argtypes = [_F, _I64, _I64, _I64, _I64, _I64, _F, _F, ctypes.c_float, _F, _I64, _INT]
     lib.tc_rope_heads.restype = None
+    lib.tc_prefill_attn_h.argtypes = [_F, _I64, _I64, _I64, _I64, _I64, _F, _F, _I64, _F, _F, _INT]
+    lib.tc_prefill_attn_h.restype = None
+    lib.tc_attend_h.argtypes = [_F, _I64, _I64, _I64, _F, _F, _I64, _I64, _F, _F, _INT]
+    lib.tc_f2h_rows.argtypes = [_F, _F, _I64]
+    lib.tc_h2f_rows.argtypes = [_F, _F, _I64]
+    lib.tc_attend_h.restype = lib.tc_f2h_rows.restype = lib.tc_h2f_rows.restype = None
     for f in (lib.tc_gemv, lib.tc_norm_gemv, lib.tc_tail, lib.tc_attn, lib.tc_layers, lib.tc_engram, lib.tc_softcap,
-              lib.tc_step, lib.tc_llama_step):
+              lib.tc_step, lib.tc_llama_step, lib.tc_drop):
         f.restype = None
     lib.tc_abi_version.restype = ctypes.c_int
     lib.tc_kernel_path.restype = ctypes.c_char_p
@@ -452,6 +463,23 @@ def prefill_attn(lib, q: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, seq: 
         sk, sv, sp = (t.contiguous() for t in seq)
     lib.tc_prefill_attn(q.data_ptr(), H, Hk, D, C, L0, kg.data_ptr(), vg.data_ptr(), kg.size(1), sk.data_ptr(),
                         sv.data_ptr(), sp.data_ptr(), W, y.data_ptr(), sc.data_ptr(), nt)
+    return y
+
+
+def prefill_attn_h(lib, q: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, L0: int) -> torch.Tensor:
+    """prefill_attn on an fp16 cache without local keys: kg / vg (Hk, gstride, D) fp16, contiguous, the chunk's keys
+    written at L0 ..; read as the decode step reads them (tc_prefill_attn_h: prefill_attn's bits on the rows widened
+    to fp32). Returns y (H, C, D)."""
+    H, C, D = q.shape
+    Hk = kg.size(0)
+    if kg.dtype != torch.float16 or not (kg.is_contiguous() and vg.is_contiguous()):
+        raise ValueError("prefill_attn_h: contiguous fp16 keys and values")
+    q = q.contiguous()
+    nt = torch.get_num_threads()
+    y = torch.empty(H, C, D)
+    sc = torch.empty(nt * (H // Hk) * (L0 + C))
+    lib.tc_prefill_attn_h(q.data_ptr(), H, Hk, D, C, L0, kg.data_ptr(), vg.data_ptr(), kg.size(1), y.data_ptr(),
+                          sc.data_ptr(), nt)
     return y
 
 

@@ -1,19 +1,23 @@
 /* The llama family's batch-1 int8 decode step in one call (included by native.c; engine/native_llama_step.py builds
    its plan): every layer global (no local ring), no QK-norm, RMSNorm with an epsilon (the learned gains already
-   folded into the next Linear by the importer), optional q/k/v biases, a SwiGLU MLP (up = [gate; up] rows), an
+   folded into the next Linear by the importer, or kept apart: the fused matrices' input gains), optional q/k/v biases, a SwiGLU MLP (up = [gate; up] rows), an
    optional logit softcap, after the head's best candidates are rescored in fp32 (as append.rescore_top).
 
    Per layer: h = rms(x); qkv = w_qkv(h) (+ b); q / k heads rotated (half-split RoPE), q scaled by 1/sqrt(D); the
-   token's K/V written at position L of the layer's cache; one softmax per q head over keys 0..L; x += w_o(y);
+   token's K/V written at position L of the layer's cache (an fp16 cache, kv16: rounded to fp16 there, and attention
+   reads the rounded rows, native_attn_kv.h's _h kernels, fp32 accumulation); one softmax per q head over keys 0..L; x += w_o(y);
    h = rms(x); u = w_up(h); x += w_down(silu(gate) * up). The int8 products are native_q8.h's (activations in
    blocks of 32 with an fp32 scale). */
 
-/* h = x / sqrt(mean(x^2) + eps): F.rms_norm without a weight. */
-static void rms_eps(const float *x, float *h, int64_t d, float eps) {
+/* h = x / sqrt(mean(x^2) + eps): F.rms_norm without a weight; then, with a gain g (the next Linear's in_gain,
+   engine/quant.py; NULL: none), h *= g (two fp32 roundings, as the PyTorch steps' rms_norm(x) * g). */
+static void rms_eps(const float *x, float *h, int64_t d, float eps, const float *g) {
     double ss = 0.0;
     for (int64_t i = 0; i < d; i++) ss += (double)x[i] * x[i];
     float r = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
     for (int64_t i = 0; i < d; i++) h[i] = x[i] * r;
+    if (g)
+        for (int64_t i = 0; i < d; i++) h[i] *= g[i];
 }
 
 /* u[i] = silu(g[i]) * v[i] = g / (1 + e^-g) * v for u = [g (n) | v (n)], written over the first n. */
@@ -61,17 +65,19 @@ static void rescore(float *logits, int64_t V, int64_t k, const int8_t *q, const 
     }
 }
 
-/* tc_llama_step's view of a model and its fp32 cache; all int64 (pointers as integers; native_llama_step.py builds
+/* tc_llama_step's view of a model and its fp32 (or fp16: kv16) cache; all int64 (pointers as integers; native_llama_step.py builds
    the same layout). tab: per layer LTAB_COLS: QKV weights, scales, rows, bias (0: none), then w_o, up, down weights
-   and scales. gk/gv: (n_layers, 1, Hk, gstride, D). embed: (V, d) by embed_fmt: TC_EMB_F32, TC_EMB_BF16, or
+   and scales, then the (d) fp32 input gains of the QKV and of up (0: none; the norm gains kept apart, issue #34). gk/gv: (n_layers, 1, Hk, gstride, D). embed: (V, d) by embed_fmt: TC_EMB_F32, TC_EMB_BF16, or
    TC_EMB_Q8 (a tied embedding read from the int8 head rows, engine/head_embed.py: embed the int8 rows, embed_s their
    fp32 row scales, embed_g the (d) inverse final-norm gain; row = (q * s) * g, the bits HeadRowsEmbedding gives). */
-#define LTAB_COLS 10
+#define LTAB_COLS 12
 typedef struct {
     int64_t d, hidden, H, Hk, D, gstride, V, n_layers, rescore_k, embed_fmt;
     int64_t tab, x, h, xq, qkv, y, u, logits, sc, embed, cos_, sin_, gk, gv, tokens, lens, lens_cpu, head_q, head_s;
     int64_t wfmt;                                  /* the layers' weights' formats (a TC_F_* mask); the head is int8 */
     int64_t embed_s, embed_g;                      /* TC_EMB_Q8: the rows' fp32 scales, the (d) column factors */
+    int64_t drop;                                  /* 0, or the drop table (native.c's tc_drop): n_layers + 1 rows */
+    int64_t kv16;                                  /* 1: gk / gv hold fp16 bits (uint16), else fp32 */
 } tc_lplan;
 enum { TC_EMB_F32 = 0, TC_EMB_BF16 = 1, TC_EMB_Q8 = 2 };
 
@@ -88,7 +94,7 @@ static void llama_tail(const int64_t *t, const int64_t *next, float *x, float *h
 #pragma omp barrier
 #pragma omp single
         {
-            rms_eps(x, h, d, eps);
+            rms_eps(x, h, d, eps, (const float *)t[11]);
             a = tc_quant8(h, xq, d);
         }
         gemv_fmt(TC_FMT(fmt, TC_F_UP), &a, up_q, up_s, u, 2 * hidden, d, 0);
@@ -103,7 +109,7 @@ static void llama_tail(const int64_t *t, const int64_t *next, float *x, float *h
 #pragma omp barrier
 #pragma omp single
             {
-                rms_eps(x, h, d, eps);
+                rms_eps(x, h, d, eps, (const float *)next[10]);
                 a = tc_quant8(h, xq, d);
             }
             gemv_fmt(TC_FMT(fmt, TC_F_QKV), &a, (const void *)next[0], (const void *)next[1], qkv, nq, d, 0);
@@ -113,10 +119,10 @@ static void llama_tail(const int64_t *t, const int64_t *next, float *x, float *h
         for (int64_t i = 0; i < nq; i++) qkv[i] += ((const float *)next[3])[i];
 }
 
-/* h = rms(x); qkv = wq(h) + b (the first layer's; the head's without bias). */
-static void llama_norm_gemv(const float *x, float *h, void *xq, float eps, const void *q, const void *s,
-                            const float *b, float *y, int64_t N, int64_t d, int fmt, int nt) {
-    rms_eps(x, h, d, eps);
+/* h = rms(x) (* g); qkv = wq(h) + b (the first layer's; the head's without gain or bias). */
+static void llama_norm_gemv(const float *x, float *h, void *xq, float eps, const float *g, const void *q,
+                            const void *s, const float *b, float *y, int64_t N, int64_t d, int fmt, int nt) {
+    rms_eps(x, h, d, eps, g);
     tc_act8 a = tc_quant8(h, xq, d);
 #pragma omp parallel num_threads(threads_for(N * d, nt))
     gemv_fmt(fmt, &a, q, s, y, N, d, 0);
@@ -145,12 +151,11 @@ void tc_llama_step(const tc_lplan *p, int64_t tok, int64_t L, float eps, float c
     } else {
         memcpy(x, (const float *)p->embed + tok * d, d * sizeof(float));
     }
-    llama_norm_gemv(x, h, xq, eps, (const void *)tab[0], (const void *)tab[1], (const float *)tab[3], qkv, tab[2],
+    llama_norm_gemv(x, h, xq, eps, (const float *)tab[10], (const void *)tab[0], (const void *)tab[1], (const float *)tab[3], qkv, tab[2],
                     d, TC_FMT(p->wfmt, TC_F_QKV), nt);
     float qs = (float)(1.0 / sqrt((double)D));
     for (int64_t li = 0; li < p->n_layers; li++) {
         const int64_t *t = tab + li * LTAB_COLS;
-        float *K = gk + li * Hk * gs * D, *Vc = gv + li * Hk * gs * D;
         for (int64_t i = 0; i < H + Hk; i++) {               /* RoPE of the q and k heads in place, q / sqrt(D) */
             float *v = qkv + i * D, r = i < H ? qs : 1.0f;
             for (int64_t j = 0; j < half; j++) {
@@ -159,19 +164,31 @@ void tc_llama_step(const tc_lplan *p, int64_t tok, int64_t L, float eps, float c
                 v[j + half] = (b * cs[j] + a * sn[j]) * r;
             }
         }
-        for (int64_t g = 0; g < Hk; g++) {
-            memcpy(K + (g * gs + L) * D, qkv + (H + g) * D, D * sizeof(float));
-            memcpy(Vc + (g * gs + L) * D, qkv + (H + Hk + g) * D, D * sizeof(float));
+        if (p->kv16) {                                       /* the new K/V rounded to fp16 once */
+            uint16_t *K16 = (uint16_t *)p->gk + li * Hk * gs * D, *V16 = (uint16_t *)p->gv + li * Hk * gs * D;
+            for (int64_t g = 0; g < Hk; g++) {
+                tc_f2h_row(K16 + (g * gs + L) * D, qkv + (H + g) * D, D);
+                tc_f2h_row(V16 + (g * gs + L) * D, qkv + (H + Hk + g) * D, D);
+            }
+            attend_all_h(qkv, H, Hk, D, K16, V16, gs, K16, V16, 0, NULL, L, y, (float *)p->sc, nt);
+        } else {
+            float *K = gk + li * Hk * gs * D, *Vc = gv + li * Hk * gs * D;
+            for (int64_t g = 0; g < Hk; g++) {
+                memcpy(K + (g * gs + L) * D, qkv + (H + g) * D, D * sizeof(float));
+                memcpy(Vc + (g * gs + L) * D, qkv + (H + Hk + g) * D, D * sizeof(float));
+            }
+            attend_all(qkv, H, Hk, D, K, Vc, gs, K, Vc, 0, NULL, L, y, (float *)p->sc, nt);
         }
-        attend_all(qkv, H, Hk, D, K, Vc, gs, K, Vc, 0, NULL, L, y, (float *)p->sc, nt);
         llama_tail(t, li + 1 < p->n_layers ? t + LTAB_COLS : NULL, x, h, xq, eps, y, H * D, (float *)p->u, p->hidden,
                    d, qkv, (int)p->wfmt, nt);
+        if (p->drop) tc_drop((const int64_t *)p->drop + li * 2 * TC_DROP_RANGES, TC_DROP_RANGES);   /* all read */
     }
     ((int64_t *)p->lens)[0] += 1;
     ((int64_t *)p->lens_cpu)[0] += 1;
     float *logits = (float *)p->logits;
-    llama_norm_gemv(x, h, xq, eps, (const void *)p->head_q, (const void *)p->head_s, NULL, logits, p->V, d, 0, nt);
+    llama_norm_gemv(x, h, xq, eps, NULL, (const void *)p->head_q, (const void *)p->head_s, NULL, logits, p->V, d, 0, nt);
     if (p->rescore_k > 0)
         rescore(logits, p->V, p->rescore_k, (const int8_t *)p->head_q, (const float *)p->head_s, h, d);
     if (cap > 0.f) tc_softcap(logits, p->V, cap);
+    if (p->drop) tc_drop((const int64_t *)p->drop + p->n_layers * 2 * TC_DROP_RANGES, TC_DROP_RANGES);   /* the head */
 }

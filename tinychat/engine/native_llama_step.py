@@ -5,7 +5,9 @@ PyTorch step it must equal is lean_step._decode_lean).
 
 What it expresses: every layer global (kv_group 1, no local ring), no QK-norm, SwiGLU, RMSNorm with an epsilon,
 optional q/k/v biases, an optional softcap, no Engram, int8 Linears (no bias on w_o, up, down or the head), an
-fp32 cache of batch 1. Anything else runs lean_step. `--quant int4`: the same step on int4 layer weights (native_q4.h),
+fp32 or fp16 cache of batch 1 (fp16: the token's K/V rounded once as written, attention on the rounded rows widened to
+fp32: native_attn_kv.h); input gains (the norm gains kept apart: engine/quant.py's in_gain) on the fused QKV and up
+only, applied to the norm's output. Anything else runs lean_step. `--quant int4`: the same step on int4 layer weights (native_q4.h),
 the head int8. The embedding: an fp32 or bf16 table by pointer, or (a tied stored-quantized model: head_embed.py) the
 head's own int8 rows, their fp32 scales and the inverse final gain, dequantized per token in C to the bits
 HeadRowsEmbedding gives (the step's rounding is unchanged: the row is the model's, exactly)."""
@@ -20,6 +22,7 @@ import torch
 from .append import RESCORE_K
 from .cache import KVCache
 from .head_embed import HeadRowsEmbedding
+from . import page_drop
 from .native import act_scratch
 from .native_step import _PointerView, layer_format
 from .quant import Int8Linear
@@ -30,7 +33,9 @@ def expresses(model, fs) -> bool:
     """Can tc_llama_step run this quantized model (fs: its cpu_step.CpuStep)?"""
     c = model.cfg
     lin = [b.attn.w_o for b in model.blocks] + [b.mlp.up for b in model.blocks] + [b.mlp.down for b in model.blocks]
+    no_gain = [b.attn.w_o for b in model.blocks] + [b.mlp.down for b in model.blocks] + [fs.head]
     return (not c.has_local and c.kv_group == 1 and c.mlp_kind == "swiglu" and not c.qk_norm
+            and all(getattr(m, "in_gain", None) is None for m in no_gain)
             and all(b.engram is None and b.attn.mode == "full" for b in model.blocks)
             and layer_format(model, fs) is not None and type(fs.head) is Int8Linear and fs.head.bias is None
             and all(m.bias is None for m in lin)
@@ -81,7 +86,8 @@ class _NativeLlama(_PointerView):
                 bt = q.bias.detach().float().contiguous()
                 self._keep.append(bt)
                 bias = bt.data_ptr()
-            rows.append([*self._ptrs(q), bias, *w(b.attn.w_o), *w(b.mlp.up), *w(b.mlp.down)])
+            rows.append([*self._ptrs(q), bias, *w(b.attn.w_o), *w(b.mlp.up), *w(b.mlp.down),
+                         self._gain(q), self._gain(b.mlp.up)])
         self.tab = torch.tensor(rows, dtype=torch.int64)
         assert self.tab.size(1) == LTAB_COLS
         self.head = self._ptrs(fs.head)
@@ -97,10 +103,20 @@ class _NativeLlama(_PointerView):
         self.tuner = ThreadTuner()
         self.rescore_k = RESCORE_K                          # head candidates recomputed in fp32 (0: none)
         self._plan = (lambda: None, None, None)             # (a weak reference to the cache, its key, the plan)
+        self.drops = page_drop.step_table(model, fs)      # (table, what it keeps alive) or None: no drops
+
+    def _gain(self, lin) -> int:
+        """The address of lin's (d) fp32 input gain (kept alive here), or 0 for none (engine/quant.py's in_gain)."""
+        g = getattr(lin, "in_gain", None)
+        if g is None:
+            return 0
+        g = g.float().contiguous()
+        self._keep.append(g)
+        return g.data_ptr()
 
     def plan(self, model, cache: KVCache) -> int | None:
         """The address of tc_llama_step's plan for this cache (rebuilt when one of the tensors it points into is
-        another), or None for a cache the kernel cannot read (not fp32, batch > 1, not contiguous)."""
+        another), or None for a cache the kernel cannot read (not fp32 / fp16, batch > 1, not contiguous)."""
         key = (self.sc.data_ptr(), _embed_table(model).data_ptr(),
                *(t.data_ptr() for t in (cache.gk, cache.gv, cache.tokens, cache.lens, cache.lens_cpu)))
         ref, k, built = self._plan
@@ -115,13 +131,13 @@ class _NativeLlama(_PointerView):
         c = model.cfg
         emb = _embed_table(model)
         q8 = isinstance(model.embed, HeadRowsEmbedding)
-        if not (cache.gk.dtype == torch.float32 and cache.B == 1 and emb.is_contiguous()
+        if not (cache.gk.dtype in (torch.float32, torch.float16) and cache.B == 1 and emb.is_contiguous()
                 and all(t.is_contiguous() for t in (cache.gk, cache.gv, cache.tokens, model.rope.cos, model.rope.sin))):
             return None
         p = TcLlamaPlan(d=c.d_model, hidden=c.mlp_hidden, H=c.n_heads, Hk=c.n_kv_heads, D=c.head_dim,
                         gstride=cache.max_len + 1, V=self.head[2], n_layers=len(model.blocks), rescore_k=self.rescore_k,
                         embed_fmt=EMB_Q8 if q8 else EMB_BF16 if emb.dtype == torch.bfloat16 else EMB_F32,
-                        wfmt=self.wfmt)
+                        wfmt=self.wfmt, kv16=int(cache.kv16))
         for name in ("x", "h", "xq", "qkv", "y", "u", "logits", "sc"):
             setattr(p, name, getattr(self, name).data_ptr())
         p.tab, p.embed = self.tab.data_ptr(), emb.data_ptr()
@@ -129,6 +145,7 @@ class _NativeLlama(_PointerView):
         for name in ("gk", "gv", "tokens", "lens", "lens_cpu"):
             setattr(p, name, getattr(cache, name).data_ptr())
         p.head_q, p.head_s = self.head[0], self.head[1]
+        p.drop = 0 if self.drops is None else self.drops[0].data_ptr()
         if q8:                                          # the head's fp32 scales (kept alive here) and inv_gain
             p.embed_s, p.embed_g = self.head[1], model.embed.inv_gain.data_ptr()
         self._plan_keep = p

@@ -26,31 +26,9 @@
 #ifndef TC_NATIVE_Q4_H
 #define TC_NATIVE_Q4_H
 #include "native_gemm.h"
+#include "native_f16.h"     /* tc_h2f: the fp16 group scales */
 
 #define TC_Q4G 32                                  /* columns per weight scale */
-
-/* fp16 bits to float, exact (subnormals, inf and NaN included): the plain C conversion every path can use */
-static inline float tc_h2f_ref(uint16_t h) {
-    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, b;
-    float f;
-    if (e == 0) {
-        f = (float)m * 5.9604644775390625e-8f;     /* m * 2^-24: exact */
-        memcpy(&b, &f, 4);
-        b |= s;
-    } else if (e == 31) {
-        b = s | 0x7f800000u | (m << 13);
-    } else {
-        b = s | ((e + 112) << 23) | (m << 13);
-    }
-    memcpy(&f, &b, 4);
-    return f;
-}
-
-#if defined(TC_AVX2) && defined(__F16C__)
-static inline float tc_h2f(uint16_t h) { return _cvtsh_ss(h); }
-#else
-static inline float tc_h2f(uint16_t h) { return tc_h2f_ref(h); }
-#endif
 
 /* The reference dot of one int4 row (Kp / 2 bytes at p, Kp / 32 scales at ws) with the activations a: per group an
    exact int32 dot, times ws * sx, summed in fp32. */

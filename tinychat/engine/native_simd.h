@@ -35,6 +35,10 @@
 #define TC_NEON 1
 #endif
 
+#if defined(TC_AVX2) && defined(__F16C__)
+#define TC_F16C 1                /* vcvtph2ps / vcvtps2ph (every AVX2 CPU has them; x86-64-v3 includes F16C) */
+#endif
+
 #if defined(TC_AVX2)
 #include <immintrin.h>
 #endif

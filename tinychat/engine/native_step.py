@@ -10,6 +10,8 @@ import weakref
 import torch
 
 from .cache import KVCache
+from . import page_drop
+from .native import DROP_RANGES
 from .native import act_scratch as native_act_scratch
 from .quant import Int4Linear, Int8Linear
 from .threads import ThreadTuner
@@ -65,7 +67,8 @@ class _NativeStep(_PointerView):
         heads_int8 = isinstance(fs.head, Int8Linear)
         lins = [*fs.qkv, *(m for b in model.blocks for m in (b.attn.w_o, b.mlp.up, b.mlp.down))]
         if not (layer_format(model, fs) is not None and heads_int8 and isinstance(model.embed, torch.nn.Embedding)
-                and all(m.bias is None for m in lins) and fs.head.bias is None):
+                and all(m.bias is None and getattr(m, "in_gain", None) is None for m in lins)
+                and fs.head.bias is None):
             return None
         lib = native.load()
         return None if lib is None else cls(model, fs, lib)
@@ -130,6 +133,13 @@ class _NativeStep(_PointerView):
         self._embed = (None, None)             # (the embedding weight, its numpy view when fp32 on the CPU)
         self._attn_ok = (lambda: None, False)  # (a weak reference to the cache, whether tc_attn can read it)
         self._plan = (lambda: None, None, None)   # (a weak reference to the cache, its key, tc_step's plan)
+        self.drops = page_drop.step_table(model, fs)      # (table, what it keeps alive) or None: no drops
+        self.drop_p = 0 if self.drops is None else self.drops[0].data_ptr()
+
+    def drop_row(self, row: int) -> None:
+        """Hand back the pages of the drop table's row (a layer, or the head: row n_layers) when there is one."""
+        if self.drops is not None:
+            self.lib.tc_drop(self.drops[0][row].data_ptr(), DROP_RANGES)
 
     def embed_row(self, model, tok: int) -> None:
         """x = the token's embedding row (a numpy copy for an fp32 table: no tensor op)."""
@@ -197,6 +207,7 @@ class _NativeStep(_PointerView):
             setattr(p, name, getattr(cache, name).data_ptr())
         p.head_q, p.head_s = self.head[0], self.head[1]
         p.segs = ctypes.addressof(segs)
+        p.drop = self.drop_p
         self._plan_keep = (p, segs, keep)
         return ctypes.addressof(p)
 
@@ -306,7 +317,8 @@ def _decode_native(model, cache: KVCache, tok: int, L: int, fs, nat: _NativeStep
             qp, sp, nq = nat.qkv[a]
             lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, qp, sp, P["qkvbuf"], nq, d, nat.wfmt & 1, nt)
             lib.tc_layers(nat.tab.data_ptr(), a, b, P["x"], P["h"], P["xq"], inv, P["qkvbuf"], P["y"], P["u"], hid, d,
-                          H, Hk, D, cosp, sinp, lkp, lvp, W, gkp, gvp, cache.max_len + 1, lposp, L, scp, nat.wfmt, nt)
+                          H, Hk, D, cosp, sinp, lkp, lvp, W, gkp, gvp, cache.max_len + 1, lposp, L, scp, nat.drop_p or None,
+                          nat.wfmt, nt)
     group = -1
     n_layers = len(model.blocks)
     have_qkv = False
@@ -347,10 +359,12 @@ def _decode_native(model, cache: KVCache, tok: int, L: int, fs, nat: _NativeStep
         (op, os_, _), (up, us, _), (dp, ds, _) = nat.wo[li], nat.up[li], nat.down[li]
         lib.tc_tail(P["x"], P["h"], P["xq"], inv, P["y"], H * D, op, os_, up, us, dp, ds, P["u"], hid, d,
                     wq, sq, P["qkvbuf"], nq, nat.wfmt, nt)
+        nat.drop_row(li)
     lens_h[0] += 1
     lens_cpu_h[0] += 1
     hp, hs, V = nat.head
     lib.tc_norm_gemv(P["x"], P["h"], P["xq"], inv, hp, hs, P["logits"], V, d, 0, nt)
     lib.tc_softcap(P["logits"], V, c.logit_softcap)     # one thread: torch.tanh would start a parallel region
+    nat.drop_row(n_layers)
     nat.tuner.record(time.perf_counter() - t0, ceiling)
     return nat.logits.clone()                           # callers keep logits across steps; the buffer is reused

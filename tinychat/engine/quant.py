@@ -100,6 +100,30 @@ def _rows_bias(pieces) -> torch.nn.Parameter | None:
     return torch.nn.Parameter(torch.cat([lin.bias.detach()[a:b] for lin, a, b in pieces]), requires_grad=False)
 
 
+def _divide_gain(w: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+    """w (rows, K) with its columns divided by the input gain g (K,) in place (a zero gain: the column zeroed), the
+    weights an in_gain Linear quantizes: W' = W diag(g) -> W."""
+    if g is not None:
+        w.div_(torch.where(g != 0, g, 1.0)[None, :]).mul_((g != 0)[None, :])
+    return w
+
+
+def _set_gain(mod, in_gain) -> None:
+    """mod.in_gain: the (K,) fp32 input gain, or None (a None buffer: not in the state dict)."""
+    g = None if in_gain is None else in_gain.detach().float().contiguous()
+    if g is not None and g.shape != (mod.in_features,):
+        raise ValueError(f"in_gain of shape {tuple(g.shape)} for a Linear of {mod.in_features} inputs")
+    mod.register_buffer("in_gain", g)
+
+
+def _gained(mod, x: torch.Tensor) -> torch.Tensor:
+    """x times the Linear's input gain (a new tensor), in x's dtype; x itself without one."""
+    g = getattr(mod, "in_gain", None)
+    if g is None:
+        return x
+    return (x.float() * g).to(x.dtype)
+
+
 def _from_rows(cls, pieces):
     """An Int8Linear / Int4Linear of the rows (lin, start, end) of pieces of that class: qweight and scale rows (one
     row of either per output row) and bias rows concatenated, in order."""
@@ -112,10 +136,14 @@ def _from_rows(cls, pieces):
     out.register_buffer("qweight", q)
     out.register_buffer("scale", torch.cat([lin.scale[a:b] for lin, a, b in pieces]).contiguous())
     out.bias = _rows_bias(pieces)
+    gains = [getattr(lin, "in_gain", None) for lin, _, _ in pieces]
+    if any((g is None) != (gains[0] is None) or (g is not None and not torch.equal(g, gains[0])) for g in gains):
+        raise ValueError("from_rows: the pieces have different input gains")
+    _set_gain(out, gains[0])
     return out
 
 
-def _from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None, native: bool = True):
+def _from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None, native: bool = True, in_gain=None):
     """An Int8Linear / Int4Linear holding these packed tensors as they are (a stored-quantized file's mapped
     tensors: quant_files.py), no quantization: the same module as quantizing the weights they were made from."""
     out = cls.__new__(cls)
@@ -125,7 +153,16 @@ def _from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None,
     out.register_buffer("scale", scale)
     out.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
     out.prefill_bf16, out.native = prefill_bf16, bool(native)
+    _set_gain(out, in_gain)
     return out
+
+
+def _drop_read_pages(lin) -> None:
+    """After a quant Linear's forward: hand its mapped weight pages back (its page_drop, a page_drop.PageRanges set
+    where EngineOptions.drop_pages is on for a stored model; None or absent: nothing)."""
+    pd = lin.__dict__.get("page_drop")
+    if pd is not None:
+        pd.drop()
 
 
 class BF16Linear(torch.nn.Module):
@@ -183,8 +220,10 @@ class Int8Linear(torch.nn.Module):
     scratch buffer + fp32 GEMM. native: whether this layer may use the native kernels (EngineOptions.native)."""
 
     def __init__(self, lin: torch.nn.Linear, prefill_bf16: bool | None = None, native: bool = True,
-                 mapped: MappedWeights | None = None):
+                 mapped: MappedWeights | None = None, in_gain: torch.Tensor | None = None):
         super().__init__()
+        self.in_features, self.out_features = lin.in_features, lin.out_features
+        _set_gain(self, in_gain)
         src = lin.weight.detach()
         q = torch.empty(src.shape, dtype=torch.int8)
         scale = torch.empty(src.size(0), dtype=torch.bfloat16)
@@ -192,11 +231,10 @@ class Int8Linear(torch.nn.Module):
         for block in mapped.blocks(src) if mapped is not None else (src,):   # a mapped file's pages go back per
             for w in block.split(QUANT_ROWS):          # block; row blocks through one reused fp32 buffer: no
                 e = r + w.size(0)                      # temporaries for the heap to keep (malloc_trim runs last)
-                buf = _quant_buffer(*w.shape).copy_(w)
+                buf = _divide_gain(_quant_buffer(*w.shape).copy_(w), self.in_gain)
                 scale[r:e] = (torch.linalg.vector_norm(buf, float("inf"), dim=1) / 127.0).clamp_min(1e-12)
                 q[r:e] = buf.div_(scale[r:e].float()[:, None]).round_().clamp_(-127, 127)
                 r = e
-        self.in_features, self.out_features = lin.in_features, lin.out_features
         self.register_buffer("qweight", q.contiguous())
         self.register_buffer("scale", scale.contiguous())
         self.bias = None if lin.bias is None else torch.nn.Parameter(lin.bias.detach().float(), requires_grad=False)
@@ -204,9 +242,11 @@ class Int8Linear(torch.nn.Module):
         self.native = bool(native)
 
     @classmethod
-    def from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None, native: bool = True) -> "Int8Linear":
-        """The Int8Linear of packed tensors as __init__ makes them (qweight, scale, bias or None), kept as given."""
-        return _from_packed(cls, qweight, scale, bias, in_features, prefill_bf16, native)
+    def from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None, native: bool = True,
+                    in_gain=None) -> "Int8Linear":
+        """The Int8Linear of packed tensors as __init__ makes them (qweight, scale, bias or None, in_gain or None),
+        kept as given."""
+        return _from_packed(cls, qweight, scale, bias, in_features, prefill_bf16, native, in_gain)
 
     @classmethod
     def from_rows(cls, pieces) -> "Int8Linear":
@@ -216,10 +256,15 @@ class Int8Linear(torch.nn.Module):
         return _from_rows(cls, pieces)
 
     @property
-    def weight(self):   # dequantized copy, for code that reads .weight (the fused device step; not used on CPU)
-        return self.qweight.float() * self.scale.float()[:, None]
+    def weight(self):   # dequantized copy, for code that reads .weight (the fused device step; not used on CPU),
+        w = self.qweight.float() * self.scale.float()[:, None]      # the input gain folded back in
+        return w if self.in_gain is None else w * self.in_gain[None, :]
 
     def mm(self, xb):
+        """xb (rows, in) bf16 -> (rows, out): the input gain applied to xb (fp32 product, rounded to bf16)."""
+        return self._mm(_gained(self, xb))
+
+    def _mm(self, xb):
         y = torch.ops.aten._weight_int8pack_mm(xb, self.qweight, self.scale)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
@@ -260,8 +305,14 @@ class Int8Linear(torch.nn.Module):
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def forward(self, x):
+        y = self._forward(x)
+        _drop_read_pages(self)
+        return y
+
+    def _forward(self, x):
         shape = x.shape
         rows = x.numel() // shape[-1]
+        x = _gained(self, x)
         kernel = self.prefill_kernel(rows, x.device.type == "cpu")
         if kernel == "native-gemm":
             return self._native_gemm(self.gemm_lib(), x)
@@ -274,7 +325,7 @@ class Int8Linear(torch.nn.Module):
             w = torch.mul(self.qweight, self.scale.float()[:, None],
                           out=_scratch(self.qweight.shape, torch.float32)).to(x.dtype)
             return torch.nn.functional.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
-        y = self.mm(x.reshape(-1, shape[-1]).to(torch.bfloat16).contiguous())
+        y = self._mm(x.reshape(-1, shape[-1]).to(torch.bfloat16).contiguous())
         return y.view(*shape[:-1], self.out_features).to(x.dtype)
 
 
@@ -312,15 +363,38 @@ def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 # --quant int4 keeps these Linears int8 (names' last parts): the head (a tied embedding's, the largest matrix; llama.cpp's
 # Q4 files keep it at 6-8 bits), the Engram projections, and the attention's q/k/v projections (one fused matrix in the
-# native steps: int8 or int4 as a whole). The q/k/v rows are the most sensitive to 4 bits: SmolLM2-135M's perplexity
-# on tests/perf/data/held_text.txt, fp32 25.8, int8 26.6, every layer Linear int4 49.1, q/k/v int8 38.1 (+12% bytes
-# a token), q/k/v and down int8 34.3 (+32%); docs/benchmarks.md, "--quant int4".
+# native steps: int8 or int4 as a whole). The q/k/v rows are the most sensitive to 4 bits when the norm gains are
+# folded into them: SmolLM2-135M's perplexity on tests/perf/data/held_text.txt, fp32 25.8, int8 26.6, every layer
+# Linear int4 49.1, q/k/v int8 38.1 (+12% bytes a token), q/k/v and down int8 34.3 (+32%); docs/benchmarks.md,
+# "--quant int4". With the gains kept apart (in_gain, GAIN_OF) q/k/v go int4 too, INT4_INT8_NAMES_GAINED: SmolLM2's
+# int4 30.98 with q/k/v int4, 31.63 with them int8 (docs/benchmarks.md, "Norm gains kept apart").
 INT4_INT8_NAMES = ("head", "w_v", "w_k", "w_q", "w_kv_local", "w_kv_global")
+INT4_INT8_NAMES_GAINED = ("head", "w_v", "w_k")      # a model with input gains: q/k/v int4
 
 
-def int4_keeps_int8(name: str) -> bool:
-    """Does --quant int4 keep the Linear at this module path int8 (INT4_INT8_NAMES)?"""
-    return name.rsplit(".", 1)[-1] in INT4_INT8_NAMES
+def int4_keeps_int8(name: str, gained: bool = False) -> bool:
+    """Does --quant int4 keep the Linear at this module path int8 (INT4_INT8_NAMES; gained: a model whose norm gains
+    are kept apart, INT4_INT8_NAMES_GAINED)?"""
+    return name.rsplit(".", 1)[-1] in (INT4_INT8_NAMES_GAINED if gained else INT4_INT8_NAMES)
+
+
+# The norm gain each Linear's input is multiplied by (a llama-family import keeps them apart: model.in_gains, {"blocks.
+# {i}.attn": input_layernorm's gain, "blocks.{i}.mlp": post_attention_layernorm's}): the Linear's last name -> its key.
+GAIN_OF = {"w_q": "attn", "w_kv_local": "attn", "w_kv_global": "attn", "up": "mlp"}
+
+
+def gain_key(name: str) -> str | None:
+    """The model.in_gains key of the Linear at module path name (blocks.3.attn.w_q -> blocks.3.attn), or None."""
+    parent, _, leaf = name.rpartition(".")
+    kind = GAIN_OF.get(leaf)
+    return parent if kind is not None and parent.endswith("." + kind) else None
+
+
+def linear_gain(model, name: str):
+    """The (K,) input gain quantize_cpu gives the Linear at module path name: model.in_gains' entry, or None."""
+    gains = getattr(model, "in_gains", None)
+    key = gain_key(name)
+    return None if not gains or key is None else gains.get(key)
 
 
 class Int4Linear(torch.nn.Module):
@@ -332,16 +406,17 @@ class Int4Linear(torch.nn.Module):
     for the steps' configurations and not used."""
 
     def __init__(self, lin: torch.nn.Linear, prefill_bf16: bool | None = None, native: bool = True,
-                 mapped: MappedWeights | None = None):
+                 mapped: MappedWeights | None = None, in_gain: torch.Tensor | None = None):
         super().__init__()
+        self.in_features, self.out_features = lin.in_features, lin.out_features
+        _set_gain(self, in_gain)
         src = lin.weight.detach()
         parts, ss = [], []
         for block in mapped.blocks(src) if mapped is not None else (src,):
             for w in block.split(QUANT_ROWS):
-                p, s = quantize_int4(_quant_buffer(*w.shape).copy_(w))
+                p, s = quantize_int4(_divide_gain(_quant_buffer(*w.shape).copy_(w), self.in_gain))
                 parts.append(p)
                 ss.append(s)
-        self.in_features, self.out_features = lin.in_features, lin.out_features
         self.register_buffer("qweight", torch.cat(parts).contiguous())
         self.register_buffer("scale", torch.cat(ss).contiguous())
         self.bias = None if lin.bias is None else torch.nn.Parameter(lin.bias.detach().float(), requires_grad=False)
@@ -349,9 +424,11 @@ class Int4Linear(torch.nn.Module):
         self.native = bool(native)
 
     @classmethod
-    def from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None, native: bool = True) -> "Int4Linear":
-        """The Int4Linear of packed tensors as __init__ makes them (qweight, scale, bias or None), kept as given."""
-        return _from_packed(cls, qweight, scale, bias, in_features, prefill_bf16, native)
+    def from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None, native: bool = True,
+                    in_gain=None) -> "Int4Linear":
+        """The Int4Linear of packed tensors as __init__ makes them (qweight, scale, bias or None, in_gain or None),
+        kept as given."""
+        return _from_packed(cls, qweight, scale, bias, in_features, prefill_bf16, native, in_gain)
 
     @classmethod
     def from_rows(cls, pieces) -> "Int4Linear":
@@ -359,10 +436,11 @@ class Int4Linear(torch.nn.Module):
         return _from_rows(cls, pieces)
 
     @property
-    def weight(self):   # dequantized fp32 copy (N, K)
+    def weight(self):   # dequantized fp32 copy (N, K), the input gain folded back in
         from .native import unpack4
         q = unpack4(self.qweight, self.in_features).float()
-        return q * self.scale.float().repeat_interleave(32, dim=1)[:, :self.in_features]
+        w = q * self.scale.float().repeat_interleave(32, dim=1)[:, :self.in_features]
+        return w if self.in_gain is None else w * self.in_gain[None, :]
 
     def mm(self, xb):
         y = torch.nn.functional.linear(xb, self.weight.to(xb.dtype))
@@ -380,13 +458,18 @@ class Int4Linear(torch.nn.Module):
         return "native-gemm" if cpu and self.gemm_lib() is not None else "fp32-gemm"
 
     def forward(self, x):
+        y = self._forward(x)
+        _drop_read_pages(self)
+        return y
+
+    def _forward(self, x):
         shape = x.shape
         lib = self.gemm_lib() if x.device.type == "cpu" else None
         if lib is None:
             b = None if self.bias is None else self.bias.to(x.dtype)
             return torch.nn.functional.linear(x, self.weight.to(x.dtype), b)
         from . import native
-        x2 = x.reshape(-1, shape[-1]).float().contiguous()
+        x2 = _gained(self, x.reshape(-1, shape[-1]).float()).contiguous()
         nt = torch.get_num_threads()
         scratch = _act_scratch(int(lib.tc_gemm4_act_bytes(min(x2.size(0), INT8_GEMM_CHUNK), x2.size(1), nt)))
         b = None if self.bias is None else self.bias.float().contiguous()
@@ -466,6 +549,8 @@ def quant_mode(model) -> str:
 def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | None = None):
     """In place. mode "int8": weight-only int8 Linear layers (Int8Linear, per-channel scales, bf16 activations).
     "int4": Int4Linear layers (groups of 32, fp16 scales), those int4_keeps_int8 names Int8Linear.
+    A model with norm gains kept apart (model.in_gains: a llama-family import) gets them as the int8 / int4 Linears'
+    in_gain (linear_gain; the weights quantized with the gain divided out, the activations multiplied by it).
     "bf16": Linear weights stored in bf16 (BF16Linear). Embeddings, Engram tables, norms, RoPE and the KV cache stay
     as they are. head=False keeps the output head in full precision. Use an fp32 KV cache with these.
     options: EngineOptions (its prefill_bf16 is fixed into every layer; default: EngineOptions.from_env()).
@@ -489,10 +574,12 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
     kw = {"native": opts.native, "mapped": mapped} if cls in (Int8Linear, Int4Linear) else {"mapped": mapped}
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)
                and (head or name != "head")]
+    gained = bool(getattr(model, "in_gains", None)) and cls is not BF16Linear
     for name, mod in targets:
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-        c = Int8Linear if cls is Int4Linear and int4_keeps_int8(name) else cls
-        setattr(parent, name.rsplit(".", 1)[-1], c(mod, pbf, **kw))
+        c = Int8Linear if cls is Int4Linear and int4_keeps_int8(name, gained) else cls
+        g = {"in_gain": linear_gain(model, name)} if gained else {}
+        setattr(parent, name.rsplit(".", 1)[-1], c(mod, pbf, **kw, **g))
         mapped.drop(mod.weight)
     del targets, mod
     if hasattr(model, "blocks"):

@@ -45,7 +45,7 @@ def _native(dec, L: int, tok: int) -> torch.Tensor:
 
 
 def _native_llama(dec, L: int, tok: int) -> torch.Tensor:
-    """tc_llama_step; a cache it cannot read (not fp32, not contiguous): the lean step."""
+    """tc_llama_step; a cache it cannot read (not fp32 / fp16, not contiguous): the lean step."""
     logits = _decode_native_llama(dec.model, dec.cache, tok, L, dec.cpu_step, dec.cpu_step.nat)
     return logits if logits is not None else _lean_llama(dec, L, tok)
 

@@ -3,6 +3,8 @@ file) -> a TinyAgentLM with the llama options: every layer global (kv_group 1, s
 SwiGLU (up = [gate; up] rows), q/k/v biases when the checkpoint has them (Qwen2), RoPE base / scaling and the norm
 epsilon as the checkpoint says. The learned RMSNorm gains fold exactly into the next Linear: rms(x) * g @ W^T ==
 rms(x) @ (W diag(g))^T; the final norm's gain into the head (so a tied head is stored untied: head = embed diag(g)).
+The layers' gains are also kept apart (model.in_gains, tinychat/norm_gains.py): quantized Linears apply them to their
+activations instead of rounding the folded weights (issue #34)
 
 What the engine cannot express is refused, naming what is missing: mixture-of-experts layers, sliding-window
 attention, Qwen3-style learned QK-norm, biases elsewhere than q/k/v, activations other than SiLU, other RoPE
@@ -174,10 +176,12 @@ def build_model(cfg: dict, tensors: dict, context: int | None = None, name: str 
     if tuple(head.shape) != (c.vocab_size, d):
         raise ImportRefused(f"lm_head.weight has shape {tuple(head.shape)}, expected {(c.vocab_size, d)}")
     m.head.weight.copy_(head.float() * g_final[None, :])
+    m.in_gains = {}                   # the gains folded into q/k/v and [gate; up], kept apart for quantize_cpu
     for i, blk in enumerate(m.blocks):
         p = f"model.layers.{i}."
         g1 = _take(tensors, p + "input_layernorm.weight", (d,))
         g2 = _take(tensors, p + "post_attention_layernorm.weight", (d,))
+        m.in_gains[f"blocks.{i}.attn"], m.in_gains[f"blocks.{i}.mlp"] = g1.clone(), g2.clone()   # norm_gains.py
         q = _take(tensors, p + "self_attn.q_proj.weight", (H * D, d))
         k = _take(tensors, p + "self_attn.k_proj.weight", (Hk * D, d))
         v = _take(tensors, p + "self_attn.v_proj.weight", (Hk * D, d))

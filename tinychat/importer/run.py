@@ -89,6 +89,7 @@ def _import(src: Path, name: str, dest: Path, context: int | None, dtype: str, s
     """import_model's work, under the name's exclusive lock."""
     stage(0)
     cfg, tensors, tok_text, template, stops = read_source(src)
+    from ..norm_gains import save_gains
     from .llama import build_config, build_model, check_tensors
     c = build_config(cfg, tensors, context, name)        # refuse unsupported architectures before any heavy work
     check_tensors(c, cfg, tensors)                       # and tensors the config does not imply, or NaN / Inf
@@ -116,6 +117,7 @@ def _import(src: Path, name: str, dest: Path, context: int | None, dtype: str, s
     try:
         if quant == "none":
             model.save_pretrained(tmp, dtype=DTYPES[dtype])
+            save_gains(model, tmp)                    # the norm gains, for --quant at start (norm_gains.py)
         else:
             from ..quant_files import save_quantized
             try:
