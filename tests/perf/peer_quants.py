@@ -169,12 +169,15 @@ def main() -> int:
     ap.add_argument("--prefill", type=int, nargs="+", default=[200])
     ap.add_argument("--long-ctx", type=int, default=1500, help="decode after this many tokens too (0: off)")
     ap.add_argument("--prepare", action="store_true", help="write and import the files, measure nothing")
+    ap.add_argument("--peers", nargs="+", choices=["Q4_K_M", "Q4_0", "Q8_0"],
+                    help="only these llama.cpp types (default: Q4_K_M and Q4_0 for int4, Q8_0 for int8)")
     a = ap.parse_args()
+    peers_of = {q: [ft for ft in PEERS[q] if not a.peers or ft in a.peers] for q in PEERS}
     rows = []                                            # (shape, engine name, fn(threads))
     for shape in a.shapes:
         src = source(shape)
         for q in a.quants:
-            for ft in PEERS[q]:
+            for ft in peers_of[q]:
                 g = P.requantize(src, WORK / f"{shape}.{ft}.gguf", ft)
                 rows.append((shape, f"llama.cpp {ft}", lambda t, g=g: llama(g, a, t)))
             m = tinychat_model(shape, src, q)
@@ -210,7 +213,7 @@ def main() -> int:
                 for m in metrics:
                     c = f"{v[m]:,.1f}"
                     if name.startswith("tinychat"):
-                        peers = PEERS[name.split()[1]]
+                        peers = peers_of[name.split()[1]]
                         c += " (" + " / ".join(f"{v[m] / med[f'llama.cpp {p}'][m]:.2f}x" for p in peers) + ")"
                     cells.append(c)
                 print(f"| {t} | {shape} | {name} | {' | '.join(cells)} |")
