@@ -1,6 +1,7 @@
 """--quant int4's per-layer mix (engine/quant.py's int4_more_bits, after llama.cpp's use_more_bits): the layers it
 picks, quantize_cpu's classes, the native llama step's per-layer formats (float64 reference and the PyTorch lean
 step), and stored files (layout 4) that hold each Linear in its own format; version-3 files load as before."""
+import shutil
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from tinychat.engine.native_step import layer_format, layer_formats
 from tinychat.engine.quant import Int4Linear, Int8Linear, int4_keeps_int8, int4_more_bits, use_more_bits
 from tinychat.importer import import_model
 from tinychat.loading import load_folder, load_runtime, open_chat
+from tinychat.norm_gains import GAINS_FILE
 from tinychat.options import EngineOptions
 from tinychat.quant_files import QKV, VERSION_KEY, load_quantized, read_header, save_quantized
 from tinychat.settings import ChatSettings
@@ -148,10 +150,12 @@ def test_an_int8_file_of_a_model_with_gains_stays_version_3(tmp_path):
 @needs_int8
 def test_a_version_3_int4_file_without_the_mix_still_loads_and_chats(tmp_path, monkeypatch):
     full, _ = _import_pair(tmp_path)
+    shutil.copytree(full, tmp_path / "v3")
+    (tmp_path / "v3" / "model.safetensors").unlink()
+    (tmp_path / "v3" / GAINS_FILE).unlink()
     with monkeypatch.context() as mp:                     # written as before the mix: q/k/v int4 on every layer
         mp.setattr(quant, "INT4_MORE_BITS_NAMES", ())
-        model = load_folder(full, "int4")
-        save_quantized(model, tmp_path / "v3", "int4")
+        save_quantized(load_folder(full, "int4"), tmp_path / "v3", "int4")
     from test_quant_files import _damage
     _damage(tmp_path / "v3", lambda sd, meta: meta.update({VERSION_KEY: "3"}))
     h = read_header(tmp_path / "v3" / "model.safetensors")
