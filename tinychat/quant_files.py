@@ -32,6 +32,10 @@ Two layouts (VERSION_KEY):
   layout 1, and each gained Linear's input gain beside its packed tensors (ATTN.w_qkv.in_gain, BLOCK.mlp.up.in_gain:
   (d,) fp32, engine/quant.py's in_gain): the weights are quantized with the gain divided out, and under int4 the
   q/k/v rows are int4 too (int4_keeps_int8's gained rule). Older layouts load and run as they always did (folded).
+- "4" (FORMAT_VERSION: an int4 file of a model with gains kept apart): layout 3 with int4's per-layer mix, each
+  Linear in its own format: q/k/v (fused) int8 on llama.cpp's use_more_bits layers (engine/quant.py's int4_more_bits, the
+  config's n_layers), int4 elsewhere. An int8 file of such a model is still written as "3" (the mix changes nothing
+  there); a version-3 int4 file loads as it did (q/k/v int4 on every layer).
 
 Torch-free to import (store.py lists models without torch): stored_mode reads the file's header only."""
 from __future__ import annotations
@@ -41,8 +45,8 @@ from pathlib import Path
 
 FORMAT_KEY = "tinychat_quant"
 VERSION_KEY = "tinychat_quant_version"
-FORMAT_VERSION = 3             # the newest layout this tinychat writes (the norm gains kept apart)
-VERSIONS = ("1", "2", "3")     # the layouts it reads
+FORMAT_VERSION = 4             # the newest layout this tinychat writes (int4's per-layer mix)
+VERSIONS = ("1", "2", "3", "4")    # the layouts it reads
 TIED_KEY = "embed.inv_gain"    # version 2: the (d,) fp32 factors of the embedding read from the head's int8 rows
 QKV = "w_qkv"                  # version 2: ATTN.w_qkv.* per attention, its q/k/v Linears' rows fused (engine/fused.py)
 MODES = ("int8", "int4")
@@ -74,11 +78,11 @@ def stored_mode(folder: Path) -> str | None:
     return str(meta[FORMAT_KEY])
 
 
-def _linear_class(name: str, mode: str, gained: bool = False):
+def _linear_class(name: str, mode: str, gained: bool = False, n_layers: int | None = None):
     """The quant Linear class quantize_cpu(mode) gives the Linear at module path name (gained: a model with input
-    gains, layout 3)."""
+    gains, layouts 3 and 4; n_layers: its layer count where the file holds int4's per-layer mix, layout 4)."""
     from .engine.quant import Int4Linear, Int8Linear, int4_keeps_int8
-    return Int4Linear if mode == "int4" and not int4_keeps_int8(name, gained) else Int8Linear
+    return Int4Linear if mode == "int4" and not int4_keeps_int8(name, gained, n_layers) else Int8Linear
 
 
 def packed_shapes(cls, rows: int, cols: int) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -129,25 +133,28 @@ def qkv_groups(model) -> list[tuple[str, list, dict]]:
     return out
 
 
-def layout(model, mode: str, tied: bool = False, gained: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
+def layout(model, mode: str, tied: bool = False, gained: bool = False,
+           mixed: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
     """{tensor name: (shape, safetensors dtype)} of the stored-`mode` file of a model like `model` (an unquantized
     TinyAgentLM, built from its config): every Linear's packed tensors, the other tensors as the model holds them;
     tied (versions 2, 3): no embed.weight, TIED_KEY instead; tied or gained (version 3): per attention one fused
     q/k/v Linear (ATTN.w_qkv.*, the rows in engine/fused.py's order) instead of its q/k/v Linears' tensors; gained:
-    each gained Linear's in_gain (engine/quant.py's gain_key), the fused one's for q/k/v."""
+    each gained Linear's in_gain (engine/quant.py's gain_key), the fused one's for q/k/v; mixed (version 4): int4's
+    per-layer mix (int4_keeps_int8 given the config's n_layers)."""
     import torch
 
     from .engine.quant import gain_key
     sd = model.state_dict()
     out = {}
     linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    nl = model.cfg.n_layers if mixed else None
     for k, t in sd.items():
         mod, _, leaf = k.rpartition(".")
         if mod in linears and leaf in ("weight", "bias"):
             continue
         out[k] = (tuple(t.shape), _st_dtype(t))
     for n, m in linears.items():
-        for leaf, spec in packed_shapes(_linear_class(n, mode, gained), m.out_features, m.in_features).items():
+        for leaf, spec in packed_shapes(_linear_class(n, mode, gained, nl), m.out_features, m.in_features).items():
             out[f"{n}.{leaf}"] = spec
         if m.bias is not None:
             out[f"{n}.bias"] = ((m.out_features,), "F32")
@@ -162,7 +169,7 @@ def layout(model, mode: str, tied: bool = False, gained: bool = False) -> dict[s
                 for leaf in ("qweight", "scale", "bias", "in_gain"):
                     out.pop(f"{n}.{leaf}", None)
             first, rows = pieces[0][0], sum(b - a for _, a, b in pieces)
-            for leaf, spec in packed_shapes(_linear_class(names[first], mode, gained), rows,
+            for leaf, spec in packed_shapes(_linear_class(names[first], mode, gained, nl), rows,
                                             first.in_features).items():
                 out[f"{attn}.{QKV}.{leaf}"] = spec
             if first.bias is not None:
@@ -175,7 +182,7 @@ def layout(model, mode: str, tied: bool = False, gained: bool = False) -> dict[s
 def save_quantized(model, folder: Path, mode: str) -> None:
     """Quantize `model` (a full-precision TinyAgentLM) to `mode` in place (quantize_cpu: the bytes a chat's start
     would make) and write folder/config.json and folder/model.safetensors (atomic writes) holding it packed: layout
-    version 3 where the model keeps its norm gains apart (model.in_gains), else version 2 (no embedding, TIED_KEY)
+    version 3 where the model keeps its norm gains apart (model.in_gains; 4 for int4: its per-layer mix), else version 2 (no embedding, TIED_KEY)
     where tied_inv_gain(model) gives the factors, else version 1.
     ValueError when this build cannot make the mode (int8 without torch's int8 kernel runs as bf16)."""
     from safetensors.torch import save_file
@@ -187,7 +194,8 @@ def save_quantized(model, folder: Path, mode: str) -> None:
         raise ValueError(f"--quant must be one of {', '.join(MODES)} to store packed weights (got {mode!r})")
     inv = tied_inv_gain(model)
     gained = bool(getattr(model, "in_gains", None))
-    want = layout(model, mode, tied=inv is not None, gained=gained)
+    mixed = gained and mode == "int4"      # quantize_cpu's per-layer mix (int4_more_bits): layout 4
+    want = layout(model, mode, tied=inv is not None, gained=gained, mixed=mixed)
     groups = qkv_groups(model) if inv is not None or gained else []
     quantize_cpu(model, mode)
     if quant_mode(model) != mode:
@@ -208,7 +216,8 @@ def save_quantized(model, folder: Path, mode: str) -> None:
     if got != want:                         # the runtime's modules and layout() disagree: a bug here
         bad = sorted(set(got.items()) ^ set(want.items()))[:2]
         raise ValueError(f"internal error: the {mode} tensors are not the stored layout ({bad})")
-    meta = {"format": "pt", FORMAT_KEY: mode, VERSION_KEY: "3" if gained else "2" if inv is not None else "1"}
+    version = "4" if mixed else "3" if gained else "2" if inv is not None else "1"
+    meta = {"format": "pt", FORMAT_KEY: mode, VERSION_KEY: version}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / WEIGHTS_FILE, lambda tmp: save_file(sd, str(tmp), metadata=meta))
@@ -276,7 +285,8 @@ def load_quantized(folder: Path, check_finite: bool = True):
     if header is None:
         raise CheckpointError(f"{wpath}: unreadable safetensors file")
     mode, version = _check_header(wpath, header, cfg)
-    gained = version == "3"
+    gained = version in ("3", "4")
+    nl = cfg.n_layers if version == "4" else None      # int4's per-layer mix
     tied = version == "2" or (gained and TIED_KEY in header)
     fused_file = tied or gained             # q/k/v stored fused (ATTN.w_qkv.*)
     token = _SKIP_INIT.set(True)
@@ -284,7 +294,7 @@ def load_quantized(folder: Path, check_finite: bool = True):
         model = TinyAgentLM(cfg)
     finally:
         _SKIP_INIT.reset(token)
-    _compare(wpath, header, layout(model, mode, tied, gained))
+    _compare(wpath, header, layout(model, mode, tied, gained, mixed=nl is not None))
     try:
         sd = load_file(str(wpath))          # memory-mapped
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
@@ -294,7 +304,7 @@ def load_quantized(folder: Path, check_finite: bool = True):
     fused_in_file = {n for _, _, names in groups for n in names.values()}
     targets = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n not in fused_in_file]
     for n, m in targets:
-        q = _linear_class(n, mode, gained).from_packed(sd[f"{n}.qweight"], sd[f"{n}.scale"], sd.get(f"{n}.bias"),
+        q = _linear_class(n, mode, gained, nl).from_packed(sd[f"{n}.qweight"], sd[f"{n}.scale"], sd.get(f"{n}.bias"),
                                                        m.in_features, in_gain=sd.get(f"{n}.in_gain"))
         parent, _, leaf = n.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, q)
@@ -306,7 +316,7 @@ def load_quantized(folder: Path, check_finite: bool = True):
         if not k.endswith((".qweight", ".scale")) and not (v.is_floating_point() and v.nbytes >= KEEP_MAPPED_BYTES):
             sd[k] = mapped.copy_out(v, v.dtype)
     if fused_file:
-        _fused_from_file(model, sd, mode, groups, gained)
+        _fused_from_file(model, sd, mode, groups, gained, nl)
     model.load_state_dict(sd, strict=True, assign=True)
     del sd
     if not fused_file and hasattr(model, "blocks"):
@@ -323,8 +333,8 @@ def load_quantized(folder: Path, check_finite: bool = True):
     return model.eval()
 
 
-def _fused_from_file(model, sd: dict, mode: str, groups, gained: bool = False) -> None:
-    """Versions 2 and 3: model.fused_qkv, one quant Linear per attention holding the file's ATTN.w_qkv tensors as they lie
+def _fused_from_file(model, sd: dict, mode: str, groups, gained: bool = False, n_layers: int | None = None) -> None:
+    """Versions 2 to 4: model.fused_qkv, one quant Linear per attention holding the file's ATTN.w_qkv tensors as they lie
     (taken out of sd), and its q/k/v Linears made of views of their rows (engine/fused.py's piece_rows; a copy only
     for a piece whose rows split around another's), their tensors put in sd under their own names: what quantize_cpu
     leaves, with no copy of the mapped rows."""
@@ -332,7 +342,7 @@ def _fused_from_file(model, sd: dict, mode: str, groups, gained: bool = False) -
     fused = []
     for attn, pieces, names in groups:
         first = pieces[0][0]
-        cls = _linear_class(names[first], mode, gained)
+        cls = _linear_class(names[first], mode, gained, n_layers)
         gain = sd.pop(f"{attn}.{QKV}.in_gain", None)
         f = cls.from_packed(sd.pop(f"{attn}.{QKV}.qweight"), sd.pop(f"{attn}.{QKV}.scale"),
                             sd.pop(f"{attn}.{QKV}.bias", None), first.in_features, in_gain=gain)

@@ -47,7 +47,8 @@ def test_a_tied_models_stored_file_has_no_embedding_and_reads_it_from_the_head_r
     cfg, w, src = _src(tmp_path)
     full, packed = import_model(src, name="full"), import_model(src, name="p", quant=mode)
     h, meta = _header(packed)
-    assert meta[VERSION_KEY] == "3" and "embed.weight" not in h and h[TIED_KEY]["shape"] == [cfg["hidden_size"]]
+    assert meta[VERSION_KEY] == ("4" if mode == "int4" else "3")        # int4: its per-layer mix (layout 4)
+    assert "embed.weight" not in h and h[TIED_KEY]["shape"] == [cfg["hidden_size"]]
     m = load_quantized(packed)
     assert isinstance(m.embed, HeadRowsEmbedding) and m.embed.head is m.head
     mapped = MappedWeights()                                  # by reference: the head's mapped tensors, no table
@@ -75,7 +76,7 @@ def test_a_tied_models_file_holds_q_k_v_fused_and_a_load_runs_them_where_they_li
     _, _, src = _src(tmp_path, variant)
     full, packed = import_model(src, name="full"), import_model(src, name="p", quant=mode)
     h, meta = _header(packed)
-    assert meta[VERSION_KEY] == "3" and not [k for k in h if ".w_q." in k or ".w_kv_" in k]
+    assert meta[VERSION_KEY] == ("4" if mode == "int4" else "3") and not [k for k in h if ".w_q." in k or ".w_kv_" in k]
     ref = quantize_cpu(load_folder(full, mode), mode)
     m = load_quantized(packed)
     mapped = MappedWeights()
@@ -261,11 +262,11 @@ def test_a_version_2_file_of_a_tied_model_still_loads_and_chats_folded(tmp_path,
 def test_an_untied_model_and_a_gain_with_a_zero_keep_their_embedding(tmp_path):
     _, _, src = _src(tmp_path, "qwen2-bias-untied")
     h, meta = _header(import_model(src, name="untied", quant="int4"))
-    assert meta[VERSION_KEY] == "3" and "embed.weight" in h and TIED_KEY not in h
+    assert meta[VERSION_KEY] == "4" and "embed.weight" in h and TIED_KEY not in h
     _, _, src = _src(tmp_path / "z", change=lambda w: w["model.norm.weight"].__setitem__(2, 0.0))
     folder = import_model(src, name="zero-gain", quant="int4")
     h, meta = _header(folder)
-    assert meta[VERSION_KEY] == "3" and "embed.weight" in h and TIED_KEY not in h
+    assert meta[VERSION_KEY] == "4" and "embed.weight" in h and TIED_KEY not in h
     assert type(load_quantized(folder).embed) is Embedding
 
 

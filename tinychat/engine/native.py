@@ -42,9 +42,11 @@ INT8_STEP_VERSION = 6   # the native step's rounding's version: bump it when the
                         # prefill's included (it fills the KV cache a later turn or a restore reads), and give those
                         # paths the new number in KERNEL_PATHS. What each version changed: docs/benchmarks.md,
                         # "Int8 step versions".
-INT4_STEP_VERSION = 2   # the native int4 step's rounding (native_q4.h: Q4_0-style groups of 32 with fp16 scales, the
+INT4_STEP_VERSION = 3   # the native int4 step's rounding (native_q4.h: Q4_0-style groups of 32 with fp16 scales, the
                         # int8 activations of the int8 step): sessions record "native-int4-v<N>@<path>". 2: the
-                        # llama step multiplies the norm output by the fused matrices' input gains (issue #34)
+                        # llama step multiplies the norm output by the fused matrices' input gains (issue #34). 3:
+                        # a model with gains keeps q/k/v int8 on llama.cpp's use_more_bits layers (quant.py's
+                        # int4_more_bits: per-layer formats, native_llama.h's LTAB_FMT column)
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,7 @@ def _build(cc: str) -> Path:
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-ABI = 19                # tc_abi_version() of the source this module binds
+ABI = 20                # tc_abi_version() of the source this module binds
 TC_MAXN = 8             # native.c's highest Engram order for tc_step's hashing
 
 
@@ -128,11 +130,11 @@ class TcLlamaPlan(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in (
         "d", "hidden", "H", "Hk", "D", "gstride", "V", "n_layers", "rescore_k", "embed_fmt",
         "tab", "x", "h", "xq", "qkv", "y", "u", "logits", "sc", "embed", "cos_", "sin_", "gk", "gv", "tokens", "lens",
-        "lens_cpu", "head_q", "head_s", "wfmt", "embed_s", "embed_g", "drop", "kv16")]
+        "lens_cpu", "head_q", "head_s", "embed_s", "embed_g", "drop", "kv16")]
 EMB_F32, EMB_BF16, EMB_Q8 = 0, 1, 2     # tc_lplan.embed_fmt (native_llama.h's TC_EMB_*)
 
 
-LTAB_COLS = 12          # native_llama.h's table columns per layer
+LTAB_COLS = 13          # native_llama.h's table columns per layer (the last: the layer's TC_F_* formats)
 DROP_RANGES = 8         # native.c's TC_DROP_RANGES: (address, bytes) pairs per row of a step's drop table
 
 

@@ -67,23 +67,26 @@ static void rescore(float *logits, int64_t V, int64_t k, const int8_t *q, const 
 
 /* tc_llama_step's view of a model and its fp32 (or fp16: kv16) cache; all int64 (pointers as integers; native_llama_step.py builds
    the same layout). tab: per layer LTAB_COLS: QKV weights, scales, rows, bias (0: none), then w_o, up, down weights
-   and scales, then the (d) fp32 input gains of the QKV and of up (0: none; the norm gains kept apart, issue #34). gk/gv: (n_layers, 1, Hk, gstride, D). embed: (V, d) by embed_fmt: TC_EMB_F32, TC_EMB_BF16, or
+   and scales, then the (d) fp32 input gains of the QKV and of up (0: none; the norm gains kept apart, issue #34), then
+   the layer's weight formats (a TC_F_* mask, native_q4.h: per layer, --quant int4's per-layer mix). gk/gv: (n_layers, 1, Hk, gstride, D). embed: (V, d) by embed_fmt: TC_EMB_F32, TC_EMB_BF16, or
    TC_EMB_Q8 (a tied embedding read from the int8 head rows, engine/head_embed.py: embed the int8 rows, embed_s their
    fp32 row scales, embed_g the (d) inverse final-norm gain; row = (q * s) * g, the bits HeadRowsEmbedding gives). */
-#define LTAB_COLS 12
+#define LTAB_COLS 13
+#define LTAB_FMT 12                                    /* the column of the layer's TC_F_* mask */
 typedef struct {
     int64_t d, hidden, H, Hk, D, gstride, V, n_layers, rescore_k, embed_fmt;
     int64_t tab, x, h, xq, qkv, y, u, logits, sc, embed, cos_, sin_, gk, gv, tokens, lens, lens_cpu, head_q, head_s;
-    int64_t wfmt;                                  /* the layers' weights' formats (a TC_F_* mask); the head is int8 */
     int64_t embed_s, embed_g;                      /* TC_EMB_Q8: the rows' fp32 scales, the (d) column factors */
     int64_t drop;                                  /* 0, or the drop table (native.c's tc_drop): n_layers + 1 rows */
     int64_t kv16;                                  /* 1: gk / gv hold fp16 bits (uint16), else fp32 */
 } tc_lplan;
 enum { TC_EMB_F32 = 0, TC_EMB_BF16 = 1, TC_EMB_Q8 = 2 };
 
-/* x += w_o(y); h = rms(x); u = up(h); x += down(silu(gate) * up); then, if nq > 0: h = rms(x); qkv = wq(h) + b. */
+/* x += w_o(y); h = rms(x); u = up(h); x += down(silu(gate) * up); then, if nq > 0: h = rms(x); qkv = wq(h) + b
+   (the next layer's, in its own format). */
 static void llama_tail(const int64_t *t, const int64_t *next, float *x, float *h, void *xq, float eps, const float *y,
-                       int64_t dv, float *u, int64_t hidden, int64_t d, float *qkv, int fmt, int nt) {
+                       int64_t dv, float *u, int64_t hidden, int64_t d, float *qkv, int nt) {
+    const int fmt = (int)t[LTAB_FMT], nfmt = next ? (int)next[LTAB_FMT] : 0;
     const void *wo_q = (const void *)t[4], *up_q = (const void *)t[6], *dn_q = (const void *)t[8];
     const void *wo_s = (const void *)t[5], *up_s = (const void *)t[7], *dn_s = (const void *)t[9];
     int64_t nq = next ? next[2] : 0;
@@ -112,7 +115,7 @@ static void llama_tail(const int64_t *t, const int64_t *next, float *x, float *h
                 rms_eps(x, h, d, eps, (const float *)next[10]);
                 a = tc_quant8(h, xq, d);
             }
-            gemv_fmt(TC_FMT(fmt, TC_F_QKV), &a, (const void *)next[0], (const void *)next[1], qkv, nq, d, 0);
+            gemv_fmt(TC_FMT(nfmt, TC_F_QKV), &a, (const void *)next[0], (const void *)next[1], qkv, nq, d, 0);
         }
     }
     if (nq > 0 && next[3])
@@ -152,7 +155,7 @@ void tc_llama_step(const tc_lplan *p, int64_t tok, int64_t L, float eps, float c
         memcpy(x, (const float *)p->embed + tok * d, d * sizeof(float));
     }
     llama_norm_gemv(x, h, xq, eps, (const float *)tab[10], (const void *)tab[0], (const void *)tab[1], (const float *)tab[3], qkv, tab[2],
-                    d, TC_FMT(p->wfmt, TC_F_QKV), nt);
+                    d, TC_FMT(tab[LTAB_FMT], TC_F_QKV), nt);
     float qs = (float)(1.0 / sqrt((double)D));
     for (int64_t li = 0; li < p->n_layers; li++) {
         const int64_t *t = tab + li * LTAB_COLS;
@@ -180,7 +183,7 @@ void tc_llama_step(const tc_lplan *p, int64_t tok, int64_t L, float eps, float c
             attend_all(qkv, H, Hk, D, K, Vc, gs, K, Vc, 0, NULL, L, y, (float *)p->sc, nt);
         }
         llama_tail(t, li + 1 < p->n_layers ? t + LTAB_COLS : NULL, x, h, xq, eps, y, H * D, (float *)p->u, p->hidden,
-                   d, qkv, (int)p->wfmt, nt);
+                   d, qkv, nt);
         if (p->drop) tc_drop((const int64_t *)p->drop + li * 2 * TC_DROP_RANGES, TC_DROP_RANGES);   /* all read */
     }
     ((int64_t *)p->lens)[0] += 1;

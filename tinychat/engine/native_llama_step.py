@@ -8,7 +8,7 @@ optional q/k/v biases, an optional softcap, no Engram, int8 Linears (no bias on 
 fp32 or fp16 cache of batch 1 (fp16: the token's K/V rounded once as written, attention on the rounded rows widened to
 fp32: native_attn_kv.h); input gains (the norm gains kept apart: engine/quant.py's in_gain) on the fused QKV and up
 only, applied to the norm's output. Anything else runs lean_step. `--quant int4`: the same step on int4 layer weights (native_q4.h),
-the head int8. The embedding: an fp32 or bf16 table by pointer, or (a tied stored-quantized model: head_embed.py) the
+the head int8, each layer's Linears in their own formats (the table's last column: quant.py's per-layer mix). The embedding: an fp32 or bf16 table by pointer, or (a tied stored-quantized model: head_embed.py) the
 head's own int8 rows, their fp32 scales and the inverse final gain, dequantized per token in C to the bits
 HeadRowsEmbedding gives (the step's rounding is unchanged: the row is the model's, exactly)."""
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .cache import KVCache
 from .head_embed import HeadRowsEmbedding
 from . import page_drop
 from .native import act_scratch
-from .native_step import _PointerView, layer_format
+from .native_step import _PointerView, layer_formats
 from .quant import Int8Linear
 from .threads import ThreadTuner
 
@@ -37,7 +37,7 @@ def expresses(model, fs) -> bool:
     return (not c.has_local and c.kv_group == 1 and c.mlp_kind == "swiglu" and not c.qk_norm
             and all(getattr(m, "in_gain", None) is None for m in no_gain)
             and all(b.engram is None and b.attn.mode == "full" for b in model.blocks)
-            and layer_format(model, fs) is not None and type(fs.head) is Int8Linear and fs.head.bias is None
+            and layer_formats(model, fs) is not None and type(fs.head) is Int8Linear and fs.head.bias is None
             and all(m.bias is None for m in lin)
             and _embed_ok(model, fs))
 
@@ -73,7 +73,7 @@ class _NativeLlama(_PointerView):
         c = model.cfg
         self.lib = lib
         self._keep = []
-        self.wfmt = layer_format(model, fs)                 # the layers' formats (native_q4.h's TC_F_*); head int8
+        fmts = layer_formats(model, fs)                     # each layer's formats (native_q4.h's TC_F_*); head int8
 
         def w(lin):                                         # (weights, scales)
             return self._ptrs(lin)[:2]
@@ -87,7 +87,7 @@ class _NativeLlama(_PointerView):
                 self._keep.append(bt)
                 bias = bt.data_ptr()
             rows.append([*self._ptrs(q), bias, *w(b.attn.w_o), *w(b.mlp.up), *w(b.mlp.down),
-                         self._gain(q), self._gain(b.mlp.up)])
+                         self._gain(q), self._gain(b.mlp.up), fmts[li]])
         self.tab = torch.tensor(rows, dtype=torch.int64)
         assert self.tab.size(1) == LTAB_COLS
         self.head = self._ptrs(fs.head)
@@ -137,7 +137,7 @@ class _NativeLlama(_PointerView):
         p = TcLlamaPlan(d=c.d_model, hidden=c.mlp_hidden, H=c.n_heads, Hk=c.n_kv_heads, D=c.head_dim,
                         gstride=cache.max_len + 1, V=self.head[2], n_layers=len(model.blocks), rescore_k=self.rescore_k,
                         embed_fmt=EMB_Q8 if q8 else EMB_BF16 if emb.dtype == torch.bfloat16 else EMB_F32,
-                        wfmt=self.wfmt, kv16=int(cache.kv16))
+                        kv16=int(cache.kv16))
         for name in ("x", "h", "xq", "qkv", "y", "u", "logits", "sc"):
             setattr(p, name, getattr(self, name).data_ptr())
         p.tab, p.embed = self.tab.data_ptr(), emb.data_ptr()

@@ -21,20 +21,27 @@ def _no_native():
     return None
 
 
+def layer_formats(model, fs) -> list[int] | None:
+    """The native formats of each layer's Linears, native_q4.h's TC_F_* masks (one per layer): per kind (the fused
+    QKV, w_o, up, down) its bit set where the layer's is an Int4Linear, clear where it is an Int8Linear; None where
+    some layer Linear is something else. The llama step reads them per layer (--quant int4's per-layer mix)."""
+    masks = []
+    for li, b in enumerate(model.blocks):
+        mask = 0
+        for bit, m in zip((1, 2, 4, 8), (fs.qkv[li], b.attn.w_o, b.mlp.up, b.mlp.down)):
+            if type(m) is Int4Linear:
+                mask |= bit
+            elif type(m) is not Int8Linear:
+                return None
+        masks.append(mask)
+    return masks
+
+
 def layer_format(model, fs) -> int | None:
-    """The native formats of a model's layer Linears, native_q4.h's TC_F_* mask: per kind (the fused QKV, w_o, up,
-    down) its bit set where every layer's is an Int4Linear, clear where every layer's is an Int8Linear; None where a
-    kind mixes them or holds something else."""
-    mask = 0
-    kinds = (fs.qkv, [b.attn.w_o for b in model.blocks], [b.mlp.up for b in model.blocks],
-             [b.mlp.down for b in model.blocks])
-    for bit, lins in zip((1, 2, 4, 8), kinds):
-        types = {type(m) for m in lins}
-        if types == {Int4Linear}:
-            mask |= bit
-        elif types != {Int8Linear}:
-            return None
-    return mask
+    """The one TC_F_* mask of a model whose layers all have the same formats (layer_formats), None where they differ
+    (tc_step's plan has one mask for every layer: such a model runs the PyTorch step) or some Linear is neither."""
+    masks = layer_formats(model, fs)
+    return masks[0] if masks and len(set(masks)) == 1 else None
 
 
 class _PointerView:

@@ -372,10 +372,35 @@ INT4_INT8_NAMES = ("head", "w_v", "w_k", "w_q", "w_kv_local", "w_kv_global")
 INT4_INT8_NAMES_GAINED = ("head", "w_v", "w_k")      # a model with input gains: q/k/v int4
 
 
-def int4_keeps_int8(name: str, gained: bool = False) -> bool:
+def use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's use_more_bits(i_layer, n_layers) (src/llama-quant.cpp): the layers its Q4_K_M quantizes attn_v
+    and ffn_down with more bits (Q6_K): the first and last eighth of the n layers and every third layer between
+    (C integer division: SmolLM2's 30 layers -> 0-2, 5, 8, 11, 14, 17, 20, 23, 26-29, 14 of them)."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+# --quant int4 on a model with input gains: these Linears int8 on use_more_bits layers, Q4_K_M's per-layer mix (it
+# gives attn_v and ffn_down more bits there) with our int8 as the "more bits" format. q/k/v are one fused matrix in
+# the steps (one format a layer), so all three go int8. SmolLM2-135M on tests/perf/data/held_text.txt (ppl; bytes of
+# weights a token): int4 30.98 (88.1 MB), q/k/v int8 there 28.51 (+3.9%), down int8 there 29.42 (+6.2%), both
+# 27.97 (+10.0%); llama.cpp Q4_K_M 29.51 (103.7 MB). docs/benchmarks.md, "Per-layer mix".
+INT4_MORE_BITS_NAMES = ("w_q", "w_kv_local", "w_kv_global")
+
+
+def int4_more_bits(name: str, n_layers: int) -> bool:
+    """Is the Linear at module path name (blocks.I.attn.w_q) one of INT4_MORE_BITS_NAMES on a use_more_bits layer I
+    of a model of n_layers blocks?"""
+    parts = name.split(".")
+    return (len(parts) >= 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[-1] in INT4_MORE_BITS_NAMES
+            and use_more_bits(int(parts[1]), n_layers))
+
+
+def int4_keeps_int8(name: str, gained: bool = False, n_layers: int | None = None) -> bool:
     """Does --quant int4 keep the Linear at this module path int8 (INT4_INT8_NAMES; gained: a model whose norm gains
-    are kept apart, INT4_INT8_NAMES_GAINED)?"""
-    return name.rsplit(".", 1)[-1] in (INT4_INT8_NAMES_GAINED if gained else INT4_INT8_NAMES)
+    are kept apart, INT4_INT8_NAMES_GAINED, and, given its n_layers, int4_more_bits: the per-layer mix)?"""
+    if name.rsplit(".", 1)[-1] in (INT4_INT8_NAMES_GAINED if gained else INT4_INT8_NAMES):
+        return True
+    return bool(gained and n_layers and int4_more_bits(name, n_layers))
 
 
 # The norm gain each Linear's input is multiplied by (a llama-family import keeps them apart: model.in_gains, {"blocks.
@@ -548,7 +573,8 @@ def quant_mode(model) -> str:
 
 def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | None = None):
     """In place. mode "int8": weight-only int8 Linear layers (Int8Linear, per-channel scales, bf16 activations).
-    "int4": Int4Linear layers (groups of 32, fp16 scales), those int4_keeps_int8 names Int8Linear.
+    "int4": Int4Linear layers (groups of 32, fp16 scales), those int4_keeps_int8 names Int8Linear (with norm gains:
+    q/k/v on llama.cpp's use_more_bits layers too, the per-layer mix).
     A model with norm gains kept apart (model.in_gains: a llama-family import) gets them as the int8 / int4 Linears'
     in_gain (linear_gain; the weights quantized with the gain divided out, the activations multiplied by it).
     "bf16": Linear weights stored in bf16 (BF16Linear). Embeddings, Engram tables, norms, RoPE and the KV cache stay
@@ -575,9 +601,10 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)
                and (head or name != "head")]
     gained = bool(getattr(model, "in_gains", None)) and cls is not BF16Linear
+    n_layers = len(model.blocks) if hasattr(model, "blocks") else None
     for name, mod in targets:
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-        c = Int8Linear if cls is Int4Linear and int4_keeps_int8(name, gained) else cls
+        c = Int8Linear if cls is Int4Linear and int4_keeps_int8(name, gained, n_layers) else cls
         g = {"in_gain": linear_gain(model, name)} if gained else {}
         setattr(parent, name.rsplit(".", 1)[-1], c(mod, pbf, **kw, **g))
         mapped.drop(mod.weight)
