@@ -32,6 +32,9 @@ Two layouts (VERSION_KEY):
   layout 1, and each gained Linear's input gain beside its packed tensors (ATTN.w_qkv.in_gain, BLOCK.mlp.up.in_gain:
   (d,) fp32, engine/quant.py's in_gain): the weights are quantized with the gain divided out, and under int4 the
   q/k/v rows are int4 too (int4_keeps_int8's gained rule). Older layouts load and run as they always did (folded).
+An int4 file of a llama-family model (any layout) also holds the int8 head's int4 copy, H4_KEYS (engine/head4.py's
+two-level head: uint8 (V, pad64(d) / 2) and fp16 (V, pad64(d) / 32), quantized from the full-precision head as
+quantize_cpu makes it); a file without them (an older tinychat's) loads and runs the int8 head alone.
 
 Torch-free to import (store.py lists models without torch): stored_mode reads the file's header only."""
 from __future__ import annotations
@@ -46,6 +49,7 @@ VERSIONS = ("1", "2", "3")     # the layouts it reads
 TIED_KEY = "embed.inv_gain"    # version 2: the (d,) fp32 factors of the embedding read from the head's int8 rows
 QKV = "w_qkv"                  # version 2: ATTN.w_qkv.* per attention, its q/k/v Linears' rows fused (engine/fused.py)
 MODES = ("int8", "int4")
+H4_KEYS = ("head.q4weight", "head.q4scale")     # int4 files of llama-family models: the head's int4 copy (head4.py)
 WEIGHTS_FILE = "model.safetensors"
 _HEADER_MAX = 64 << 20        # a safetensors header larger than this is not one tinychat wrote
 
@@ -129,12 +133,14 @@ def qkv_groups(model) -> list[tuple[str, list, dict]]:
     return out
 
 
-def layout(model, mode: str, tied: bool = False, gained: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
+def layout(model, mode: str, tied: bool = False, gained: bool = False,
+           h4: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
     """{tensor name: (shape, safetensors dtype)} of the stored-`mode` file of a model like `model` (an unquantized
     TinyAgentLM, built from its config): every Linear's packed tensors, the other tensors as the model holds them;
     tied (versions 2, 3): no embed.weight, TIED_KEY instead; tied or gained (version 3): per attention one fused
     q/k/v Linear (ATTN.w_qkv.*, the rows in engine/fused.py's order) instead of its q/k/v Linears' tensors; gained:
-    each gained Linear's in_gain (engine/quant.py's gain_key), the fused one's for q/k/v."""
+    each gained Linear's in_gain (engine/quant.py's gain_key), the fused one's for q/k/v; h4: the int8 head's int4
+    copy (H4_KEYS: engine/head4.py's two-level head, Int4Linear's packed shapes)."""
     import torch
 
     from .engine.quant import gain_key
@@ -153,6 +159,11 @@ def layout(model, mode: str, tied: bool = False, gained: bool = False) -> dict[s
             out[f"{n}.bias"] = ((m.out_features,), "F32")
         if gained and gain_key(n) is not None:
             out[f"{n}.in_gain"] = ((m.in_features,), "F32")
+    if h4:
+        from .engine.quant import Int4Linear
+        for leaf, spec in zip(H4_KEYS, packed_shapes(Int4Linear, model.head.out_features,
+                                                     model.head.in_features).values()):
+            out[leaf] = spec
     if tied:
         del out["embed.weight"]
         out[TIED_KEY] = ((model.cfg.d_model,), "F32")
@@ -185,11 +196,13 @@ def save_quantized(model, folder: Path, mode: str) -> None:
     from .model import CONFIG_FILE
     if mode not in MODES:
         raise ValueError(f"--quant must be one of {', '.join(MODES)} to store packed weights (got {mode!r})")
+    from .options import EngineOptions
     inv = tied_inv_gain(model)
     gained = bool(getattr(model, "in_gains", None))
-    want = layout(model, mode, tied=inv is not None, gained=gained)
+    h4 = mode == "int4" and not model.cfg.is_tinyagent and model.head.bias is None   # head4.eligible, before
+    want = layout(model, mode, tied=inv is not None, gained=gained, h4=h4)
     groups = qkv_groups(model) if inv is not None or gained else []
-    quantize_cpu(model, mode)
+    quantize_cpu(model, mode, options=EngineOptions.from_env(head4=True))     # the copy stored whatever the env says
     if quant_mode(model) != mode:
         raise ValueError(f"this PyTorch build cannot make --quant {mode} weights (it runs {quant_mode(model)})")
     # clones: the q/k/v Linears' rows are views of the fused projection (safetensors refuses shared storage)
@@ -278,13 +291,14 @@ def load_quantized(folder: Path, check_finite: bool = True):
     mode, version = _check_header(wpath, header, cfg)
     gained = version == "3"
     tied = version == "2" or (gained and TIED_KEY in header)
+    h4 = mode == "int4" and H4_KEYS[0] in header      # the two-level head's copy (older files: none)
     fused_file = tied or gained             # q/k/v stored fused (ATTN.w_qkv.*)
     token = _SKIP_INIT.set(True)
     try:
         model = TinyAgentLM(cfg)
     finally:
         _SKIP_INIT.reset(token)
-    _compare(wpath, header, layout(model, mode, tied, gained))
+    _compare(wpath, header, layout(model, mode, tied, gained, h4))
     try:
         sd = load_file(str(wpath))          # memory-mapped
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
@@ -299,11 +313,14 @@ def load_quantized(folder: Path, check_finite: bool = True):
         parent, _, leaf = n.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, q)
     del targets, m
+    if h4:                                  # the int8 head's int4 copy, mapped as it lies
+        from .engine import head4
+        head4.attach(model.head, sd[H4_KEYS[0]], sd[H4_KEYS[1]])
     if tied:                                # the embedding: the head's int8 rows (shapes checked: _compare)
         from .engine.head_embed import HeadRowsEmbedding
         model.embed = HeadRowsEmbedding(model.head, torch.empty(cfg.d_model))
     for k, v in sd.items():                 # the other tensors: big floats stay mapped, small buffers are copied
-        if not k.endswith((".qweight", ".scale")) and not (v.is_floating_point() and v.nbytes >= KEEP_MAPPED_BYTES):
+        if not k.endswith((".qweight", ".scale", ".q4weight", ".q4scale")) and not (v.is_floating_point() and v.nbytes >= KEEP_MAPPED_BYTES):
             sd[k] = mapped.copy_out(v, v.dtype)
     if fused_file:
         _fused_from_file(model, sd, mode, groups, gained)
@@ -356,9 +373,12 @@ def _fused_from_file(model, sd: dict, mode: str, groups, gained: bool = False) -
 def configure(model, options) -> bool:
     """Set the engine options a quantize_cpu run would fix into each quant Linear (prefill_bf16, native) on a
     stored-quantized model's Linears, the fused q/k/v ones included, and whether each hands its mapped pages back
-    after its forward (options.drop_pages, resolved for this model: engine/page_drop.py). Returns that."""
-    from .engine import page_drop
+    after its forward (options.drop_pages, resolved for this model: engine/page_drop.py), and the two-level int4
+    head's copy dropped where options.head4 is off. Returns whether pages go back."""
+    from .engine import head4, page_drop
     from .engine.quant import Int4Linear, Int8Linear
+    if not options.head4:
+        head4.detach(model.head)            # the two-level head off: the int8 head alone
     mods = [m for m in model.modules() if type(m) in (Int8Linear, Int4Linear)]
     for m in [*mods, *getattr(model, "fused_qkv", [])]:
         m.prefill_bf16, m.native = options.prefill_bf16, bool(options.native)

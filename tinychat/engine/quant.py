@@ -15,6 +15,7 @@ import torch
 
 from ..mapped import MappedWeights
 from ..options import EngineOptions
+from . import head4
 from .fused import fuse_qkv
 
 QUANT_GEMV_ROWS = 8    # BF16Linear: up to this many rows use the bf16 kernel (on AVX2 bf16 GEMM is ~3x slower than fp32)
@@ -548,7 +549,8 @@ def quant_mode(model) -> str:
 
 def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | None = None):
     """In place. mode "int8": weight-only int8 Linear layers (Int8Linear, per-channel scales, bf16 activations).
-    "int4": Int4Linear layers (groups of 32, fp16 scales), those int4_keeps_int8 names Int8Linear.
+    "int4": Int4Linear layers (groups of 32, fp16 scales), those int4_keeps_int8 names Int8Linear; a llama-family
+    head also gets its int4 copy (the two-level head, engine/head4.py) unless options.head4 is off.
     A model with norm gains kept apart (model.in_gains: a llama-family import) gets them as the int8 / int4 Linears'
     in_gain (linear_gain; the weights quantized with the gain divided out, the activations multiplied by it).
     "bf16": Linear weights stored in bf16 (BF16Linear). Embeddings, Engram tables, norms, RoPE and the KV cache stay
@@ -579,9 +581,12 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
         c = Int8Linear if cls is Int4Linear and int4_keeps_int8(name, gained) else cls
         g = {"in_gain": linear_gain(model, name)} if gained else {}
-        setattr(parent, name.rsplit(".", 1)[-1], c(mod, pbf, **kw, **g))
+        q = c(mod, pbf, **kw, **g)
+        if name == "head" and cls is Int4Linear and opts.head4 and head4.eligible(model, q):
+            head4.build(q, mod, mapped)     # the two-level head's int4 copy, from the same weights (head4.py)
+        setattr(parent, name.rsplit(".", 1)[-1], q)
         mapped.drop(mod.weight)
-    del targets, mod
+    del targets, mod, q
     if hasattr(model, "blocks"):
         fuse_qkv(model)                 # the fused q/k/v rows, the pieces' rows views of them (engine/fused.py)
     free_quant_buffer()
