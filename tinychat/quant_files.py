@@ -199,7 +199,7 @@ def save_quantized(model, folder: Path, mode: str) -> None:
     from .options import EngineOptions
     inv = tied_inv_gain(model)
     gained = bool(getattr(model, "in_gains", None))
-    h4 = mode == "int4" and not model.cfg.is_tinyagent and model.head.bias is None   # head4.eligible, before
+    h4 = mode == "int4" and not model.cfg.is_tinyagent and model.head.bias is None   # quant._head4_eligible, before
     want = layout(model, mode, tied=inv is not None, gained=gained, h4=h4)
     groups = qkv_groups(model) if inv is not None or gained else []
     quantize_cpu(model, mode, options=EngineOptions.from_env(head4=True))     # the copy stored whatever the env says

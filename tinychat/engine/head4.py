@@ -11,7 +11,7 @@ Quality (SmolLM2-135M on tests/perf/data/held_text.txt, docs/benchmarks.md "Two-
 int8 head's at every scored position; perplexity 31.24 against the int8 head's 30.97 at k = 128 (the tail's int4
 values: 31.34 at k = 64, 32.03 at 16; the int4 copy alone 36.83).
 
-The copy is built by quantize_cpu (from the full-precision head weights, where the int8 rows are made) for an int4
+The copy is built by quantize_cpu (quant.py, from the full-precision head weights where the int8 rows are made) for an int4
 llama-family model unless EngineOptions.head4 is off, and stored in stored-quantized int4 files (quant_files.py:
 "head.q4weight" / "head.q4scale"; an older file without them runs the int8 head as before). Sessions record "+h4"
 with the step (plan.step_name): another rounding of the tail's logits, so another step to replay on."""
@@ -19,16 +19,10 @@ from __future__ import annotations
 
 import torch
 
+from .quant import Int4Linear
+
 RESCORE_K = 128         # the int4 scan's best candidates recomputed from the int8 rows (native_llama.h's TC_MAXK)
 Q4W, Q4S = "q4weight", "q4scale"     # the head's buffers (state dict / stored file: head.q4weight, head.q4scale)
-
-
-def eligible(model, head) -> bool:
-    """Can this model's head carry an int4 copy: a llama-family config (TinyAgentLM keeps its tuned int8 head) and an
-    Int8Linear head without bias or input gain?"""
-    from .quant import Int8Linear
-    return (not model.cfg.is_tinyagent and type(head) is Int8Linear and head.bias is None
-            and getattr(head, "in_gain", None) is None)
 
 
 def active(head) -> bool:
@@ -51,20 +45,11 @@ def detach(head) -> None:
     head.__dict__.pop("_q4", None)
 
 
-def build(head, lin: torch.nn.Linear, mapped=None) -> None:
-    """The int4 copy of the full-precision head lin (quantize_int4 per row block, Int4Linear's quantization; mapped:
-    quant.py's MappedWeights), attached to its Int8Linear head."""
-    from .quant import Int4Linear
-    q = Int4Linear(lin, mapped=mapped)
-    attach(head, q.qweight, q.scale)
-
-
 def view(head):
     """The copy as an Int4Linear (cached on the head; the head's tensors, no copy): its forward runs the native int4
     GEMM (the decode GEMV's rounding per row) where the kernels load, else the dequantized weights."""
     q = head.__dict__.get("_q4")
     if q is None or q.qweight is not getattr(head, Q4W):
-        from .quant import Int4Linear
         q = Int4Linear.from_packed(getattr(head, Q4W), getattr(head, Q4S), None, head.in_features,
                                    native=getattr(head, "native", True))
         head.__dict__["_q4"] = q

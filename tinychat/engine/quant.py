@@ -15,7 +15,6 @@ import torch
 
 from ..mapped import MappedWeights
 from ..options import EngineOptions
-from . import head4
 from .fused import fuse_qkv
 
 QUANT_GEMV_ROWS = 8    # BF16Linear: up to this many rows use the bf16 kernel (on AVX2 bf16 GEMM is ~3x slower than fp32)
@@ -547,6 +546,13 @@ def quant_mode(model) -> str:
     return "none"
 
 
+def _head4_eligible(model, head) -> bool:
+    """Does --quant int4 give this head an int4 copy (engine/head4.py's two-level head): a llama-family config
+    (TinyAgentLM keeps its tuned int8 head) and an Int8Linear head without bias or input gain?"""
+    return (not model.cfg.is_tinyagent and type(head) is Int8Linear and head.bias is None
+            and getattr(head, "in_gain", None) is None)
+
+
 def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | None = None):
     """In place. mode "int8": weight-only int8 Linear layers (Int8Linear, per-channel scales, bf16 activations).
     "int4": Int4Linear layers (groups of 32, fp16 scales), those int4_keeps_int8 names Int8Linear; a llama-family
@@ -582,8 +588,10 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
         c = Int8Linear if cls is Int4Linear and int4_keeps_int8(name, gained) else cls
         g = {"in_gain": linear_gain(model, name)} if gained else {}
         q = c(mod, pbf, **kw, **g)
-        if name == "head" and cls is Int4Linear and opts.head4 and head4.eligible(model, q):
-            head4.build(q, mod, mapped)     # the two-level head's int4 copy, from the same weights (head4.py)
+        if name == "head" and cls is Int4Linear and opts.head4 and _head4_eligible(model, q):
+            q4 = Int4Linear(mod, mapped=mapped)     # the two-level head's int4 copy, from the same weights (head4.py)
+            q.register_buffer("q4weight", q4.qweight)
+            q.register_buffer("q4scale", q4.scale)
         setattr(parent, name.rsplit(".", 1)[-1], q)
         mapped.drop(mod.weight)
     del targets, mod, q
