@@ -32,7 +32,7 @@ class ExecutionPlan:
                                         # resolved: engine/page_drop.py; a stored-quantized model only)
     kv_cache: str | None = None         # the CPU KV cache's format, "fp16" or "fp32" (kv_format: EngineOptions.kv_cache
                                         # resolved); None: not decided (fp32 on the CPU, bf16 on GPUs)
-    head4: bool = False                 # the two-level int4 head runs (engine/head4.py: an int4 llama-family model whose
+    head4: bool = False                 # the two-level int4 head runs (engine/two_level_head.py: an int4 llama-family model whose
                                         # head carries its int4 copy; sessions record "+h4")
 
     def kv_dtype(self):
@@ -70,7 +70,7 @@ def step_name(native: bool, prefill: str | None, version: int | None, path: str 
     native: the decode step runs in the kernels; prefill: the int8 Linears' prefill kernel (Int8Linear.prefill_kernel);
     version, path: the plan's; mode: int8 or int4 ("native-int4-v<N>", "torch-int4"); kv16: the KV cache holds fp16
     ("+kv16" before the path: another rounding of every attention, so another step to replay on); h4: the two-level
-    int4 head (engine/head4.py: "+h4" before "+kv16", another rounding of the logits' tail)."""
+    int4 head (engine/two_level_head.py: "+h4" before "+kv16", another rounding of the logits' tail)."""
     name = f"native-{mode}-v{version}" if native else f"torch-{mode}"
     if prefill == "native-gemm" and not native:
         name += f"+native-prefill-v{version}"
@@ -97,7 +97,9 @@ def decide(model, quant: str | None = None, device: str = "cpu", options: Engine
     model's Linear classes, the native kernels and the prefill GEMM what runs here."""
     import torch
 
-    from .engine import head4, native, quantize_cpu
+    from .engine import native, quantize_cpu
+
+    from .engine import two_level_head as head4
     from .engine.quant import bulk_prefill_kernel, effective_mode, quant_mode
     from .settings import ChatError
     options = options or EngineOptions.from_env()

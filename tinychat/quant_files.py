@@ -32,7 +32,7 @@ Two layouts (VERSION_KEY):
   layout 1, and each gained Linear's input gain beside its packed tensors (ATTN.w_qkv.in_gain, BLOCK.mlp.up.in_gain:
   (d,) fp32, engine/quant.py's in_gain): the weights are quantized with the gain divided out, and under int4 the
   q/k/v rows are int4 too (int4_keeps_int8's gained rule). Older layouts load and run as they always did (folded).
-An int4 file of a llama-family model (any layout) also holds the int8 head's int4 copy, H4_KEYS (engine/head4.py's
+An int4 file of a llama-family model (any layout) also holds the int8 head's int4 copy, H4_KEYS (engine/two_level_head.py's
 two-level head: uint8 (V, pad64(d) / 2) and fp16 (V, pad64(d) / 32), quantized from the full-precision head as
 quantize_cpu makes it); a file without them (an older tinychat's) loads and runs the int8 head alone.
 
@@ -49,7 +49,7 @@ VERSIONS = ("1", "2", "3")     # the layouts it reads
 TIED_KEY = "embed.inv_gain"    # version 2: the (d,) fp32 factors of the embedding read from the head's int8 rows
 QKV = "w_qkv"                  # version 2: ATTN.w_qkv.* per attention, its q/k/v Linears' rows fused (engine/fused.py)
 MODES = ("int8", "int4")
-H4_KEYS = ("head.q4weight", "head.q4scale")     # int4 files of llama-family models: the head's int4 copy (head4.py)
+H4_KEYS = ("head.q4weight", "head.q4scale")     # int4 files of llama-family models: the head's int4 copy (two_level_head.py)
 WEIGHTS_FILE = "model.safetensors"
 _HEADER_MAX = 64 << 20        # a safetensors header larger than this is not one tinychat wrote
 
@@ -140,7 +140,7 @@ def layout(model, mode: str, tied: bool = False, gained: bool = False,
     tied (versions 2, 3): no embed.weight, TIED_KEY instead; tied or gained (version 3): per attention one fused
     q/k/v Linear (ATTN.w_qkv.*, the rows in engine/fused.py's order) instead of its q/k/v Linears' tensors; gained:
     each gained Linear's in_gain (engine/quant.py's gain_key), the fused one's for q/k/v; h4: the int8 head's int4
-    copy (H4_KEYS: engine/head4.py's two-level head, Int4Linear's packed shapes)."""
+    copy (H4_KEYS: engine/two_level_head.py's two-level head, Int4Linear's packed shapes)."""
     import torch
 
     from .engine.quant import gain_key
@@ -314,7 +314,7 @@ def load_quantized(folder: Path, check_finite: bool = True):
         setattr(model.get_submodule(parent) if parent else model, leaf, q)
     del targets, m
     if h4:                                  # the int8 head's int4 copy, mapped as it lies
-        from .engine import head4
+        from .engine import two_level_head as head4
         head4.attach(model.head, sd[H4_KEYS[0]], sd[H4_KEYS[1]])
     if tied:                                # the embedding: the head's int8 rows (shapes checked: _compare)
         from .engine.head_embed import HeadRowsEmbedding
@@ -375,7 +375,8 @@ def configure(model, options) -> bool:
     stored-quantized model's Linears, the fused q/k/v ones included, and whether each hands its mapped pages back
     after its forward (options.drop_pages, resolved for this model: engine/page_drop.py), and the two-level int4
     head's copy dropped where options.head4 is off. Returns whether pages go back."""
-    from .engine import head4, page_drop
+    from .engine import page_drop
+    from .engine import two_level_head as head4
     from .engine.quant import Int4Linear, Int8Linear
     if not options.head4:
         head4.detach(model.head)            # the two-level head off: the int8 head alone

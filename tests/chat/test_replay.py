@@ -168,7 +168,7 @@ def test_an_fp16_cache_session_replays_exact_on_its_step_and_is_another_step_on_
 
 
 def test_a_two_level_head_session_replays_exact_on_its_step_and_is_another_step_with_the_int8_head():
-    """An int4 llama chat scans its logits with the head's int4 copy (engine/head4.py): its turns record "+h4",
+    """An int4 llama chat scans its logits with the head's int4 copy (engine/two_level_head.py): its turns record "+h4",
     replay token-exact on a chat with the two-level head, and are "another step" on one with the int8 head alone."""
     from support import make_llama_model, tokenizer
     from tinychat.engine import EngineOptions

@@ -15,7 +15,7 @@ runs/perf/ppl-home); a stored-quantized import (`--quant int8|int4`) scores in i
 modes asked are ignored). The text: tests/perf/data/held_text.txt (public domain: the Declaration of Independence, the
 Gettysburg Address, Lincoln's second inaugural; typed in, so not a byte-exact copy of any edition). Each mode scores
 through the model's forward (prefill's kernels: fp32 GEMMs, the native int8 / int4 GEMMs); an int4 llama's two-level
-head (engine/head4.py) as the chat computes it (TINYCHAT_HEAD4=0: the int8 head alone). Not a test."""
+head (engine/two_level_head.py) as the chat computes it (TINYCHAT_HEAD4=0: the int8 head alone). Not a test."""
 from __future__ import annotations
 
 import argparse
@@ -47,10 +47,10 @@ def _default_model() -> Path:
 
 
 def _logits(model, chunk):
-    """The model's logits (ctx, V) at every position: its forward, or for a two-level int4 head (engine/head4.py, what
+    """The model's logits (ctx, V) at every position: its forward, or for a two-level int4 head (engine/two_level_head.py, what
     a chat runs: TINYCHAT_HEAD4=0 turns it off) the head's input taken there and the int4 scan rescored from the
     int8 rows, as the steps compute them."""
-    from tinychat.engine import head4
+    from tinychat.engine import two_level_head as head4
     from tinychat.engine.append import rescore_top
     if not head4.active(model.head):
         return model(chunk)[0]

@@ -8,7 +8,8 @@ import torch
 
 from support import make_llama_model
 from tinychat.engine import Decoder, KVCache, append, quantize_cpu
-from tinychat.engine import head4, native
+from tinychat.engine import native
+from tinychat.engine import two_level_head as head4
 from tinychat.engine.append import RESCORE_K
 from tinychat.engine.cpu_step import CpuStep
 from tinychat.engine.native_llama_step import _NativeLlama

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import CacheView, rms_norm, softcap
-from . import head4
+from . import two_level_head as head4
 from .cache import KVCache
 from .fused import split_qkv
 

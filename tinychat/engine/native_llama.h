@@ -37,7 +37,7 @@ static void swiglu(float *u, int64_t n) {
 /* The k largest logits (k <= TC_MAXK; ties: the lower id first) recomputed as s[id] * <q[id], h> in double from the
    fp32 hidden state h, instead of the int8-activation GEMV's value: greedy and the sampler see the int8 weights'
    exact logits for the candidates that matter (a large vocabulary's top two can be 0.08 apart). */
-#define TC_MAXK 128                              /* the two-level int4 head rescores 128 (engine/head4.py) */
+#define TC_MAXK 128                              /* the two-level int4 head rescores 128 (engine/two_level_head.py) */
 static void rescore(float *logits, int64_t V, int64_t k, const int8_t *q, const float *s, const float *h,
                     int64_t d) {
     if (k > TC_MAXK) k = TC_MAXK;
@@ -78,7 +78,7 @@ typedef struct {
     int64_t embed_s, embed_g;                      /* TC_EMB_Q8: the rows' fp32 scales, the (d) column factors */
     int64_t drop;                                  /* 0, or the drop table (native.c's tc_drop): n_layers + 1 rows */
     int64_t kv16;                                  /* 1: gk / gv hold fp16 bits (uint16), else fp32 */
-    int64_t head4_q, head4_s;                      /* the two-level head (engine/head4.py): the head's int4 copy
+    int64_t head4_q, head4_s;                      /* the two-level head (engine/two_level_head.py): the head's int4 copy
                                                       (native_q4.h's layout) scanned for every logit, then the
                                                       rescore_k best recomputed from the int8 rows; 0: the int8 head */
 } tc_lplan;

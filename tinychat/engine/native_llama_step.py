@@ -8,7 +8,7 @@ optional q/k/v biases, an optional softcap, no Engram, int8 Linears (no bias on 
 fp32 or fp16 cache of batch 1 (fp16: the token's K/V rounded once as written, attention on the rounded rows widened to
 fp32: native_attn_kv.h); input gains (the norm gains kept apart: engine/quant.py's in_gain) on the fused QKV and up
 only, applied to the norm's output. Anything else runs lean_step. `--quant int4`: the same step on int4 layer weights (native_q4.h),
-the head int8, or (the two-level head, head4.py) scanned on its int4 copy and the best RESCORE_K rescored from the
+the head int8, or (the two-level head, two_level_head.py) scanned on its int4 copy and the best RESCORE_K rescored from the
 int8 rows. The embedding: an fp32 or bf16 table by pointer, or (a tied stored-quantized model: head_embed.py) the
 head's own int8 rows, their fp32 scales and the inverse final gain, dequantized per token in C to the bits
 HeadRowsEmbedding gives (the step's rounding is unchanged: the row is the model's, exactly)."""
@@ -23,7 +23,8 @@ import torch
 from .append import RESCORE_K
 from .cache import KVCache
 from .head_embed import HeadRowsEmbedding
-from . import head4, page_drop
+from . import page_drop
+from . import two_level_head as head4
 from .native import act_scratch
 from .native_step import _PointerView, layer_format
 from .quant import Int8Linear
@@ -92,7 +93,7 @@ class _NativeLlama(_PointerView):
         self.tab = torch.tensor(rows, dtype=torch.int64)
         assert self.tab.size(1) == LTAB_COLS
         self.head = self._ptrs(fs.head)
-        h4 = head4.active(fs.head)                          # the two-level head: scan the int4 copy (head4.py)
+        h4 = head4.active(fs.head)                          # the two-level head: scan the int4 copy (two_level_head.py)
         self.head4 = (getattr(fs.head, head4.Q4W).data_ptr(), getattr(fs.head, head4.Q4S).data_ptr()) if h4 else (0, 0)
         d, hid, HD = c.d_model, c.mlp_hidden, c.n_heads * c.head_dim
         self.x, self.h = torch.empty(d), torch.empty(d)

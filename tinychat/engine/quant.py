@@ -547,7 +547,7 @@ def quant_mode(model) -> str:
 
 
 def _head4_eligible(model, head) -> bool:
-    """Does --quant int4 give this head an int4 copy (engine/head4.py's two-level head): a llama-family config
+    """Does --quant int4 give this head an int4 copy (engine/two_level_head.py's two-level head): a llama-family config
     (TinyAgentLM keeps its tuned int8 head) and an Int8Linear head without bias or input gain?"""
     return (not model.cfg.is_tinyagent and type(head) is Int8Linear and head.bias is None
             and getattr(head, "in_gain", None) is None)
@@ -556,7 +556,7 @@ def _head4_eligible(model, head) -> bool:
 def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | None = None):
     """In place. mode "int8": weight-only int8 Linear layers (Int8Linear, per-channel scales, bf16 activations).
     "int4": Int4Linear layers (groups of 32, fp16 scales), those int4_keeps_int8 names Int8Linear; a llama-family
-    head also gets its int4 copy (the two-level head, engine/head4.py) unless options.head4 is off.
+    head also gets its int4 copy (the two-level head, engine/two_level_head.py) unless options.head4 is off.
     A model with norm gains kept apart (model.in_gains: a llama-family import) gets them as the int8 / int4 Linears'
     in_gain (linear_gain; the weights quantized with the gain divided out, the activations multiplied by it).
     "bf16": Linear weights stored in bf16 (BF16Linear). Embeddings, Engram tables, norms, RoPE and the KV cache stay
@@ -589,7 +589,7 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
         g = {"in_gain": linear_gain(model, name)} if gained else {}
         q = c(mod, pbf, **kw, **g)
         if name == "head" and cls is Int4Linear and opts.head4 and _head4_eligible(model, q):
-            q4 = Int4Linear(mod, mapped=mapped)     # the two-level head's int4 copy, from the same weights (head4.py)
+            q4 = Int4Linear(mod, mapped=mapped)     # the two-level head's int4 copy, from the same weights (two_level_head.py)
             q.register_buffer("q4weight", q4.qweight)
             q.register_buffer("q4scale", q4.scale)
         setattr(parent, name.rsplit(".", 1)[-1], q)

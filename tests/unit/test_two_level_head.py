@@ -1,4 +1,4 @@
-"""The two-level int4 head (engine/head4.py): an int4 llama-family model scans every logit with the head's int4 copy
+"""The two-level int4 head (engine/two_level_head.py): an int4 llama-family model scans every logit with the head's int4 copy
 and recomputes the best head4.RESCORE_K from the int8 rows. The native step against a float64 reference of its
 rounding and against the PyTorch lean step, prefill's last logits, the rescoring against the int8 head's own top-k,
 the stored file's copy, EngineOptions.head4 and the step name sessions record."""
@@ -10,7 +10,8 @@ import torch
 
 from support import make_llama_model
 from tinychat.chat.quant_steps import describe_step
-from tinychat.engine import Decoder, KVCache, append, head4, native, quantize_cpu
+from tinychat.engine import Decoder, KVCache, append, native, quantize_cpu
+from tinychat.engine import two_level_head as head4
 from tinychat.engine.append import rescore_top
 from tinychat.engine.native_llama_step import _NativeLlama
 from tinychat.engine.quant import Int4Linear, Int8Linear, quantize_int4
