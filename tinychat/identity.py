@@ -24,7 +24,7 @@ from .nativebuild import cache_dir
 from .norm_gains import GAINS_FILE
 
 SCHEME = 2      # 2: an identity is only remembered for weights found finite (no NaN / Inf) while hashed
-DERIVED = (".q4weight", ".q4scale")    # the int4 head's copy (engine/two_level_head.py): made from the head, on or off by option
+DERIVED = (".q4weight", ".q4scale")    # the int4 head's copy (engine/two_level_head.py): derived, on / off by option
 FILES = ("config.json", "model.safetensors")     # and norm_gains.py's GAINS_FILE where there is one
 
 

@@ -30,9 +30,9 @@ class EngineOptions:
                                         # "fp16" (half the memory and the bytes a step reads; sessions record
                                         # "+kv16" with the step), "fp32", or "auto": fp16 where the native step runs
                                         # (plan.kv_format); TinyAgentLM's ring cache and GPUs' bf16 stay as they are
-    head4: bool = True                  # --quant int4 llama-family models: the two-level head (engine/two_level_head.py: every
-                                        # logit from an int4 copy of the head, the best RESCORE_K recomputed from its
-                                        # int8 rows; sessions record "+h4"); False: the int8 head alone
+    head4: bool = True                  # --quant int4 llama-family models: the two-level head (two_level_head.py:
+                                        # every logit from an int4 copy of the head, the best RESCORE_K recomputed
+                                        # from its int8 rows; sessions record "+h4"); False: the int8 head alone
 
     ENV = {"native": "TINYCHAT_NATIVE", "step_in_c": "TINYCHAT_STEP_IN_C",
            "prefill_bf16": "TINYCHAT_PREFILL_BF16", "pad_shapes": "TINYCHAT_PAD_SHAPES",

@@ -32,8 +32,8 @@ class ExecutionPlan:
                                         # resolved: engine/page_drop.py; a stored-quantized model only)
     kv_cache: str | None = None         # the CPU KV cache's format, "fp16" or "fp32" (kv_format: EngineOptions.kv_cache
                                         # resolved); None: not decided (fp32 on the CPU, bf16 on GPUs)
-    head4: bool = False                 # the two-level int4 head runs (engine/two_level_head.py: an int4 llama-family model whose
-                                        # head carries its int4 copy; sessions record "+h4")
+    head4: bool = False                 # the two-level int4 head runs (engine/two_level_head.py: an int4 llama-family
+                                        # model whose head carries its int4 copy; sessions record "+h4")
 
     def kv_dtype(self):
         """The torch dtype of the chat's KV cache: kv_cache's, else fp32 on the CPU and bf16 on GPUs."""

@@ -32,9 +32,10 @@ Two layouts (VERSION_KEY):
   layout 1, and each gained Linear's input gain beside its packed tensors (ATTN.w_qkv.in_gain, BLOCK.mlp.up.in_gain:
   (d,) fp32, engine/quant.py's in_gain): the weights are quantized with the gain divided out, and under int4 the
   q/k/v rows are int4 too (int4_keeps_int8's gained rule). Older layouts load and run as they always did (folded).
-An int4 file of a llama-family model (any layout) also holds the int8 head's int4 copy, H4_KEYS (engine/two_level_head.py's
-two-level head: uint8 (V, pad64(d) / 2) and fp16 (V, pad64(d) / 32), quantized from the full-precision head as
-quantize_cpu makes it); a file without them (an older tinychat's) loads and runs the int8 head alone.
+An int4 file of a llama-family model (any layout) also holds the int8 head's int4 copy, H4_KEYS
+(engine/two_level_head.py's two-level head: uint8 (V, pad64(d) / 2) and fp16 (V, pad64(d) / 32), quantized from
+the full-precision head as quantize_cpu makes it); a file without them (an older tinychat's) loads and runs the int8
+head alone.
 
 Torch-free to import (store.py lists models without torch): stored_mode reads the file's header only."""
 from __future__ import annotations
@@ -49,7 +50,7 @@ VERSIONS = ("1", "2", "3")     # the layouts it reads
 TIED_KEY = "embed.inv_gain"    # version 2: the (d,) fp32 factors of the embedding read from the head's int8 rows
 QKV = "w_qkv"                  # version 2: ATTN.w_qkv.* per attention, its q/k/v Linears' rows fused (engine/fused.py)
 MODES = ("int8", "int4")
-H4_KEYS = ("head.q4weight", "head.q4scale")     # int4 files of llama-family models: the head's int4 copy (two_level_head.py)
+H4_KEYS = ("head.q4weight", "head.q4scale")     # int4 llama files: the head's int4 copy (engine/two_level_head.py)
 WEIGHTS_FILE = "model.safetensors"
 _HEADER_MAX = 64 << 20        # a safetensors header larger than this is not one tinychat wrote
 
@@ -320,7 +321,8 @@ def load_quantized(folder: Path, check_finite: bool = True):
         from .engine.head_embed import HeadRowsEmbedding
         model.embed = HeadRowsEmbedding(model.head, torch.empty(cfg.d_model))
     for k, v in sd.items():                 # the other tensors: big floats stay mapped, small buffers are copied
-        if not k.endswith((".qweight", ".scale", ".q4weight", ".q4scale")) and not (v.is_floating_point() and v.nbytes >= KEEP_MAPPED_BYTES):
+        if not k.endswith((".qweight", ".scale", ".q4weight", ".q4scale")) and not (v.is_floating_point()
+                                                                             and v.nbytes >= KEEP_MAPPED_BYTES):
             sd[k] = mapped.copy_out(v, v.dtype)
     if fused_file:
         _fused_from_file(model, sd, mode, groups, gained)

@@ -47,9 +47,9 @@ def _default_model() -> Path:
 
 
 def _logits(model, chunk):
-    """The model's logits (ctx, V) at every position: its forward, or for a two-level int4 head (engine/two_level_head.py, what
-    a chat runs: TINYCHAT_HEAD4=0 turns it off) the head's input taken there and the int4 scan rescored from the
-    int8 rows, as the steps compute them."""
+    """The model's logits (ctx, V) at every position: its forward, or for a two-level int4 head
+    (engine/two_level_head.py, what a chat runs: TINYCHAT_HEAD4=0 turns it off) the head's input taken there and the
+    int4 scan rescored from the int8 rows, as the steps compute them."""
     from tinychat.engine import two_level_head as head4
     from tinychat.engine.append import rescore_top
     if not head4.active(model.head):

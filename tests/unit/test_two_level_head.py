@@ -1,5 +1,5 @@
-"""The two-level int4 head (engine/two_level_head.py): an int4 llama-family model scans every logit with the head's int4 copy
-and recomputes the best head4.RESCORE_K from the int8 rows. The native step against a float64 reference of its
+"""The two-level int4 head (engine/two_level_head.py): an int4 llama-family model scans every logit with the head's
+int4 copy and recomputes the best head4.RESCORE_K from the int8 rows. The native step against a float64 reference of its
 rounding and against the PyTorch lean step, prefill's last logits, the rescoring against the int8 head's own top-k,
 the stored file's copy, EngineOptions.head4 and the step name sessions record."""
 import sys

@@ -3,7 +3,8 @@ on the step it recorded where this machine has it (issue #33 item 11).
 
 A step's name (Chat.step_name) says what rounds a turn's numbers: the decode step ("native-int8-v<N>" or
 "torch-int8", the PyTorch fallback without kernels; for `--quant int4` "native-int4-v<N>" or "torch-int4"), the prefill's GEMM where it is not the decode step's own
-("+native-prefill-v<N>", "+bf16-prefill", "+fp32-prefill"), "+h4" for the two-level int4 head (engine/two_level_head.py), "+kv16" for an fp16 KV cache, and the kernels' path ("@avx512-vnni", ...). A session's
+("+native-prefill-v<N>", "+bf16-prefill", "+fp32-prefill"), "+h4" for the two-level int4 head
+(engine/two_level_head.py), "+kv16" for an fp16 KV cache, and the kernels' path ("@avx512-vnni", ...). A session's
 turns can name different steps: a chat continued where the kernels did not build (a removed cache and a full disk)
 ran its later turns on the PyTorch step. Each turn is replayed, and fed again when a chat rebuilds its cache (a
 restore, a switch of branch, an edit), on the step it recorded where that step is available here: the PyTorch step

@@ -8,10 +8,10 @@ optional q/k/v biases, an optional softcap, no Engram, int8 Linears (no bias on 
 fp32 or fp16 cache of batch 1 (fp16: the token's K/V rounded once as written, attention on the rounded rows widened to
 fp32: native_attn_kv.h); input gains (the norm gains kept apart: engine/quant.py's in_gain) on the fused QKV and up
 only, applied to the norm's output. Anything else runs lean_step. `--quant int4`: the same step on int4 layer weights (native_q4.h),
-the head int8, or (the two-level head, two_level_head.py) scanned on its int4 copy and the best RESCORE_K rescored from the
-int8 rows. The embedding: an fp32 or bf16 table by pointer, or (a tied stored-quantized model: head_embed.py) the
-head's own int8 rows, their fp32 scales and the inverse final gain, dequantized per token in C to the bits
-HeadRowsEmbedding gives (the step's rounding is unchanged: the row is the model's, exactly)."""
+the head int8, or (the two-level head, two_level_head.py) scanned on its int4 copy and the best RESCORE_K rescored
+from the int8 rows. The embedding: an fp32 or bf16 table by pointer, or (a tied stored-quantized model:
+head_embed.py) the head's own int8 rows, their fp32 scales and the inverse final gain, dequantized per token in C to
+the bits HeadRowsEmbedding gives (the step's rounding is unchanged: the row is the model's, exactly)."""
 from __future__ import annotations
 
 import ctypes

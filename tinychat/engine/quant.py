@@ -589,7 +589,7 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
         g = {"in_gain": linear_gain(model, name)} if gained else {}
         q = c(mod, pbf, **kw, **g)
         if name == "head" and cls is Int4Linear and opts.head4 and _head4_eligible(model, q):
-            q4 = Int4Linear(mod, mapped=mapped)     # the two-level head's int4 copy, from the same weights (two_level_head.py)
+            q4 = Int4Linear(mod, mapped=mapped)     # the two-level head's int4 copy (two_level_head.py)
             q.register_buffer("q4weight", q4.qweight)
             q.register_buffer("q4scale", q4.scale)
         setattr(parent, name.rsplit(".", 1)[-1], q)

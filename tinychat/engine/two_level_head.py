@@ -11,8 +11,8 @@ Quality (SmolLM2-135M on tests/perf/data/held_text.txt, docs/benchmarks.md "Two-
 int8 head's at every scored position; perplexity 31.24 against the int8 head's 30.97 at k = 128 (the tail's int4
 values: 31.34 at k = 64, 32.03 at 16; the int4 copy alone 36.83).
 
-The copy is built by quantize_cpu (quant.py, from the full-precision head weights where the int8 rows are made) for an int4
-llama-family model unless EngineOptions.head4 is off, and stored in stored-quantized int4 files (quant_files.py:
+The copy is built by quantize_cpu (quant.py, from the full-precision head weights where the int8 rows are made) for
+an int4 llama-family model unless EngineOptions.head4 is off, and stored in stored-quantized int4 files (quant_files.py:
 "head.q4weight" / "head.q4scale"; an older file without them runs the int8 head as before). Sessions record "+h4"
 with the step (plan.step_name): another rounding of the tail's logits, so another step to replay on."""
 from __future__ import annotations
