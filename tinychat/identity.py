@@ -24,6 +24,7 @@ from .nativebuild import cache_dir
 from .norm_gains import GAINS_FILE
 
 SCHEME = 2      # 2: an identity is only remembered for weights found finite (no NaN / Inf) while hashed
+DERIVED = (".q4weight", ".q4scale")    # the int4 head's copy (engine/two_level_head.py): derived, on / off by option
 FILES = ("config.json", "model.safetensors")     # and norm_gains.py's GAINS_FILE where there is one
 
 
@@ -34,6 +35,8 @@ def model_identity(model, check_finite: bool = True) -> str:
     h = hashlib.sha256(json.dumps(model.cfg.to_dict(), sort_keys=True).encode())
     mapped = MappedWeights()              # weights still in the mapped file: its pages go back once hashed
     for k, t in sorted(model.state_dict().items()):
+        if k.endswith(DERIVED):
+            continue
         h.update(k.encode())
         v = t.detach().cpu().contiguous()
         floating = v.is_floating_point()

@@ -1,7 +1,7 @@
 """EngineOptions: how the engine runs a model, as one object handed to Decoder, quantize_cpu, append and Chat (never
 module globals flipped from outside). Torch-free. Environment variables set the defaults (EngineOptions.from_env:
 TINYCHAT_NATIVE, TINYCHAT_STEP_IN_C, TINYCHAT_PREFILL_BF16, TINYCHAT_PAD_SHAPES, TINYCHAT_TUNE_THREADS,
-TINYCHAT_DROP_PAGES, each 0 or 1; the tri-state ones "auto" too; TINYCHAT_KV_CACHE: auto, fp16 or fp32);
+TINYCHAT_DROP_PAGES, TINYCHAT_HEAD4, each 0 or 1; the tri-state ones "auto" too; TINYCHAT_KV_CACHE: auto, fp16 or fp32);
 engine/native.py reads TINYCHAT_NATIVE=0 too, and then does not build the kernels at all."""
 from __future__ import annotations
 
@@ -30,11 +30,14 @@ class EngineOptions:
                                         # "fp16" (half the memory and the bytes a step reads; sessions record
                                         # "+kv16" with the step), "fp32", or "auto": fp16 where the native step runs
                                         # (plan.kv_format); TinyAgentLM's ring cache and GPUs' bf16 stay as they are
+    head4: bool = True                  # --quant int4 llama-family models: the two-level head (two_level_head.py:
+                                        # every logit from an int4 copy of the head, the best RESCORE_K recomputed
+                                        # from its int8 rows; sessions record "+h4"); False: the int8 head alone
 
     ENV = {"native": "TINYCHAT_NATIVE", "step_in_c": "TINYCHAT_STEP_IN_C",
            "prefill_bf16": "TINYCHAT_PREFILL_BF16", "pad_shapes": "TINYCHAT_PAD_SHAPES",
            "tune_threads": "TINYCHAT_TUNE_THREADS", "drop_pages": "TINYCHAT_DROP_PAGES",
-           "kv_cache": "TINYCHAT_KV_CACHE"}
+           "kv_cache": "TINYCHAT_KV_CACHE", "head4": "TINYCHAT_HEAD4"}
     KV_CACHES = ("auto", "fp16", "fp32")
 
     def __post_init__(self):

@@ -32,6 +32,8 @@ class ExecutionPlan:
                                         # resolved: engine/page_drop.py; a stored-quantized model only)
     kv_cache: str | None = None         # the CPU KV cache's format, "fp16" or "fp32" (kv_format: EngineOptions.kv_cache
                                         # resolved); None: not decided (fp32 on the CPU, bf16 on GPUs)
+    head4: bool = False                 # the two-level int4 head runs (engine/two_level_head.py: an int4 llama-family
+                                        # model whose head carries its int4 copy; sessions record "+h4")
 
     def kv_dtype(self):
         """The torch dtype of the chat's KV cache: kv_cache's, else fp32 on the CPU and bf16 on GPUs."""
@@ -57,17 +59,18 @@ class ExecutionPlan:
         if not self.int8_cpu:
             return None
         return step_name(self.native, self.prefill_gemm, self.step_version, self.kernel_path, self.quant,
-                         self.kv_cache == "fp16")
+                         self.kv_cache == "fp16", self.head4)
 
 
 def step_name(native: bool, prefill: str | None, version: int | None, path: str | None, mode: str = "int8",
-              kv16: bool = False) -> str:
+              kv16: bool = False, h4: bool = False) -> str:
     """The int8 step's name as sessions record it: the decode step ("native-int8-v<N>", or "torch-int8", the
     fallback without kernels), then the prefill's GEMM where it is not the decode step's own rounding
     ("+native-prefill-v<N>", "+bf16-prefill", "+fp32-prefill"), then, where native kernels run, "@" and their path.
     native: the decode step runs in the kernels; prefill: the int8 Linears' prefill kernel (Int8Linear.prefill_kernel);
     version, path: the plan's; mode: int8 or int4 ("native-int4-v<N>", "torch-int4"); kv16: the KV cache holds fp16
-    ("+kv16" before the path: another rounding of every attention, so another step to replay on)."""
+    ("+kv16" before the path: another rounding of every attention, so another step to replay on); h4: the two-level
+    int4 head (engine/two_level_head.py: "+h4" before "+kv16", another rounding of the logits' tail)."""
     name = f"native-{mode}-v{version}" if native else f"torch-{mode}"
     if prefill == "native-gemm" and not native:
         name += f"+native-prefill-v{version}"
@@ -75,6 +78,8 @@ def step_name(native: bool, prefill: str | None, version: int | None, path: str 
         name += "+bf16-prefill"
     elif prefill == "fp32-gemm" and native:
         name += "+fp32-prefill"
+    if h4:
+        name += "+h4"
     if kv16:
         name += "+kv16"
     if native or prefill == "native-gemm":
@@ -93,6 +98,8 @@ def decide(model, quant: str | None = None, device: str = "cpu", options: Engine
     import torch
 
     from .engine import native, quantize_cpu
+
+    from .engine import two_level_head as head4
     from .engine.quant import bulk_prefill_kernel, effective_mode, quant_mode
     from .settings import ChatError
     options = options or EngineOptions.from_env()
@@ -125,7 +132,8 @@ def decide(model, quant: str | None = None, device: str = "cpu", options: Engine
         prefill = bulk_prefill_kernel(model)
     return ExecutionPlan(quant=want, device=str(torch.device(device)), options=options, graph=graph, kernel_path=path,
                          step_version=version, prefill_gemm=prefill, threads=torch.get_num_threads(),
-                         quant_why=quant_why, drop_pages=drop, kv_cache=kv_format(model, want, dev, options, path))
+                         quant_why=quant_why, drop_pages=drop, kv_cache=kv_format(model, want, dev, options, path),
+                         head4=want == "int4" and dev == "cpu" and head4.active(getattr(model, "head", None)))
 
 
 def kv_format(model, mode: str, dev: str, options: EngineOptions, path: str | None) -> str | None:

@@ -36,6 +36,10 @@ Two layouts (VERSION_KEY):
   Linear in its own format: q/k/v (fused) int8 on llama.cpp's use_more_bits layers (engine/quant.py's int4_more_bits, the
   config's n_layers), int4 elsewhere. An int8 file of such a model is still written as "3" (the mix changes nothing
   there); a version-3 int4 file loads as it did (q/k/v int4 on every layer).
+An int4 file of a llama-family model (any layout) also holds the int8 head's int4 copy, H4_KEYS
+(engine/two_level_head.py's two-level head: uint8 (V, pad64(d) / 2) and fp16 (V, pad64(d) / 32), quantized from
+the full-precision head as quantize_cpu makes it); a file without them (an older tinychat's) loads and runs the int8
+head alone.
 
 Torch-free to import (store.py lists models without torch): stored_mode reads the file's header only."""
 from __future__ import annotations
@@ -50,6 +54,7 @@ VERSIONS = ("1", "2", "3", "4")    # the layouts it reads
 TIED_KEY = "embed.inv_gain"    # version 2: the (d,) fp32 factors of the embedding read from the head's int8 rows
 QKV = "w_qkv"                  # version 2: ATTN.w_qkv.* per attention, its q/k/v Linears' rows fused (engine/fused.py)
 MODES = ("int8", "int4")
+H4_KEYS = ("head.q4weight", "head.q4scale")     # int4 llama files: the head's int4 copy (engine/two_level_head.py)
 WEIGHTS_FILE = "model.safetensors"
 _HEADER_MAX = 64 << 20        # a safetensors header larger than this is not one tinychat wrote
 
@@ -134,13 +139,14 @@ def qkv_groups(model) -> list[tuple[str, list, dict]]:
 
 
 def layout(model, mode: str, tied: bool = False, gained: bool = False,
-           mixed: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
+           mixed: bool = False, h4: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
     """{tensor name: (shape, safetensors dtype)} of the stored-`mode` file of a model like `model` (an unquantized
     TinyAgentLM, built from its config): every Linear's packed tensors, the other tensors as the model holds them;
     tied (versions 2, 3): no embed.weight, TIED_KEY instead; tied or gained (version 3): per attention one fused
     q/k/v Linear (ATTN.w_qkv.*, the rows in engine/fused.py's order) instead of its q/k/v Linears' tensors; gained:
     each gained Linear's in_gain (engine/quant.py's gain_key), the fused one's for q/k/v; mixed (version 4): int4's
-    per-layer mix (int4_keeps_int8 given the config's n_layers)."""
+    per-layer mix (int4_keeps_int8 given the config's n_layers); h4: the int8 head's int4 copy (H4_KEYS:
+    engine/two_level_head.py's two-level head, Int4Linear's packed shapes)."""
     import torch
 
     from .engine.quant import gain_key
@@ -160,6 +166,11 @@ def layout(model, mode: str, tied: bool = False, gained: bool = False,
             out[f"{n}.bias"] = ((m.out_features,), "F32")
         if gained and gain_key(n) is not None:
             out[f"{n}.in_gain"] = ((m.in_features,), "F32")
+    if h4:
+        from .engine.quant import Int4Linear
+        for leaf, spec in zip(H4_KEYS, packed_shapes(Int4Linear, model.head.out_features,
+                                                     model.head.in_features).values()):
+            out[leaf] = spec
     if tied:
         del out["embed.weight"]
         out[TIED_KEY] = ((model.cfg.d_model,), "F32")
@@ -192,12 +203,14 @@ def save_quantized(model, folder: Path, mode: str) -> None:
     from .model import CONFIG_FILE
     if mode not in MODES:
         raise ValueError(f"--quant must be one of {', '.join(MODES)} to store packed weights (got {mode!r})")
+    from .options import EngineOptions
     inv = tied_inv_gain(model)
     gained = bool(getattr(model, "in_gains", None))
     mixed = gained and mode == "int4"      # quantize_cpu's per-layer mix (int4_more_bits): layout 4
-    want = layout(model, mode, tied=inv is not None, gained=gained, mixed=mixed)
+    h4 = mode == "int4" and not model.cfg.is_tinyagent and model.head.bias is None   # quant._head4_eligible, before
+    want = layout(model, mode, tied=inv is not None, gained=gained, mixed=mixed, h4=h4)
     groups = qkv_groups(model) if inv is not None or gained else []
-    quantize_cpu(model, mode)
+    quantize_cpu(model, mode, options=EngineOptions.from_env(head4=True))     # the copy stored whatever the env says
     if quant_mode(model) != mode:
         raise ValueError(f"this PyTorch build cannot make --quant {mode} weights (it runs {quant_mode(model)})")
     # clones: the q/k/v Linears' rows are views of the fused projection (safetensors refuses shared storage)
@@ -288,13 +301,14 @@ def load_quantized(folder: Path, check_finite: bool = True):
     gained = version in ("3", "4")
     nl = cfg.n_layers if version == "4" else None      # int4's per-layer mix
     tied = version == "2" or (gained and TIED_KEY in header)
+    h4 = mode == "int4" and H4_KEYS[0] in header      # the two-level head's copy (older files: none)
     fused_file = tied or gained             # q/k/v stored fused (ATTN.w_qkv.*)
     token = _SKIP_INIT.set(True)
     try:
         model = TinyAgentLM(cfg)
     finally:
         _SKIP_INIT.reset(token)
-    _compare(wpath, header, layout(model, mode, tied, gained, mixed=nl is not None))
+    _compare(wpath, header, layout(model, mode, tied, gained, mixed=nl is not None, h4=h4))
     try:
         sd = load_file(str(wpath))          # memory-mapped
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
@@ -309,11 +323,15 @@ def load_quantized(folder: Path, check_finite: bool = True):
         parent, _, leaf = n.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, q)
     del targets, m
+    if h4:                                  # the int8 head's int4 copy, mapped as it lies
+        from .engine import two_level_head as head4
+        head4.attach(model.head, sd[H4_KEYS[0]], sd[H4_KEYS[1]])
     if tied:                                # the embedding: the head's int8 rows (shapes checked: _compare)
         from .engine.head_embed import HeadRowsEmbedding
         model.embed = HeadRowsEmbedding(model.head, torch.empty(cfg.d_model))
     for k, v in sd.items():                 # the other tensors: big floats stay mapped, small buffers are copied
-        if not k.endswith((".qweight", ".scale")) and not (v.is_floating_point() and v.nbytes >= KEEP_MAPPED_BYTES):
+        if not k.endswith((".qweight", ".scale", ".q4weight", ".q4scale")) and not (v.is_floating_point()
+                                                                             and v.nbytes >= KEEP_MAPPED_BYTES):
             sd[k] = mapped.copy_out(v, v.dtype)
     if fused_file:
         _fused_from_file(model, sd, mode, groups, gained, nl)
@@ -366,9 +384,13 @@ def _fused_from_file(model, sd: dict, mode: str, groups, gained: bool = False, n
 def configure(model, options) -> bool:
     """Set the engine options a quantize_cpu run would fix into each quant Linear (prefill_bf16, native) on a
     stored-quantized model's Linears, the fused q/k/v ones included, and whether each hands its mapped pages back
-    after its forward (options.drop_pages, resolved for this model: engine/page_drop.py). Returns that."""
+    after its forward (options.drop_pages, resolved for this model: engine/page_drop.py), and the two-level int4
+    head's copy dropped where options.head4 is off. Returns whether pages go back."""
     from .engine import page_drop
+    from .engine import two_level_head as head4
     from .engine.quant import Int4Linear, Int8Linear
+    if not options.head4:
+        head4.detach(model.head)            # the two-level head off: the int8 head alone
     mods = [m for m in model.modules() if type(m) in (Int8Linear, Int4Linear)]
     for m in [*mods, *getattr(model, "fused_qkv", [])]:
         m.prefill_bf16, m.native = options.prefill_bf16, bool(options.native)

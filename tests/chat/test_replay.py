@@ -167,6 +167,33 @@ def test_an_fp16_cache_session_replays_exact_on_its_step_and_is_another_step_on_
     assert "with an fp16 KV cache" in report.step_note() and "which this machine does not have" in report.step_note()
 
 
+def test_a_two_level_head_session_replays_exact_on_its_step_and_is_another_step_with_the_int8_head():
+    """An int4 llama chat scans its logits with the head's int4 copy (engine/two_level_head.py): its turns record "+h4",
+    replay token-exact on a chat with the two-level head, and are "another step" on one with the int8 head alone."""
+    from support import make_llama_model, tokenizer
+    from tinychat.engine import EngineOptions
+    tok = tokenizer()
+
+    def chat(on):
+        m = make_llama_model(vocab_size=tok.vocab_size)
+        m.set_token_strings(tok.token_strings())
+        return make_chat(m, quant="int4", max_new=8, seed=2, autosave=False, options=EngineOptions(head4=on))
+
+    c4 = chat(True)
+    assert "+h4" in c4.step_name()
+    c4.send("hello there")
+    c4.send("and the cat")
+    sess = c4.session
+    assert all("+h4" in m.settings["step"] for m in sess.messages if m.role == "assistant")
+    report = replay(chat(True), sess)
+    assert report.ok and all(t.tokens == t.recorded for t in report.turns)
+    c8 = chat(False)
+    assert "+h4" not in c8.step_name()
+    report = replay(c8, sess)
+    assert not report.ok and not report.divergences and report.step_mismatch
+    assert "with the two-level int4 head" in report.step_note()
+
+
 def test_the_step_version_moves_only_on_the_kernel_paths_whose_rounding_changed():
     # v6 changed the AVX2 builds' attention, and moved prefill's attention off SDPA on the AVX-512 builds without
     # VNNI (then named "avx2"): a v5 session recorded with AVX512-VNNI or NEON still replays as exact

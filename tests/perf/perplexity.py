@@ -14,7 +14,8 @@ top-1 agreement there is with tinychat's first mode.
 runs/perf/ppl-home); a stored-quantized import (`--quant int8|int4`) scores in its stored mode only (the
 modes asked are ignored). The text: tests/perf/data/held_text.txt (public domain: the Declaration of Independence, the
 Gettysburg Address, Lincoln's second inaugural; typed in, so not a byte-exact copy of any edition). Each mode scores
-through the model's forward (prefill's kernels: fp32 GEMMs, the native int8 / int4 GEMMs). Not a test."""
+through the model's forward (prefill's kernels: fp32 GEMMs, the native int8 / int4 GEMMs); an int4 llama's two-level
+head (engine/two_level_head.py) as the chat computes it (TINYCHAT_HEAD4=0: the int8 head alone). Not a test."""
 from __future__ import annotations
 
 import argparse
@@ -45,6 +46,24 @@ def _default_model() -> Path:
     return dest
 
 
+def _logits(model, chunk):
+    """The model's logits (ctx, V) at every position: its forward, or for a two-level int4 head
+    (engine/two_level_head.py, what a chat runs: TINYCHAT_HEAD4=0 turns it off) the head's input taken there and the
+    int4 scan rescored from the int8 rows, as the steps compute them."""
+    from tinychat.engine import two_level_head as head4
+    from tinychat.engine.append import rescore_top
+    if not head4.active(model.head):
+        return model(chunk)[0]
+    seen = {}
+    hook = model.head.register_forward_hook(lambda mod, inp, out: seen.__setitem__("h", inp[0][0]))
+    try:
+        model(chunk)
+    finally:
+        hook.remove()
+    h = seen["h"].float()
+    return rescore_top(model.head, h, head4.scan(model.head, h), head4.RESCORE_K)
+
+
 def score(model, ids, ctx: int):
     """(mean NLL, the argmax token at each scored position) over chunks of ctx tokens, second halves scored."""
     import torch
@@ -52,7 +71,7 @@ def score(model, ids, ctx: int):
     with torch.no_grad():
         for s in range(0, len(ids) - ctx + 1, ctx):
             chunk = torch.tensor([ids[s:s + ctx]])
-            logits = model(chunk)[0].double()                       # (ctx, V)
+            logits = _logits(model, chunk).double()                 # (ctx, V)
             lp = torch.log_softmax(logits[ctx // 2 - 1:-1], dim=-1)
             tgt = chunk[0, ctx // 2:]
             nll -= lp.gather(1, tgt[:, None]).sum().item()

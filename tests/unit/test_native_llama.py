@@ -9,6 +9,7 @@ import torch
 from support import make_llama_model
 from tinychat.engine import Decoder, KVCache, append, quantize_cpu
 from tinychat.engine import native
+from tinychat.engine import two_level_head as head4
 from tinychat.engine.append import RESCORE_K
 from tinychat.engine.cpu_step import CpuStep
 from tinychat.engine.native_llama_step import _NativeLlama
@@ -72,10 +73,15 @@ class RefStep:
             g, v = u.chunk(2)
             x = x + _lin(blk.mlp.down, g * torch.sigmoid(g) * v)
         h = _rms(x, self.eps)
-        logits = _lin(self.fs.head, h)
+        head, k = self.fs.head, RESCORE_K
+        if head4.active(head):                  # the two-level head: the int4 copy's scan, its best from int8 rows
+            logits = native.dequant4_ref(head.q4weight, head.q4scale, head.in_features) @ native.quant8_ref(h.float())
+            k = head4.RESCORE_K
+        else:
+            logits = _lin(head, h)
         if rescore:
             hd = h.float().double()
-            ids = logits.topk(RESCORE_K).indices
+            ids = logits.topk(k).indices
             logits[ids] = (self.fs.head.qweight[ids].double() @ hd) * self.fs.head.scale[ids].double()
         return logits
 

@@ -8,6 +8,7 @@ import torch
 from support import make_llama_model, make_model
 from tinychat.engine import Decoder, EngineOptions, KVCache, append, append_chunked, int8_kernel_ok, quantize_cpu
 from tinychat.engine import native
+from tinychat.engine import two_level_head as head4
 from tinychat.engine.steps import STEPS
 
 # variant: (model, quant mode, engine options, Decoder graph, max |Δlogit| / max |logit| against the reference)
@@ -102,5 +103,11 @@ def test_int4_models_take_the_same_variants_and_stay_with_the_reference(name, ke
     assert chosen == name
     ref, _ = _walk(model, False, options, fast=False)
     rel = ((got - ref).abs().max() / ref.abs().max()).item()
-    assert 0 < rel < 0.02
+    # a llama's two-level head (two_level_head.py): a candidate at the edge of the rescored 128 that one step rescored
+    # and the other did not differs by its int4 vs int8 value; the best candidates are int8 on both sides
+    two_level = head4.active(model.head)
+    assert two_level == (make is make_llama_model)
+    assert 0 < rel < (0.1 if two_level else 0.02)
+    top = ref.topk(16, dim=-1).indices
+    assert ((got.gather(1, top) - ref.gather(1, top)).abs().max() / ref.abs().max()).item() < 0.02
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9

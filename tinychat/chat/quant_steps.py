@@ -3,7 +3,8 @@ on the step it recorded where this machine has it (issue #33 item 11).
 
 A step's name (Chat.step_name) says what rounds a turn's numbers: the decode step ("native-int8-v<N>" or
 "torch-int8", the PyTorch fallback without kernels; for `--quant int4` "native-int4-v<N>" or "torch-int4"), the prefill's GEMM where it is not the decode step's own
-("+native-prefill-v<N>", "+bf16-prefill", "+fp32-prefill"), "+kv16" for an fp16 KV cache, and the kernels' path ("@avx512-vnni", ...). A session's
+("+native-prefill-v<N>", "+bf16-prefill", "+fp32-prefill"), "+h4" for the two-level int4 head
+(engine/two_level_head.py), "+kv16" for an fp16 KV cache, and the kernels' path ("@avx512-vnni", ...). A session's
 turns can name different steps: a chat continued where the kernels did not build (a removed cache and a full disk)
 ran its later turns on the PyTorch step. Each turn is replayed, and fed again when a chat rebuilds its cache (a
 restore, a switch of branch, an edit), on the step it recorded where that step is available here: the PyTorch step
@@ -40,10 +41,11 @@ class Int8Steps:
         decode step in use and the prefill GEMM the Linears are set to."""
         if not self.active:
             return None
+        from ..engine import two_level_head as head4
         from ..engine.quant import bulk_prefill_kernel
         p = self.plan
         return step_name(self.decoder.cpu_step.nat is not None, bulk_prefill_kernel(self.model), p.step_version,
-                         p.kernel_path, p.quant, self.decoder.cache.kv16)
+                         p.kernel_path, p.quant, self.decoder.cache.kv16, head4.active(self.model.head))
 
     def available(self) -> dict[str, tuple]:
         """{step name: configuration} of every step this chat can run here (found by trying each configuration)."""
@@ -132,6 +134,8 @@ def describe_step(step: str | None) -> str:
         return f"{describe_step(step)} on {path} kernels"
     if step.endswith("+kv16"):
         return f"{describe_step(step[:-5])} with an fp16 KV cache"
+    if step.endswith("+h4"):
+        return f"{describe_step(step[:-3])} with the two-level int4 head"
     decode, _, prefill = step.partition("+")
     mode = "int4" if decode.endswith("-int4") or decode.startswith("native-int4-v") else "int8"
     if decode.startswith(f"native-{mode}-v"):

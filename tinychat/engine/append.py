@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import CacheView, rms_norm, softcap
+from . import two_level_head as head4
 from .cache import KVCache
 from .fused import split_qkv
 
@@ -41,6 +42,8 @@ def _rope_pos(rope, x, pos):
 def _softcap(model, x):
     """Logits (fp32) at the hidden states x: final norm, head, softcap (none when the config has it off)."""
     h = rms_norm(x, model.cfg.norm_eps)
+    if head4.active(model.head):            # the two-level head: the int4 copy's scan, its best rescored from int8
+        return softcap(rescore_top(model.head, h, head4.scan(model.head, h), head4.RESCORE_K), model.cfg.logit_softcap)
     logits = model.head(h).float()
     if not model.cfg.is_tinyagent:
         logits = rescore_top(model.head, h, logits)

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import mlp_act, softcap
+from . import two_level_head as head4
 from .append import _engram_addrs, rescore_top
 from .cache import KVCache
 from .fused import rope_matrix
@@ -105,6 +106,8 @@ def _step(model, cache: KVCache, idx, L: int, fs):
     cache.lens[0] += 1
     cache.lens_cpu[0] += 1
     h = F.rms_norm(x, (x.size(-1),), eps=eps)
+    if head4.active(fs.head):                       # the two-level head (two_level_head.py): int4 scan, int8 rescoring
+        return softcap(rescore_top(fs.head, h, head4.scan(fs.head, h), head4.RESCORE_K), c.logit_softcap)
     hb.copy_(h)
     logits = fs.head.mm(hb).float()
     if not c.is_tinyagent:

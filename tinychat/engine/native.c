@@ -399,4 +399,4 @@ void tc_attend_h(const float *q, int64_t H, int64_t Hk, int64_t D, const uint16_
 void tc_f2h_rows(const float *x, uint16_t *h, int64_t n) { tc_f2h_row(h, x, n); }
 void tc_h2f_rows(const uint16_t *h, float *x, int64_t n) { tc_h2f_row(x, h, n); }
 
-int tc_abi_version(void) { return 20; }
+int tc_abi_version(void) { return 21; }

@@ -113,7 +113,7 @@ def _build(cc: str) -> Path:
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-ABI = 20                # tc_abi_version() of the source this module binds
+ABI = 21                # tc_abi_version() of the source this module binds
 TC_MAXN = 8             # native.c's highest Engram order for tc_step's hashing
 
 
@@ -130,7 +130,7 @@ class TcLlamaPlan(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in (
         "d", "hidden", "H", "Hk", "D", "gstride", "V", "n_layers", "rescore_k", "embed_fmt",
         "tab", "x", "h", "xq", "qkv", "y", "u", "logits", "sc", "embed", "cos_", "sin_", "gk", "gv", "tokens", "lens",
-        "lens_cpu", "head_q", "head_s", "embed_s", "embed_g", "drop", "kv16")]
+        "lens_cpu", "head_q", "head_s", "embed_s", "embed_g", "drop", "kv16", "head4_q", "head4_s")]
 EMB_F32, EMB_BF16, EMB_Q8 = 0, 1, 2     # tc_lplan.embed_fmt (native_llama.h's TC_EMB_*)
 
 

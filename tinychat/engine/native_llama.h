@@ -37,7 +37,7 @@ static void swiglu(float *u, int64_t n) {
 /* The k largest logits (k <= TC_MAXK; ties: the lower id first) recomputed as s[id] * <q[id], h> in double from the
    fp32 hidden state h, instead of the int8-activation GEMV's value: greedy and the sampler see the int8 weights'
    exact logits for the candidates that matter (a large vocabulary's top two can be 0.08 apart). */
-#define TC_MAXK 64
+#define TC_MAXK 128                              /* the two-level int4 head rescores 128 (engine/two_level_head.py) */
 static void rescore(float *logits, int64_t V, int64_t k, const int8_t *q, const float *s, const float *h,
                     int64_t d) {
     if (k > TC_MAXK) k = TC_MAXK;
@@ -79,6 +79,9 @@ typedef struct {
     int64_t embed_s, embed_g;                      /* TC_EMB_Q8: the rows' fp32 scales, the (d) column factors */
     int64_t drop;                                  /* 0, or the drop table (native.c's tc_drop): n_layers + 1 rows */
     int64_t kv16;                                  /* 1: gk / gv hold fp16 bits (uint16), else fp32 */
+    int64_t head4_q, head4_s;                      /* the two-level head (engine/two_level_head.py): the head's
+                                                      int4 copy (native_q4.h's layout) scanned for every logit, then
+                                                      the rescore_k best recomputed from the int8 rows; 0: int8 */
 } tc_lplan;
 enum { TC_EMB_F32 = 0, TC_EMB_BF16 = 1, TC_EMB_Q8 = 2 };
 
@@ -189,7 +192,12 @@ void tc_llama_step(const tc_lplan *p, int64_t tok, int64_t L, float eps, float c
     ((int64_t *)p->lens)[0] += 1;
     ((int64_t *)p->lens_cpu)[0] += 1;
     float *logits = (float *)p->logits;
-    llama_norm_gemv(x, h, xq, eps, NULL, (const void *)p->head_q, (const void *)p->head_s, NULL, logits, p->V, d, 0, nt);
+    if (p->head4_q)                                  /* int4 scan: half the int8 head's bytes */
+        llama_norm_gemv(x, h, xq, eps, NULL, (const void *)p->head4_q, (const void *)p->head4_s, NULL, logits, p->V,
+                        d, 1, nt);
+    else
+        llama_norm_gemv(x, h, xq, eps, NULL, (const void *)p->head_q, (const void *)p->head_s, NULL, logits, p->V, d,
+                        0, nt);
     if (p->rescore_k > 0)
         rescore(logits, p->V, p->rescore_k, (const int8_t *)p->head_q, (const float *)p->head_s, h, d);
     if (cap > 0.f) tc_softcap(logits, p->V, cap);

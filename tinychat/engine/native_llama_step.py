@@ -8,8 +8,10 @@ optional q/k/v biases, an optional softcap, no Engram, int8 Linears (no bias on 
 fp32 or fp16 cache of batch 1 (fp16: the token's K/V rounded once as written, attention on the rounded rows widened to
 fp32: native_attn_kv.h); input gains (the norm gains kept apart: engine/quant.py's in_gain) on the fused QKV and up
 only, applied to the norm's output. Anything else runs lean_step. `--quant int4`: the same step on int4 layer weights (native_q4.h),
-the head int8, each layer's Linears in their own formats (the table's last column: quant.py's per-layer mix). The embedding: an fp32 or bf16 table by pointer, or (a tied stored-quantized model: head_embed.py) the
-head's own int8 rows, their fp32 scales and the inverse final gain, dequantized per token in C to the bits
+the head int8, each layer's Linears in their own formats (the table's last column: quant.py's per-layer mix), or (the
+two-level head, two_level_head.py) the head scanned on its int4 copy and the best RESCORE_K rescored from the int8
+rows. The embedding: an fp32 or bf16 table by pointer, or (a tied stored-quantized model: head_embed.py) the head's
+own int8 rows, their fp32 scales and the inverse final gain, dequantized per token in C to the bits
 HeadRowsEmbedding gives (the step's rounding is unchanged: the row is the model's, exactly)."""
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from .append import RESCORE_K
 from .cache import KVCache
 from .head_embed import HeadRowsEmbedding
 from . import page_drop
+from . import two_level_head as head4
 from .native import act_scratch
 from .native_step import _PointerView, layer_formats
 from .quant import Int8Linear
@@ -91,6 +94,8 @@ class _NativeLlama(_PointerView):
         self.tab = torch.tensor(rows, dtype=torch.int64)
         assert self.tab.size(1) == LTAB_COLS
         self.head = self._ptrs(fs.head)
+        h4 = head4.active(fs.head)                          # the two-level head: scan the int4 copy (two_level_head.py)
+        self.head4 = (getattr(fs.head, head4.Q4W).data_ptr(), getattr(fs.head, head4.Q4S).data_ptr()) if h4 else (0, 0)
         d, hid, HD = c.d_model, c.mlp_hidden, c.n_heads * c.head_dim
         self.x, self.h = torch.empty(d), torch.empty(d)
         self.xq = act_scratch(lib, max(d, hid, HD))
@@ -101,7 +106,7 @@ class _NativeLlama(_PointerView):
         self.sc = torch.empty(0)                            # scores: threads * H / Hk * (max_len + 1)
         self.eps = c.norm_eps if c.norm_eps is not None else torch.finfo(torch.float32).eps
         self.tuner = ThreadTuner()
-        self.rescore_k = RESCORE_K                          # head candidates recomputed in fp32 (0: none)
+        self.rescore_k = head4.RESCORE_K if h4 else RESCORE_K   # head candidates recomputed exactly (0: none)
         self._plan = (lambda: None, None, None)             # (a weak reference to the cache, its key, the plan)
         self.drops = page_drop.step_table(model, fs)      # (table, what it keeps alive) or None: no drops
 
@@ -145,6 +150,7 @@ class _NativeLlama(_PointerView):
         for name in ("gk", "gv", "tokens", "lens", "lens_cpu"):
             setattr(p, name, getattr(cache, name).data_ptr())
         p.head_q, p.head_s = self.head[0], self.head[1]
+        p.head4_q, p.head4_s = self.head4
         p.drop = 0 if self.drops is None else self.drops[0].data_ptr()
         if q8:                                          # the head's fp32 scales (kept alive here) and inv_gain
             p.embed_s, p.embed_g = self.head[1], model.embed.inv_gain.data_ptr()

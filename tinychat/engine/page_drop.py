@@ -113,16 +113,19 @@ def step_table(model, fs) -> tuple[torch.Tensor, list] | None:
     down, then the head), or None where fs.drop_pages is off or nothing lies in a mapped file."""
     if not getattr(fs, "drop_pages", False):
         return None
-    return drop_table([(fs.qkv[li], b.attn.w_o, b.mlp.up, b.mlp.down) for li, b in enumerate(model.blocks)], fs.head)
+    from . import two_level_head as head4
+    head = (fs.head, head4.view(fs.head)) if head4.active(fs.head) else fs.head     # the two-level head: its copy too
+    return drop_table([(fs.qkv[li], b.attn.w_o, b.mlp.up, b.mlp.down) for li, b in enumerate(model.blocks)], head)
 
 
 def drop_table(layers, head, mapped: MappedWeights | None = None) -> tuple[torch.Tensor, list] | None:
     """The native steps' drop table (native.c's tc_drop): per layer one row of DROP_RANGES (address, bytes) pairs,
     the whole pages of its Linears' mapped weights and scales (layers: per layer its Linears), zero-padded, then
-    one row for the head. With the PageRanges keeping those tensors alive; None when nothing lies in a mapped file."""
+    one row for the head (a Linear, or a tuple of them: the two-level head's int8 rows and int4 copy). With the
+    PageRanges keeping those tensors alive; None when nothing lies in a mapped file."""
     mapped = mapped or MappedWeights()
     rows, keep = [], []
-    for lins in [*layers, [head]]:
+    for lins in [*layers, list(head) if isinstance(head, (list, tuple)) else [head]]:
         pr = PageRanges([t for m in lins for t in (m.qweight, m.scale)], mapped)
         if len(pr.spans) > DROP_RANGES:
             raise ValueError(f"drop_table: {len(pr.spans)} ranges in a row of {DROP_RANGES}")

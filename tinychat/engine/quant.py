@@ -571,10 +571,18 @@ def quant_mode(model) -> str:
     return "none"
 
 
+def _head4_eligible(model, head) -> bool:
+    """Does --quant int4 give this head an int4 copy (engine/two_level_head.py's two-level head): a llama-family config
+    (TinyAgentLM keeps its tuned int8 head) and an Int8Linear head without bias or input gain?"""
+    return (not model.cfg.is_tinyagent and type(head) is Int8Linear and head.bias is None
+            and getattr(head, "in_gain", None) is None)
+
+
 def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | None = None):
     """In place. mode "int8": weight-only int8 Linear layers (Int8Linear, per-channel scales, bf16 activations).
     "int4": Int4Linear layers (groups of 32, fp16 scales), those int4_keeps_int8 names Int8Linear (with norm gains:
-    q/k/v on llama.cpp's use_more_bits layers too, the per-layer mix).
+    q/k/v on llama.cpp's use_more_bits layers too, the per-layer mix); a llama-family head also gets its int4 copy
+    (the two-level head, engine/two_level_head.py) unless options.head4 is off.
     A model with norm gains kept apart (model.in_gains: a llama-family import) gets them as the int8 / int4 Linears'
     in_gain (linear_gain; the weights quantized with the gain divided out, the activations multiplied by it).
     "bf16": Linear weights stored in bf16 (BF16Linear). Embeddings, Engram tables, norms, RoPE and the KV cache stay
@@ -606,9 +614,14 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
         c = Int8Linear if cls is Int4Linear and int4_keeps_int8(name, gained, n_layers) else cls
         g = {"in_gain": linear_gain(model, name)} if gained else {}
-        setattr(parent, name.rsplit(".", 1)[-1], c(mod, pbf, **kw, **g))
+        q = c(mod, pbf, **kw, **g)
+        if name == "head" and cls is Int4Linear and opts.head4 and _head4_eligible(model, q):
+            q4 = Int4Linear(mod, mapped=mapped)     # the two-level head's int4 copy (two_level_head.py)
+            q.register_buffer("q4weight", q4.qweight)
+            q.register_buffer("q4scale", q4.scale)
+        setattr(parent, name.rsplit(".", 1)[-1], q)
         mapped.drop(mod.weight)
-    del targets, mod
+    del targets, mod, q
     if hasattr(model, "blocks"):
         fuse_qkv(model)                 # the fused q/k/v rows, the pieces' rows views of them (engine/fused.py)
     free_quant_buffer()
