@@ -33,9 +33,9 @@ Two layouts (VERSION_KEY):
   (d,) fp32, engine/quant.py's in_gain): the weights are quantized with the gain divided out, and under int4 the
   q/k/v rows are int4 too (int4_keeps_int8's gained rule). Older layouts load and run as they always did (folded).
 - "4" (FORMAT_VERSION: an int4 file of a model with gains kept apart): layout 3 with int4's per-layer mix, each
-  Linear in its own format: q/k/v (fused) int8 on llama.cpp's use_more_bits layers (engine/quant.py's int4_more_bits, the
-  config's n_layers), int4 elsewhere. An int8 file of such a model is still written as "3" (the mix changes nothing
-  there); a version-3 int4 file loads as it did (q/k/v int4 on every layer).
+  Linear in its own format: q/k/v (fused) int8 on llama.cpp's use_more_bits layers (engine/int4_rules.py's
+  int4_more_bits, the config's n_layers), int4 elsewhere. An int8 file of such a model is still written as "3" (the
+  mix changes nothing there); a version-3 int4 file loads as it did (q/k/v int4 on every layer).
 An int4 file of a llama-family model (any layout) also holds the int8 head's int4 copy, H4_KEYS
 (engine/two_level_head.py's two-level head: uint8 (V, pad64(d) / 2) and fp16 (V, pad64(d) / 32), quantized from
 the full-precision head as quantize_cpu makes it); a file without them (an older tinychat's) loads and runs the int8
@@ -86,7 +86,8 @@ def stored_mode(folder: Path) -> str | None:
 def _linear_class(name: str, mode: str, gained: bool = False, n_layers: int | None = None):
     """The quant Linear class quantize_cpu(mode) gives the Linear at module path name (gained: a model with input
     gains, layouts 3 and 4; n_layers: its layer count where the file holds int4's per-layer mix, layout 4)."""
-    from .engine.quant import Int4Linear, Int8Linear, int4_keeps_int8
+    from .engine.int4_rules import int4_keeps_int8
+    from .engine.quant import Int4Linear, Int8Linear
     return Int4Linear if mode == "int4" and not int4_keeps_int8(name, gained, n_layers) else Int8Linear
 
 
@@ -144,12 +145,12 @@ def layout(model, mode: str, tied: bool = False, gained: bool = False,
     TinyAgentLM, built from its config): every Linear's packed tensors, the other tensors as the model holds them;
     tied (versions 2, 3): no embed.weight, TIED_KEY instead; tied or gained (version 3): per attention one fused
     q/k/v Linear (ATTN.w_qkv.*, the rows in engine/fused.py's order) instead of its q/k/v Linears' tensors; gained:
-    each gained Linear's in_gain (engine/quant.py's gain_key), the fused one's for q/k/v; mixed (version 4): int4's
-    per-layer mix (int4_keeps_int8 given the config's n_layers); h4: the int8 head's int4 copy (H4_KEYS:
+    each gained Linear's in_gain (engine/int4_rules.py's gain_key), the fused one's for q/k/v; mixed (version 4):
+    int4's per-layer mix (int4_keeps_int8 given the config's n_layers); h4: the int8 head's int4 copy (H4_KEYS:
     engine/two_level_head.py's two-level head, Int4Linear's packed shapes)."""
     import torch
 
-    from .engine.quant import gain_key
+    from .engine.int4_rules import gain_key
     sd = model.state_dict()
     out = {}
     linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
@@ -198,6 +199,7 @@ def save_quantized(model, folder: Path, mode: str) -> None:
     ValueError when this build cannot make the mode (int8 without torch's int8 kernel runs as bf16)."""
     from safetensors.torch import save_file
 
+    from .engine.int4_rules import head4_eligible
     from .engine.quant import quant_mode, quantize_cpu
     from .fsutil import atomic_write
     from .model import CONFIG_FILE
@@ -207,7 +209,7 @@ def save_quantized(model, folder: Path, mode: str) -> None:
     inv = tied_inv_gain(model)
     gained = bool(getattr(model, "in_gains", None))
     mixed = gained and mode == "int4"      # quantize_cpu's per-layer mix (int4_more_bits): layout 4
-    h4 = mode == "int4" and not model.cfg.is_tinyagent and model.head.bias is None   # quant._head4_eligible, before
+    h4 = mode == "int4" and head4_eligible(model, model.head)     # asked before quantize_cpu makes the head int8
     want = layout(model, mode, tied=inv is not None, gained=gained, mixed=mixed, h4=h4)
     groups = qkv_groups(model) if inv is not None or gained else []
     quantize_cpu(model, mode, options=EngineOptions.from_env(head4=True))     # the copy stored whatever the env says

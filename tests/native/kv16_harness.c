@@ -2,16 +2,8 @@
    float64 references, built for whatever target the compiler is told (x86-64 levels natively, aarch64 under
    qemu-user: tests/unit/test_native_kv16.py). Prints the kernel path, then "ok", or what differed (exit 1). No OpenMP:
    one thread. */
-#include <stdio.h>
-#include <stdlib.h>
 #include "native_attn.h"
-
-static uint64_t rng = 88172645463325252ULL;
-static uint32_t next(void) {
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float unif(void) { return (float)(next() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
+#include "harness.h"
 
 /* fp32 -> fp16 on this path (rows of every length: vector bodies and tails) equal to tc_f2h_ref, which rounds to
    nearest even (checked against the halfway points of fp16 neighbours), and fp16 -> fp32 exact both ways. */

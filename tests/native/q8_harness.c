@@ -3,16 +3,8 @@
    for whatever target the compiler is told (x86-64 levels natively, aarch64 under qemu-user:
    tests/unit/test_native_q8_targets.py). Prints the kernel path, then "ok", or what differed (exit 1). No OpenMP:
    one thread. */
-#include <stdio.h>
-#include <stdlib.h>
 #include "native_q4.h"
-
-static uint64_t rng = 88172645463325252ULL;
-static uint32_t next(void) {
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float unif(void) { return (float)(next() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
+#include "harness.h"
 
 static int check(int64_t N, int64_t K, int spiky) {
     int8_t *q = malloc(N * K);

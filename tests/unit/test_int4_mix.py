@@ -1,4 +1,4 @@
-"""--quant int4's per-layer mix (engine/quant.py's int4_more_bits, after llama.cpp's use_more_bits): the layers it
+"""--quant int4's per-layer mix (engine/int4_rules.py's int4_more_bits, after llama.cpp's use_more_bits): the layers it
 picks, quantize_cpu's classes, the native llama step's per-layer formats (float64 reference and the PyTorch lean
 step), and stored files (layout 4) that hold each Linear in its own format; version-3 files load as before."""
 import shutil
@@ -10,10 +10,11 @@ import torch
 
 from support import make_llama_model
 from tinychat.engine import Decoder, KVCache, int8_kernel_ok, native, quantize_cpu
-from tinychat.engine import quant
+from tinychat.engine import int4_rules
 from tinychat.engine.cpu_step import CpuStep
+from tinychat.engine.int4_rules import int4_keeps_int8, int4_more_bits, use_more_bits
 from tinychat.engine.native_step import layer_format, layer_formats
-from tinychat.engine.quant import Int4Linear, Int8Linear, int4_keeps_int8, int4_more_bits, use_more_bits
+from tinychat.engine.quant import Int4Linear, Int8Linear
 from tinychat.importer import import_model
 from tinychat.loading import load_folder, load_runtime, open_chat
 from tinychat.norm_gains import GAINS_FILE
@@ -155,7 +156,7 @@ def test_a_version_3_int4_file_without_the_mix_still_loads_and_chats(tmp_path, m
     (tmp_path / "v3" / "model.safetensors").unlink()
     (tmp_path / "v3" / GAINS_FILE).unlink()
     with monkeypatch.context() as mp:                     # written as before the mix: q/k/v int4 on every layer
-        mp.setattr(quant, "INT4_MORE_BITS_NAMES", ())
+        mp.setattr(int4_rules, "INT4_MORE_BITS_NAMES", ())
         save_quantized(load_folder(full, "int4"), tmp_path / "v3", "int4")
     from test_quant_files import _damage
     _damage(tmp_path / "v3", lambda sd, meta: meta.update({VERSION_KEY: "3"}))

@@ -1,24 +1,20 @@
 """The fp16 K/V cache: the conversions and the fp16 attention kernels (native_f16.h, native_attn_kv.h's _h kernels)
 against float64 references on the same fp16 values, on this machine's build and on every other kernel path (x86-64
-levels natively, aarch64 under qemu-user through tests/native/kv16_harness.c); prefill's writes, the cache's size,
-the default choice and the step's name sessions record."""
-import platform
-import shutil
-import subprocess
-from pathlib import Path
-
+levels natively, aarch64 under qemu-user through tests/native/kv16_harness.c, which tests/native_harness.py builds);
+prefill's writes, the cache's size, the default choice and the step's name sessions record."""
 import pytest
 import torch
 
+from native_harness import AARCH64, run_aarch64, run_x86
 from support import make_llama_model, make_model
 from tinychat.engine import KVCache, append, quantize_cpu
 from tinychat.engine import native
 from tinychat.options import EngineOptions
 from tinychat.plan import kv_format, step_name
 
-ROOT = Path(__file__).resolve().parents[2]
-HARNESS = ROOT / "tests" / "native" / "kv16_harness.c"
-ENGINE = ROOT / "tinychat" / "engine"
+HARNESS = "kv16_harness.c"
+# native_attn.h's OpenMP pragmas (built without -fopenmp) and the static functions this harness does not call
+WARNINGS_OFF = ("-Wno-unknown-pragmas", "-Wno-unused-function")
 
 
 def _lib():
@@ -83,27 +79,6 @@ def test_fp16_prefill_attention_gives_the_fp32_kernels_bits_on_the_widened_rows(
         torch.testing.assert_close(got[h, i].double(), w, rtol=2e-5, atol=2e-5)
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def _build_and_run(cc, flags, tmp_path, runner=()):
-    exe = tmp_path / "h"
-    r = subprocess.run([cc, "-O2", *flags, "-ffp-contract=off", "-Wall", "-Werror", "-Wno-unknown-pragmas",
-                        "-Wno-unused-function", f"-I{ENGINE}", str(HARNESS), "-o", str(exe), "-lm"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    r = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-2000:]
-    return r.stdout.split()[0]
-
-
 X86 = [(["-march=x86-64-v4", "-mavx512vnni"], "avx512-vnni", {"avx512_vnni", "avx512bw"}),
        (["-march=x86-64-v4"], "avx512", {"avx512f", "avx512bw", "avx512vl", "f16c"}),
        (["-march=x86-64-v3", "-mavxvnni"], "avx2-vnni", {"avx_vnni", "avx2", "f16c"}),
@@ -113,24 +88,12 @@ X86 = [(["-march=x86-64-v4", "-mavx512vnni"], "avx512-vnni", {"avx512_vnni", "av
 
 @pytest.mark.parametrize("flags,path,needs", X86, ids=[p + ("-nof16c" if "-mno-f16c" in f else "") for f, p, _ in X86])
 def test_x86_kernel_paths_fp16_cache_kernels_match_the_float64_reference(flags, path, needs, tmp_path):
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None or platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("no C compiler / not x86-64")
-    if not needs <= _cpu_flags():
-        pytest.skip(f"this CPU lacks {sorted(needs - _cpu_flags())}")
-    assert _build_and_run(cc, flags, tmp_path) == path
-
-
-AARCH64 = [(["-march=armv8-a"], "neon"), (["-march=armv8.2-a+dotprod"], "neon-dotprod"),
-           (["-march=armv8-a", "-DTC_FORCE_SCALAR"], "scalar")]
+    assert run_x86(HARNESS, flags, needs, tmp_path, WARNINGS_OFF) == path
 
 
 @pytest.mark.parametrize("flags,path", AARCH64, ids=[p for _, p in AARCH64])
 def test_aarch64_fp16_cache_kernels_match_the_float64_reference_under_qemu(flags, path, tmp_path):
-    cc, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
-    if cc is None or qemu is None:
-        pytest.skip("no aarch64 cross compiler / qemu-aarch64 (apt-get install gcc-aarch64-linux-gnu qemu-user)")
-    assert _build_and_run(cc, flags, tmp_path, (qemu, "-L", "/usr/aarch64-linux-gnu")) == path
+    assert run_aarch64(HARNESS, flags, tmp_path, WARNINGS_OFF) == path
 
 
 def test_an_fp16_cache_holds_half_the_bytes():

@@ -1,38 +1,15 @@
 """The int8 GEMV kernels built for other targets than this machine's own: each x86-64 level this CPU can run
 (AVX-512 VNNI, AVX-512 without VNNI, AVX2 + AVX-VNNI, AVX2, baseline scalar) natively, and aarch64 (NEON, NEON dot product) under
-qemu-user, each through tests/native/q8_harness.c against a float64 reference. Skips where the compilers or qemu
-are absent (.ci/run installs gcc-aarch64-linux-gnu and qemu-user)."""
-import platform
+qemu-user, each through tests/native/q8_harness.c against a float64 reference (tests/native_harness.py builds and
+runs it). Skips where the compilers or qemu are absent (.ci/run installs gcc-aarch64-linux-gnu and qemu-user)."""
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-HARNESS = ROOT / "tests" / "native" / "q8_harness.c"
-ENGINE = ROOT / "tinychat" / "engine"
+from native_harness import AARCH64, ENGINE, run_aarch64, run_x86
 
-
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def _build_and_run(cc, flags, tmp_path, runner=()):
-    exe = tmp_path / "h"
-    r = subprocess.run([cc, "-O2", *flags, "-ffp-contract=off", "-Wall", "-Werror", f"-I{ENGINE}", str(HARNESS),
-                        "-o", str(exe), "-lm"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    r = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-2000:]
-    return r.stdout.split()[0]
-
+HARNESS = "q8_harness.c"
 
 X86 = [(["-march=x86-64-v4", "-mavx512vnni"], "avx512-vnni", {"avx512_vnni", "avx512bw"}),
        # AVX-512 without VNNI (Skylake-SP, x86-64-v4): the 256-bit dots beside the 16-lane float kernels
@@ -46,24 +23,12 @@ X86 = [(["-march=x86-64-v4", "-mavx512vnni"], "avx512-vnni", {"avx512_vnni", "av
 
 @pytest.mark.parametrize("flags,path,needs", X86, ids=[p + ("-evex" if "-mavx512vl" in f else "") for f, p, _ in X86])
 def test_x86_kernel_paths_match_the_float64_reference(flags, path, needs, tmp_path):
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None or platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("no C compiler / not x86-64")
-    if not needs <= _cpu_flags():
-        pytest.skip(f"this CPU lacks {sorted(needs - _cpu_flags())}")
-    assert _build_and_run(cc, flags, tmp_path) == path
-
-
-AARCH64 = [(["-march=armv8-a"], "neon"), (["-march=armv8.2-a+dotprod"], "neon-dotprod"),
-           (["-march=armv8-a", "-DTC_FORCE_SCALAR"], "scalar")]
+    assert run_x86(HARNESS, flags, needs, tmp_path) == path
 
 
 @pytest.mark.parametrize("flags,path", AARCH64, ids=[p for _, p in AARCH64])
 def test_aarch64_kernel_paths_match_the_float64_reference_under_qemu(flags, path, tmp_path):
-    cc, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
-    if cc is None or qemu is None:
-        pytest.skip("no aarch64 cross compiler / qemu-aarch64 (apt-get install gcc-aarch64-linux-gnu qemu-user)")
-    assert _build_and_run(cc, flags, tmp_path, (qemu, "-L", "/usr/aarch64-linux-gnu")) == path
+    assert run_aarch64(HARNESS, flags, tmp_path) == path
 
 
 def test_the_whole_kernel_source_builds_for_aarch64_and_without_openmp(tmp_path):

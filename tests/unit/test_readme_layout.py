@@ -14,7 +14,7 @@ def _layout() -> str:
 
 def test_readme_layout_names_every_module():
     layout = _layout()
-    named = set(re.findall(r"([a-z_]+\.py)\b", layout))
+    named = set(re.findall(r"([a-z0-9_]+\.py)\b", layout))
     for folder in ("tinychat", "tinychat/engine", "tinychat/chat", "tinychat/sessions"):
         have = {p.name for p in ROOT.joinpath(folder).glob("*.py") if not p.name.startswith("__")}
         assert have - named == set(), f"{folder}: not in README's layout"
@@ -28,7 +28,7 @@ def test_readme_layout_names_only_what_exists():
     training = {p.name for p in ROOT.joinpath("tinychat/training").glob("*.py")}
     packages = {p.name for d in ("chat", "sessions", "hub", "importer") for p in ROOT.joinpath("tinychat", d).glob("*.py")}
     docs = {p.name for p in ROOT.joinpath("docs").glob("*")} | {p.name for p in ROOT.joinpath("tests/unit").glob("*")}
-    named = set(re.findall(r"([a-z_]+\.(?:py|md))\b", layout)) - {"README.md", "MODEL_CARD.md"}
+    named = set(re.findall(r"([a-z0-9_]+\.(?:py|md))\b", layout)) - {"README.md", "MODEL_CARD.md"}
     assert named - top - engine - tui - training - packages - docs == set()
     for folder in re.findall(r"^\s{4}(\S+/)\s", layout, re.M):
         assert ROOT.joinpath(folder).is_dir(), folder

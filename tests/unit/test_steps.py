@@ -96,8 +96,8 @@ def test_int4_models_take_the_same_variants_and_stay_with_the_reference(name, ke
     if options.native and native.load() is None:
         pytest.skip(f"no native kernels here: {native.why_not}")
     if keep is not None:
-        from tinychat.engine import quant
-        monkeypatch.setattr(quant, "INT4_INT8_NAMES", keep)
+        from tinychat.engine import int4_rules
+        monkeypatch.setattr(int4_rules, "INT4_INT8_NAMES", keep)
     model = quantize_cpu(make(), "int4", options=options)
     got, chosen = _walk(model, False, options)
     assert chosen == name

@@ -45,7 +45,7 @@ INT8_STEP_VERSION = 6   # the native step's rounding's version: bump it when the
 INT4_STEP_VERSION = 3   # the native int4 step's rounding (native_q4.h: Q4_0-style groups of 32 with fp16 scales, the
                         # int8 activations of the int8 step): sessions record "native-int4-v<N>@<path>". 2: the
                         # llama step multiplies the norm output by the fused matrices' input gains (issue #34). 3:
-                        # a model with gains keeps q/k/v int8 on llama.cpp's use_more_bits layers (quant.py's
+                        # a model with gains keeps q/k/v int8 on llama.cpp's use_more_bits layers (int4_rules.py's
                         # int4_more_bits: per-layer formats, native_llama.h's LTAB_FMT column)
 
 
