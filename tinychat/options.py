@@ -25,7 +25,8 @@ class EngineOptions:
     drop_pages: bool | None = None      # a stored-quantized model's mapped weight pages handed back once read (the
                                         # native step per layer, a quant Linear after its prefill: engine/page_drop.py);
                                         # None: on for stored models of page_drop.DROP_MIN_BYTES (4 GiB) or more of
-                                        # mapped quant weights (less resident memory, slower decode)
+                                        # mapped quant weights (less resident memory, slower decode), else only a
+                                        # two-level head's int8 rows after each step (read a few a token: ~free)
     kv_cache: str = "auto"              # the CPU KV cache of an int8 / int4 global-attention (llama-family) model:
                                         # "fp16" (half the memory and the bytes a step reads; sessions record
                                         # "+kv16" with the step), "fp32", or "auto": fp16 where the native step runs

@@ -3,7 +3,7 @@ read, per layer in the native steps (tc_drop in C) and after each quant Linear's
 logits are the same bits with and without it (both native steps, prefill, int8 and int4 files); after a turn with it
 the file's resident pages are fewer by at least the pages of the weights the step read (counted in
 /proc/self/smaps); without it nothing is armed and every page read stays; the default drops for a stored model of
-page_drop.DROP_MIN_BYTES or more only."""
+page_drop.DROP_MIN_BYTES or more only, and otherwise a two-level head's int8 rows (read a few a token) after each step."""
 import copy
 import dataclasses
 import sys
@@ -14,6 +14,7 @@ import torch
 
 from tinychat.engine import Decoder, KVCache, append, int8_kernel_ok, native
 from tinychat.engine import page_drop
+from tinychat.engine import two_level_head as head4
 from tinychat.importer import import_model
 from tinychat.loading import load_runtime, open_chat
 from tinychat.model import TinyAgentLM, config_for
@@ -59,6 +60,18 @@ def _mapping(ptr: int) -> tuple[int, int]:
             elif size is not None and head == "Rss:":
                 return size, int(line.split()[1]) * 1024
     raise AssertionError(f"no mapping holds {ptr:#x}")
+
+
+def _pages_mapped(t) -> tuple[int, int]:
+    """(pages mapped in this process, pages) of tensor t's bytes: /proc/self/pagemap's present bit (63)."""
+    import mmap
+    import struct
+    a, n = t.data_ptr(), t.numel() * t.element_size()
+    first, last = a // mmap.PAGESIZE, (a + n - 1) // mmap.PAGESIZE
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        entries = struct.unpack(f"<{last - first + 1}Q", f.read((last - first + 1) * 8))
+    return sum(e >> 63 & 1 for e in entries), len(entries)
 
 
 def _turn(folder, drop, n=8, step_in_c=True):
@@ -166,3 +179,21 @@ def test_a_copy_of_a_model_armed_to_drop_drops_nothing(tmp_path):
     assert all(lin.__dict__.get("page_drop") is None for lin in page_drop.quant_linears(c))
     assert page_drop.arm(m, False) == 0
     assert all(lin.page_drop is None for lin in page_drop.quant_linears(m))
+
+
+def test_by_default_only_a_two_level_heads_int8_rows_go_back_after_each_step(tmp_path):
+    _needs_kernels()
+    folder = _stored(tmp_path, "int4")                 # a stored int4 llama: the two-level head, far below 4 GiB
+    m, toks, logits, fs, armed, _ = _turn(folder, None)
+    m_off, toks_off, logits_off, fs_off, _, _ = _turn(folder, False)
+    assert head4.active(m.head) and not armed and fs.drop_pages is False and fs_off.nat.drops is None
+    table = fs.nat.drops[0]
+    assert int(table[:-1, 1::2].sum()) == 0            # no layer's row: the body's pages stay
+    head_rows = page_drop.PageRanges((m.head.qweight, m.head.scale), fs.nat.drops[1][-1]._mapped)
+    assert [tuple(int(v) for v in table[-1, 2 * i:2 * i + 2]) for i in range(len(head_rows.spans))] == \
+        head_rows.spans and int(table[-1, 2 * len(head_rows.spans):].abs().sum()) == 0   # the int8 rows alone
+    assert toks == toks_off and torch.equal(logits, logits_off)
+    on, pages = _pages_mapped(m.head.qweight)
+    off, _ = _pages_mapped(m_off.head.qweight)
+    assert on <= 2 and off >= pages // 2, (on, off, pages)   # the edge pages a neighbour shares; without: fault-around
+    assert _pages_mapped(m.head.q4weight)[0] >= _pages_mapped(m.head.q4weight)[1] - 2     # the copy's scan stays

@@ -68,6 +68,7 @@ class CpuStep:
         self.step_in_c = options.step_in_c
         self.tinyagent = c.is_tinyagent
         self.drop_pages = page_drop.resolve(options.drop_pages, model) if drop is None else drop   # the native steps'
+        self.drop_head_rows = options.drop_pages is None    # the default: a two-level head's int8 rows (step_table)
         # native kernels: TinyAgentLM's step (native_step.py) or the llama family's (native_llama_step.py); other
         # configs, and every model without the kernels, run the PyTorch steps (lean_step.py picks its own threads)
         builder = _NativeStep if self.tinyagent else _NativeLlama

@@ -9,7 +9,9 @@ and nothing writes the weights, so its pages are the file's own: the next read f
 the same bytes, the same tokens. The weights then live in the page cache (shared, reclaimable) instead of the
 process's RSS; what it costs is the re-faults: a few % of a 1B model's decode here, and nothing won on a small model
 whose file is a fraction of what torch alone holds. So the default (None) drops for a stored-quantized model whose
-mapped quant weights are DROP_MIN_BYTES or more, never otherwise; docs/benchmarks.md has the figures.
+mapped quant weights are DROP_MIN_BYTES or more; below that only a two-level head's int8 rows go back after each
+step (the rescoring reads RESCORE_K of them a token: a few re-faults, where keeping them lets the kernel's
+fault-around map the whole int8 head over a chat). docs/benchmarks.md has the figures.
 
 Only whole pages inside a mapped .safetensors file are dropped (mapped.py's MappedWeights.page_span: a neighbour
 keeps its edge pages), and PageRanges keeps the tensors they are pages of alive (a tensor holds its mapping, so a
@@ -110,12 +112,20 @@ def arm(model, on: bool, mapped: MappedWeights | None = None) -> int:
 
 def step_table(model, fs) -> tuple[torch.Tensor, list] | None:
     """The drop table of a native step on the model (fs: its cpu_step.CpuStep; per layer its fused QKV, w_o, up and
-    down, then the head), or None where fs.drop_pages is off or nothing lies in a mapped file."""
-    if not getattr(fs, "drop_pages", False):
-        return None
+    down, then the head), or None where nothing lies in a mapped file or nothing is to go back. With fs.drop_pages
+    every row; else, with fs.drop_head_rows (the option's default) and a two-level head, the head's row alone and
+    only its int8 rows: the step reads RESCORE_K of them a token (and the embedding's), so dropping them re-faults a
+    few pages, where keeping them lets fault-around (64 KB a read) map the whole int8 head over a chat (263 MB of a
+    1B model's 981 MB file)."""
     from . import two_level_head as head4
-    head = (fs.head, head4.view(fs.head)) if head4.active(fs.head) else fs.head     # the two-level head: its copy too
-    return drop_table([(fs.qkv[li], b.attn.w_o, b.mlp.up, b.mlp.down) for li, b in enumerate(model.blocks)], head)
+    two = head4.active(fs.head)
+    if getattr(fs, "drop_pages", False):
+        head = (fs.head, head4.view(fs.head)) if two else fs.head                   # the two-level head: its copy too
+        return drop_table([(fs.qkv[li], b.attn.w_o, b.mlp.up, b.mlp.down) for li, b in enumerate(model.blocks)],
+                          head)
+    if two and getattr(fs, "drop_head_rows", False):
+        return drop_table([() for _ in model.blocks], fs.head)
+    return None
 
 
 def drop_table(layers, head, mapped: MappedWeights | None = None) -> tuple[torch.Tensor, list] | None:
