@@ -73,48 +73,25 @@ static inline __m512 tc4_ws16(const uint16_t *ws) {
                                  _mm512_castps128_ps512(v));
 }
 
-/* 4 rows: per 512 columns (8 chunks) each row's 16 group scales converted by one vcvtph2ps, a chunk's two spread over
-   the lanes by one vpermps (tc4_ws16 per chunk: a load, a vcvtph2ps and the vpermps a chunk and row); the rest of
-   Kp chunk by chunk. The same products and sums in the same order: the same bits. */
 static inline void tc4_dot4(const tc_act8 *a, const uint8_t *p, const uint16_t *ws, int64_t K, float *out) {
-    int64_t Kp = tc_pad64(K), rb = Kp / 2, rs = Kp / TC_Q4G, k = 0;
+    int64_t Kp = tc_pad64(K), rb = Kp / 2, rs = Kp / TC_Q4G;
     __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
-#define TC4_ROW(F, R, W)                                                                                 \
-    F = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c8, tc4_u64(pk + (R) * rb), xv)), _mm512_mul_ps(sv, W), F)
-    const __m512i two = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    for (; k + 512 <= Kp; k += 512) {
-        const uint16_t *wk = ws + k / TC_Q4G;              /* 16 groups: this block's 8 chunks' scales per row */
-        __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wk));
-        __m512 s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wk + rs)));
-        __m512 s2 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wk + 2 * rs)));
-        __m512 s3 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wk + 3 * rs)));
-        for (int j = 0; j < 8; j++) {
-            int64_t kk = k + 64 * j;
-            if (!(kk & 64)) tc_prefetch4((const int8_t *)p + 2 * kk);
-            __m512i xv = _mm512_load_si512((const void *)(a->q + kk));
-            __m512 sv = _mm512_load_ps(a->s + kk / 4);
-            __m512i c8 = _mm512_srai_epi32(_mm512_load_si512((const void *)(a->c + kk / 4)), 4);
-            __m512i ix = _mm512_add_epi32(two, _mm512_set1_epi32(2 * j));
-            const uint8_t *pk = p + kk / 2;
-            TC4_ROW(f0, 0, _mm512_permutexvar_ps(ix, s0));
-            TC4_ROW(f1, 1, _mm512_permutexvar_ps(ix, s1));
-            TC4_ROW(f2, 2, _mm512_permutexvar_ps(ix, s2));
-            TC4_ROW(f3, 3, _mm512_permutexvar_ps(ix, s3));
-        }
-    }
-    for (; k < Kp; k += 64) {
+    for (int64_t k = 0; k < Kp; k += 64) {
         if (!(k & 64)) tc_prefetch4((const int8_t *)p + 2 * k);
         __m512i xv = _mm512_load_si512((const void *)(a->q + k));
         __m512 sv = _mm512_load_ps(a->s + k / 4);
         __m512i c8 = _mm512_srai_epi32(_mm512_load_si512((const void *)(a->c + k / 4)), 4);
         const uint8_t *pk = p + k / 2;
         const uint16_t *wk = ws + k / TC_Q4G;
-        TC4_ROW(f0, 0, tc4_ws16(wk));
-        TC4_ROW(f1, 1, tc4_ws16(wk + rs));
-        TC4_ROW(f2, 2, tc4_ws16(wk + 2 * rs));
-        TC4_ROW(f3, 3, tc4_ws16(wk + 3 * rs));
-    }
+#define TC4_ROW(F, R)                                                                                    \
+    F = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c8, tc4_u64(pk + (R) * rb), xv)),         \
+                        _mm512_mul_ps(sv, tc4_ws16(wk + (R) * rs)), F)
+        TC4_ROW(f0, 0);
+        TC4_ROW(f1, 1);
+        TC4_ROW(f2, 2);
+        TC4_ROW(f3, 3);
 #undef TC4_ROW
+    }
     out[0] = tc_hsum16(f0), out[1] = tc_hsum16(f1), out[2] = tc_hsum16(f2), out[3] = tc_hsum16(f3);
 }
 
