@@ -98,7 +98,6 @@ def decide(model, quant: str | None = None, device: str = "cpu", options: Engine
     import torch
 
     from .engine import native, quantize_cpu
-
     from .engine import two_level_head as head4
     from .engine.quant import bulk_prefill_kernel, effective_mode, quant_mode
     from .settings import ChatError

@@ -203,9 +203,9 @@ def save_quantized(model, folder: Path, mode: str) -> None:
     from .engine.quant import quant_mode, quantize_cpu
     from .fsutil import atomic_write
     from .model import CONFIG_FILE
+    from .options import EngineOptions
     if mode not in MODES:
         raise ValueError(f"--quant must be one of {', '.join(MODES)} to store packed weights (got {mode!r})")
-    from .options import EngineOptions
     inv = tied_inv_gain(model)
     gained = bool(getattr(model, "in_gains", None))
     mixed = gained and mode == "int4"      # quantize_cpu's per-layer mix (int4_more_bits): layout 4

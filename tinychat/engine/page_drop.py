@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..mapped import MappedWeights
+from . import two_level_head as head4
 from .native import DROP_RANGES
 from .quant import Int4Linear, Int8Linear
 
@@ -117,7 +118,6 @@ def step_table(model, fs) -> tuple[torch.Tensor, list] | None:
     only its int8 rows: the step reads RESCORE_K of them a token (and the embedding's), so dropping them re-faults a
     few pages, where keeping them lets fault-around (64 KB a read) map the whole int8 head over a chat (263 MB of a
     1B model's 981 MB file)."""
-    from . import two_level_head as head4
     two = head4.active(fs.head)
     if getattr(fs, "drop_pages", False):
         head = (fs.head, head4.view(fs.head)) if two else fs.head                   # the two-level head: its copy too
