@@ -15,8 +15,8 @@ from typing import Mapping
 class EngineOptions:
     native: bool = True                 # int8 models: the lean CPU step in the native kernels where they build
     step_in_c: bool = True              # the native step as one tc_step call (False: the kernels driven from Python)
-    prefill_bf16: bool | None = None    # quant Linears prefill through bf16 GEMMs; None: int8 models on the native
-                                        # int8 GEMM where the kernels run (but AMX machines), else (and bf16 models)
+    prefill_bf16: bool | None = None    # quant Linears prefill through bf16 GEMMs; None: int8 / int4 models on the
+                                        # native GEMMs where the kernels run (but AMX machines), else (and bf16 models)
                                         # bf16 GEMMs where the CPU has bf16 dot products (AVX512-BF16 / AMX), else
                                         # fp32 GEMMs
     pad_shapes: bool | None = None      # append pads chunks to stable shapes; None: on GPUs only (True: tests)

@@ -72,18 +72,21 @@ def test_a_rebuilt_cache_of_a_mixed_session_is_the_one_the_chat_had():
     assert again.step_name() == first.step_name()             # the chat's own step for its next turns
 
 
-def test_an_int4_chat_records_its_own_step_and_replays_exactly_on_it():
-    """--quant int4: the turns record "native-int4-v<N>@<path>" (or "torch-int4" without kernels), which replay
-    takes as their own step: exact where this machine has it."""
+@pytest.mark.parametrize("bf16", [False, True], ids=["int4-gemm", "bf16-gemms"])
+def test_an_int4_chat_records_its_own_step_and_replays_exactly_on_it(bf16):
+    """--quant int4: the turns record "native-int4-v<N>@<path>" (or "torch-int4" without kernels; "+bf16-prefill"
+    where long prefills run bf16 GEMMs, as on AMX machines), which replay takes as their own step: exact where this
+    machine has it."""
     def chat(native_on, session=None, **kw):
-        model, options = make_chat_model(), EngineOptions(native=native_on, tune_threads=False)
+        model = make_chat_model()
+        options = EngineOptions(native=native_on, tune_threads=False, prefill_bf16=bf16)
         if session is not None:
             return Chat.restore(session, model, make_chat().tok, quant="int4", options=options, max_len=512,
                                 model_name="tiny-test", model_hash=HASH, **kw)
         return make_chat(model, quant="int4", options=options, max_new=6, seed=3, model_hash=HASH, **kw)
     first = chat(True)
-    assert first.quant == "int4" and first.step_name() == f"native-int4-v{native.INT4_STEP_VERSION}@" \
-        f"{native.kernel_path()}"
+    assert first.quant == "int4" and first.step_name() == f"native-int4-v{native.INT4_STEP_VERSION}" \
+        f"{'+bf16-prefill' if bf16 else ''}@{native.kernel_path()}"
     assert any(n.startswith("torch-int4") for n in first.steps.available())
     first.send("hello there")
     first.close()

@@ -111,6 +111,18 @@ static double w4(const uint8_t *q, int64_t Kp, int64_t n, int64_t k) {
     return (double)((k % 64 < 32 ? b & 15 : b >> 4) - 8);
 }
 
+/* The nearest bf16 to f by comparing its two neighbours (ties: the even one), apart from the kernel's rounding. */
+static uint16_t bf16_ref(float f) {
+    uint32_t u, a, b;
+    float fl, fh;
+    memcpy(&u, &f, 4);
+    uint32_t lo = u >> 16, hi = lo + 1;
+    a = lo << 16, b = hi << 16;
+    memcpy(&fl, &a, 4), memcpy(&fh, &b, 4);
+    double dl = fabs((double)f - fl), dh = fabs((double)fh - f);
+    return (uint16_t)(dl < dh ? lo : dh < dl ? hi : (lo & 1 ? hi : lo));
+}
+
 static int check4(int64_t M, int64_t N, int64_t K) {
     int64_t Kp = tc_pad64(K);
     uint8_t *q = malloc(N * Kp / 2);
@@ -149,7 +161,15 @@ static int check4(int64_t M, int64_t N, int64_t K) {
             fails++;
         }
     }
-    free(q), free(ws), free(b), free(x), free(y), free(yv), free(buf), free(one);
+    uint16_t *wb = malloc(K * 2);                       /* the rows as bf16 (prefill's bf16 GEMMs): bit for bit */
+    int64_t bad = 0;
+    for (int64_t n = 0; n < N; n++) {
+        tc4_dequant_bf16_row(q, ws, n, K, wb);
+        for (int64_t k = 0; k < K; k++)
+            bad += wb[k] != bf16_ref((float)(w4(q, Kp, n, k) * tc_h2f_ref(ws[n * (Kp / 32) + k / 32])));
+    }
+    if (bad) printf("int4 N=%ld K=%ld: %ld bf16 weights off\n", (long)N, (long)K, (long)bad), fails++;
+    free(q), free(ws), free(b), free(x), free(y), free(yv), free(buf), free(one), free(wb);
     return fails;
 }
 

@@ -95,6 +95,12 @@ void tc_gemm4(const float *x, void *buf, const uint8_t *q, const uint16_t *ws, c
     gemm_fmt(1, x, buf, q, ws, bias, y, M, N, K, nt);
 }
 
+/* The int4 rows [0, N) as bf16 (o: N x K; native_q4.h's tc4_dequant_bf16_row), for prefill's bf16 GEMMs. */
+void tc_dequant4_bf16(const uint8_t *q, const uint16_t *ws, uint16_t *o, int64_t N, int64_t K, int nt) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(N * K, nt))
+    for (int64_t n = 0; n < N; n++) tc4_dequant_bf16_row(q, ws, n, K, o + n * K);
+}
+
 /* h = x / (|x| * inv) = x * sqrt(d) / |x| (rms_norm without epsilon, as _decode_fast computes it) */
 static void rms(const float *x, float *h, int64_t d, float inv) {
     double ss = 0.0;
@@ -399,4 +405,4 @@ void tc_attend_h(const float *q, int64_t H, int64_t Hk, int64_t D, const uint16_
 void tc_f2h_rows(const float *x, uint16_t *h, int64_t n) { tc_f2h_row(h, x, n); }
 void tc_h2f_rows(const uint16_t *h, float *x, int64_t n) { tc_h2f_row(x, h, n); }
 
-int tc_abi_version(void) { return 21; }
+int tc_abi_version(void) { return 22; }

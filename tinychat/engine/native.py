@@ -113,7 +113,7 @@ def _build(cc: str) -> Path:
 
 
 _F, _I8, _I64, _INT = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-ABI = 21                # tc_abi_version() of the source this module binds
+ABI = 22                # tc_abi_version() of the source this module binds
 TC_MAXN = 8             # native.c's highest Engram order for tc_step's hashing
 
 
@@ -186,6 +186,8 @@ def _bind(lib):
     lib.tc_gemv4_ref.argtypes = [_F, _F, _F, _F, _F, _I64, _I64, _INT]
     lib.tc_gemm4.argtypes = [_F, _F, _F, _F, _F, _F, _I64, _I64, _I64, _INT]
     lib.tc_gemv4.restype = lib.tc_gemv4_ref.restype = lib.tc_gemm4.restype = None
+    lib.tc_dequant4_bf16.argtypes = [_F, _F, _F, _I64, _I64, _INT]
+    lib.tc_dequant4_bf16.restype = None
     lib.tc_gemm4_act_bytes.argtypes = [_I64, _I64, _INT]
     lib.tc_gemm4_act_bytes.restype = ctypes.c_int64
     lib.tc_read_bytes.argtypes = [_I8, _I64]
@@ -315,6 +317,20 @@ def gemm4(lib, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bias
         raise ValueError("gemm4: out must be a contiguous fp32 (M, N)")
     lib.tc_gemm4(x.data_ptr(), scratch.data_ptr(), packed.data_ptr(), scales.data_ptr(),
                  None if bias is None else bias.data_ptr(), y.data_ptr(), M, N, K, nt)
+    return y
+
+
+def dequant4_bf16(lib, packed: torch.Tensor, scales: torch.Tensor, K: int, nt: int = 1,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """The int4 rows (packed (N, pad64(K) / 2) uint8, scales (N, pad64(K) / 32) fp16) as bf16 weights (N, K): each
+    q * d rounded to nearest even (dequant4_ref(...).to(torch.bfloat16), bit for bit), on nt threads; out: a
+    contiguous bf16 (N, K) to write into. Prefill's bf16 GEMMs take them (quant.py's Int4Linear)."""
+    N = packed.size(0)
+    _check4(torch.empty(0, K), packed, scales, N, K)
+    y = torch.empty(N, K, dtype=torch.bfloat16) if out is None else out
+    if not (y.shape == (N, K) and y.dtype == torch.bfloat16 and y.is_contiguous()):
+        raise ValueError("dequant4_bf16: out must be a contiguous bf16 (N, K)")
+    lib.tc_dequant4_bf16(packed.data_ptr(), scales.data_ptr(), y.data_ptr(), N, K, nt)
     return y
 
 

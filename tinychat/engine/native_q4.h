@@ -365,4 +365,43 @@ void tc_gemm4_1(const float *x, void *buf, const uint8_t *q, const uint16_t *ws,
     int8_t *ex = tc_gemm_slot(buf, K, M > 0 ? M : 1, 1);
     tc_gemm4_jobs(buf, tc_gemm_base(buf), ex, q, ws, bias, y, M, N, K, gm, 1, 0, tc_gemm_njobs(M, N, gm));
 }
+/* ---- prefill on bf16 GEMMs (AMX machines): the rows dequantized to bf16 ---- */
+
+/* f as bf16 bits, rounded to nearest, ties to even (finite f: the products below; torch's .to(bfloat16) rounding) */
+static inline uint16_t tc_f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+/* Row n's K weights q * d (exact in fp32: |q| <= 8 times an fp16 scale) rounded to bf16, into o (K of them, no
+   padding): what quant.py's Int4Linear hands oneDNN's bf16 GEMM where tile multiplies run it. */
+static void tc4_dequant_bf16_row(const uint8_t *q, const uint16_t *ws, int64_t n, int64_t K, uint16_t *o) {
+    int64_t Kp = tc_pad64(K), c = 0;
+    const uint8_t *p = q + n * (Kp / 2);
+    const uint16_t *s = ws + n * (Kp / TC_Q4G);
+#if defined(TC_AVX512)
+    const __m128i lo4 = _mm_set1_epi8(15);
+    const __m512i eight = _mm512_set1_epi32(8), half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    for (; c + 64 <= K; c += 64) {                  /* a chunk's 32 bytes: columns j (low nibble), j + 32 (high) */
+        __m128i b0 = _mm_loadu_si128((const __m128i *)(p + c / 2)),
+                b1 = _mm_loadu_si128((const __m128i *)(p + c / 2 + 16));
+        __m128i u[4] = {_mm_and_si128(b0, lo4), _mm_and_si128(b1, lo4), _mm_and_si128(_mm_srli_epi16(b0, 4), lo4),
+                        _mm_and_si128(_mm_srli_epi16(b1, 4), lo4)};      /* columns c + 16 i .. c + 16 i + 15 */
+        for (int i = 0; i < 4; i++) {
+            __m512 d = _mm512_set1_ps(tc_h2f(s[c / TC_Q4G + i / 2]));
+            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(u[i]), eight)), d);
+            __m512i b = _mm512_castps_si512(f);
+            __m512i r = _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(b, 16), one));
+            b = _mm512_srli_epi32(_mm512_add_epi32(b, r), 16);
+            _mm256_storeu_si256((__m256i *)(o + c + 16 * i), _mm512_cvtepi32_epi16(b));
+        }
+    }
+#endif
+    for (; c < K; c++) {
+        int64_t j = c % 64;
+        uint8_t b = p[c / 64 * 32 + (j & 31)];
+        o[c] = tc_f2bf((float)((j < 32 ? b & 15 : b >> 4) - 8) * tc_h2f(s[c / TC_Q4G]));
+    }
+}
 #endif /* TC_NATIVE_Q4_H */

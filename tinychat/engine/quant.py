@@ -367,9 +367,11 @@ class Int4Linear(torch.nn.Module):
     """Weight-only int4 Linear (`--quant int4`): rows quantized in groups of 32 columns with one fp16 scale each
     (quantize_int4; native_q4.h's packed layout: ~4.5 bits a weight, half of int8's bytes a token). Runs on the
     native kernels: decode in the native steps (native_q4.h's GEMV on the int8 step's activation rounding), prefill on
-    the int4 GEMM (tc_gemm4: the same rounding per token). Without them (or native off): the dequantized weights
-    through fp32 GEMMs (prefill) and bf16 ones (mm, the lean PyTorch step): slow, a fallback. prefill_bf16 is kept
-    for the steps' configurations and not used."""
+    the int4 GEMM (tc_gemm4: the same rounding per token), or, as Int8Linear's (prefill_bf16 True, or None on AMX
+    machines: tile multiplies beat any AVX-512 int4 GEMM), on oneDNN's bf16 GEMM, the rows dequantized to bf16
+    block by block (tc_dequant4_bf16) for more than INT8_GEMV_ROWS_BF16 tokens. Without the kernels (or native off):
+    the dequantized weights through fp32 GEMMs (prefill) and bf16 ones (mm, the lean PyTorch step): slow, a
+    fallback."""
 
     def __init__(self, lin: torch.nn.Linear, prefill_bf16: bool | None = None, native: bool = True,
                  mapped: MappedWeights | None = None, in_gain: torch.Tensor | None = None):
@@ -420,8 +422,15 @@ class Int4Linear(torch.nn.Module):
         return native.load()
 
     def prefill_kernel(self, rows: int, cpu: bool = True) -> str:
-        """"native-gemm" (tc_gemm4) where the kernels run, else "fp32-gemm" (the dequantized weights)."""
-        return "native-gemm" if cpu and self.gemm_lib() is not None else "fp32-gemm"
+        """Where the kernels run, "bf16-gemm" for more than INT8_GEMV_ROWS_BF16 rows where asked for (prefill_bf16
+        True, or None on an AMX machine), else "native-gemm" (tc_gemm4); without them "fp32-gemm" (the dequantized
+        weights)."""
+        if not cpu or self.gemm_lib() is None:
+            return "fp32-gemm"
+        bf16 = resolve_prefill_bf16(self.prefill_bf16) and rows > INT8_GEMV_ROWS_BF16
+        if bf16 and (self.prefill_bf16 is True or (self.prefill_bf16 is None and cpu_has_amx())):
+            return "bf16-gemm"
+        return "native-gemm"
 
     def forward(self, x):
         y = self._forward(x)
@@ -437,6 +446,8 @@ class Int4Linear(torch.nn.Module):
         from . import native
         x2 = _gained(self, x.reshape(-1, shape[-1]).float()).contiguous()
         nt = torch.get_num_threads()
+        if self.prefill_kernel(x2.size(0)) == "bf16-gemm":
+            return self._bf16_gemm(lib, x2, nt).view(*shape[:-1], self.out_features).to(x.dtype)
         scratch = _act_scratch(int(lib.tc_gemm4_act_bytes(min(x2.size(0), INT8_GEMM_CHUNK), x2.size(1), nt)))
         b = None if self.bias is None else self.bias.float().contiguous()
         y = torch.empty(x2.size(0), self.out_features)
@@ -444,6 +455,34 @@ class Int4Linear(torch.nn.Module):
             native.gemm4(lib, x2[i:i + INT8_GEMM_CHUNK], self.qweight, self.scale, b, nt, scratch,
                          out=y[i:i + INT8_GEMM_CHUNK])
         return y.view(*shape[:-1], self.out_features).to(x.dtype)
+
+
+    def _bf16_gemm(self, lib, x2, nt):
+        """x2 (rows, in) fp32, gained, through oneDNN's bf16 GEMM: the rows dequantized to bf16 a block of at most
+        BF16_BLOCK bytes at a time (one reused buffer), each block's outputs rounded to bf16 as Int8Linear's are,
+        then the bias added in fp32: (rows, out) fp32."""
+        from . import native
+        K, N = self.in_features, self.out_features
+        xb = x2.to(torch.bfloat16)
+        y = torch.empty(x2.size(0), N)
+        rb = max(1, BF16_BLOCK // (2 * K))
+        for r0 in range(0, N, rb):
+            r1 = min(N, r0 + rb)
+            w = native.dequant4_bf16(lib, self.qweight[r0:r1], self.scale[r0:r1], K, nt, out=_bf16_rows(r1 - r0, K))
+            y[:, r0:r1] = torch.nn.functional.linear(xb, w)
+        return y if self.bias is None else y.add_(self.bias.float())
+
+
+BF16_BLOCK = 8 << 20    # bytes of bf16 weights dequantized at a time for Int4Linear's bf16 GEMMs
+
+
+def _bf16_rows(rows: int, cols: int) -> torch.Tensor:
+    """Int4Linear's bf16 block buffer (rows, cols): one flat buffer per thread, grown to the largest block (at most
+    BF16_BLOCK bytes, or one row), so a model's many shapes share it."""
+    t = getattr(_tls, "bf16", None)
+    if t is None or t.numel() < rows * cols:
+        t = _tls.bf16 = torch.empty(rows * cols, dtype=torch.bfloat16)
+    return t[:rows * cols].view(rows, cols)
 
 
 def _bulk_linear(model):
