@@ -16,6 +16,7 @@ from support import make_chat, tokenizer
 
 from tinychat.sessions import export as SE
 from tinychat.sessions import log as session_log
+from tinychat.sessions import read as session_read
 from tinychat.sessions import session as S
 from tinychat.sessions import write as session_write
 
@@ -230,7 +231,7 @@ def test_a_listing_reads_a_log_s_header_and_last_commit_only(tmp_path, small_log
     session_index.index_path(tmp_path).unlink(missing_ok=True)
     parsed = []
     monkeypatch.setattr(session_log, "parse", lambda *a: parsed.append(a) or pytest.fail("parsed"))
-    monkeypatch.setattr(S, "_read_json", lambda p: parsed.append(p) or pytest.fail("parsed"))
+    monkeypatch.setattr(session_read, "_read_json", lambda p: parsed.append(p) or pytest.fail("parsed"))
     monkeypatch.setattr(session_log, "TAIL_BLOCK", 64)     # the last commit is found across blocks
     [info] = S.list_sessions(tmp_path)
     assert parsed == [] and (info.n_turns, info.updated, info.title) == (s.n_turns, s.updated, s.title)

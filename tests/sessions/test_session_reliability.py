@@ -13,6 +13,7 @@ import pytest
 import torch
 from support import make_chat, make_chat_model, tokenizer
 
+from tinychat.sessions import read as session_read
 from tinychat.sessions import session as S
 from tinychat.sessions import snapshot as SS
 from tinychat.sessions import export as SE
@@ -371,7 +372,7 @@ def test_non_regular_and_oversized_files_are_refused_without_reading_them(tmp_pa
         assert isinstance(error, S.SessionError) and msg in str(error), (path, error)
         assert peak < 1 << 20, (path, peak)              # nothing read: /dev/zero would be 256 MiB before the limit
     chat = _two_turn_chat()
-    monkeypatch.setattr(S, "MAX_FILE_BYTES", 100)
+    monkeypatch.setattr(session_read, "MAX_FILE_BYTES", 100)
     with pytest.raises(S.SessionError, match="too large for a session file"):
         S.load(_file(chat))
 

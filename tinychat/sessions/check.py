@@ -1,11 +1,11 @@
-"""The one set of rules a session file's content must follow, beyond field types (session.py checks those): the
+"""The one set of rules a session file's content must follow, beyond field types (read.py checks those): the
 sampler settings by type and range (as the flags are checked), the order of messages, and the token ids against a
 model's vocabulary. `session.load` applies the first two to every file it reads, so `--session`, `sessions show`,
 `replay` and the app all accept and refuse the same files; the vocabulary check needs the model and runs when a
 chat restores or replays a session.
 
 Each function returns a problem as text ('field messages[3].settings.ban must be a boolean, got 'no'') or None;
-session.py turns it into a SessionError naming the file. Torch-free."""
+read.py or session.py turns it into a SessionError naming the file. Torch-free."""
 from __future__ import annotations
 
 import dataclasses

@@ -3,7 +3,9 @@
 One session = `<sessions_dir>/<id>.json` (versioned JSON) plus, optionally, `<id>.kv.safetensors` (a KV-cache
 snapshot, sessions/snapshot.py). This module is the file layer only: the chat runtime restores (re-prefill from token
 ids, or load a snapshot when the model identity matches) and replays on top of it; sessions/export.py writes a
-session as markdown or JSON text.
+session as markdown or JSON text. It is the file layer's public face (save, load, listing, ids, management); the
+records (Session, Message, the errors) are in sessions/records.py and reading and validating a file in
+sessions/read.py, both re-exported here.
 
 A session records everything needed to continue or replay a chat to the token:
 - model identity (hash of weights + config), tokenizer hash, quant mode, device kind;
@@ -20,7 +22,7 @@ commit, so the end of an append that did not finish is dropped (with a notice: `
 a log is rewritten whole, atomically, when most of it changed or too much of it no longer counts. Every save holds
 the session's lock (sessions/lock.py: a chat holds it while the session is open, so a second process is refused) and checks that the file on disk is still the
 one this copy was read from or last wrote (`revision` + `updated`), so an older copy never overwrites a newer
-session. Reading validates every field, the settings by type and range and the order of messages
+session. Reading (sessions/read.py) validates every field, the settings by type and range and the order of messages
 (sessions/check.py); anything wrong raises `SessionError` with a one-line message naming the file, and one bad file
 never stops `list_sessions`. Only regular files are read, at most MAX_FILE_BYTES.
 
@@ -29,65 +31,39 @@ No torch here (sessions/snapshot.py imports safetensors/torch only inside its fu
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import json
-import math
-import operator
 import os
 import re
-import secrets
-import stat
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tinychat import paths
 from tinychat.sessions import index as session_index, lock as session_lock, log as session_log, tree as session_tree, \
     write as session_write
+from tinychat.sessions import read as session_read
 from tinychat.fsutil import atomic_write
-from tinychat.jsonfields import Fields, is_int, is_obj, is_str, is_time, jtype, one_line, show
-from tinychat.sessions.check import (fork_ok, fork_problem, order_problem, sampler_problem, seed_ok, text_problem,
-                                    tree_problem, vocab_problem)
+from tinychat.jsonfields import Fields, one_line, show
+from tinychat.sessions.check import text_problem, vocab_problem
+from tinychat.sessions.read import MAX_CONTEXT, MAX_FILE_BYTES, OPTIONAL_FIELDS, READ_VERSIONS
+from tinychat.sessions.records import (FINISH_REASONS, ID_RE, ROLES, SCHEMA, VERSION, Message, Session, SessionConflict,
+                                       SessionError, SessionInfo, SessionLocked, SnapshotError, new_id)
 from tinychat.textsafe import safe_line, strip_controls
-from ..errors import TinychatError
 
-SCHEMA = "tinychat.session"
-VERSION = 2  # the tree (sessions/tree.py); version 1 files (one path, no ids) still load
-READ_VERSIONS = (1, 2, 3)  # 3: a log of JSON lines (sessions/log.py), what a big session is written as
+__all__ = [  # the file layer's public face: callers import these from here (records.py and read.py hold some)
+    "FINISH_REASONS", "LOG_MIN_MESSAGES", "MAX_CONTEXT", "MAX_FILE_BYTES", "OPTIONAL_FIELDS", "READ_VERSIONS",
+    "ROLES", "SCHEMA", "SNAPSHOT_FORMAT", "SNAPSHOT_SUFFIX", "UNTITLED", "VERSION",
+    "Message", "Session", "SessionConflict", "SessionError", "SessionInfo", "SessionLocked", "SnapshotError",
+    "adopt_revision", "check_current", "check_tokens", "check_vocab", "copy", "default_title", "delete",
+    "list_sessions", "load", "lock", "matches", "new_id", "rename", "resolve_id", "save", "search_text",
+    "session_path", "snapshot_path",
+]
+
 LOG_MIN_MESSAGES = 1024  # a session of this many messages (path and branches) or more is written as a log
-ROLES = ("system", "user", "assistant")
-FINISH_REASONS = ("stop", "length", "cancelled", "edited")   # edited: written by the user (chat.edit_reply)
 SNAPSHOT_SUFFIX = ".kv.safetensors"
 SNAPSHOT_FORMAT = "1"
 UNTITLED = "New chat"
-
-# Ids name files: letters, digits, '-' and '_' only (no dots, no separators), so an id can never escape the
-# sessions folder or collide with a snapshot's or temp file's name.
-_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
-_MAX_TOKEN_ID = 2**31 - 1  # ids must fit the int32/int64 tensors the runtime builds from them
-MAX_CONTEXT = 1 << 17  # model.max_len's ceiling (weights_check.MAX_POSITIONS)
-MAX_FILE_BYTES = 256 << 20  # a session file larger than this is refused unread (a 50,000-turn chat is ~30 MB)
-# Fields added after version 1 shipped: optional on read (a file written before them still loads), always written.
-OPTIONAL_FIELDS = {"revision": 0, "kv_sha256": ""}
-
-
-class SessionError(TinychatError, ValueError):
-    """A session file that cannot be used. `str(e)` is one line: '<file>: <what is wrong>'."""
-
-
-class SessionConflict(SessionError):
-    """The file on disk changed since this copy was read (another copy was saved over it): not overwritten."""
-
-
-class SessionLocked(SessionError):
-    """Another process has the session open (holds its lock)."""
-
-    def __init__(self, message: str, session_id: str = "", pid: int | None = None):
-        super().__init__(message)
-        self.session_id, self.pid = session_id, pid
 
 
 def _lock(folder: Path, session_id: str) -> session_lock.SessionLock:
@@ -97,91 +73,7 @@ def _lock(folder: Path, session_id: str) -> session_lock.SessionLock:
         raise SessionLocked(str(e), e.session_id, e.pid) from None
 
 
-class SnapshotError(SessionError):
-    """The session was saved but its KV snapshot was not (a full disk, a folder in its place)."""
-
-
-@dataclass
-class Message:
-    role: str  # one of ROLES
-    content: str
-    token_ids: list[int] = field(default_factory=list)  # the message's whole ChatML frame, as in the context
-    created: float = field(default_factory=time.time)  # unix seconds
-    # Assistant turns only (None elsewhere):
-    settings: dict[str, Any] | None = None  # sampler settings this turn was generated with
-    seed: int | None = None  # the turn's random seed
-    finish: str | None = None  # one of FINISH_REASONS
-    timing_ms: list[float] | None = None  # per sampled token, milliseconds (optional)
-    # The tree (version 2; sessions/tree.py): 0 = not yet given an id (link() gives one before a save)
-    id: int = 0
-    parent: int | None = None  # the message before this one on its path (None: a root)
-    fork: dict[str, Any] | None = None  # a reply forced at a token: {"position": int, "token": int} (branches.Fork)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass
-class Session:
-    id: str
-    title: str = ""
-    created: float = field(default_factory=time.time)
-    updated: float = field(default_factory=time.time)
-    model: dict[str, Any] = field(default_factory=lambda: {"name": "", "hash": ""})  # name, hash (+ free extras)
-    tokenizer_hash: str = ""
-    quant: str = "none"  # weight mode the turns ran under, e.g. "none", "int8", "bf16"
-    device: str = "cpu"  # device kind, e.g. "cpu", "cuda"
-    settings: dict[str, Any] = field(default_factory=dict)  # session-wide sampler defaults
-    messages: list[Message] = field(default_factory=list)  # the active path
-    branches: list[Message] = field(default_factory=list)  # every message off the active path (sessions/tree.py)
-    revision: int = 0  # +1 per save: what the overwrite check compares
-    kv_sha256: str = ""  # tensors_sha256 of the KV snapshot saved with this revision ("" = none)
-
-    @classmethod
-    def new(cls, **kwargs: Any) -> Session:
-        """A fresh session with a new id and the current time."""
-        return cls(id=new_id(), **kwargs)
-
-    @property
-    def system_prompt(self) -> str:
-        """The leading system message's text ('' when there is none); it lives in `messages` like any other."""
-        return self.messages[0].content if self.messages and self.messages[0].role == "system" else ""
-
-    @property
-    def n_turns(self) -> int:
-        return operator.countOf(map(_ROLE, self.messages), "user")
-
-    def context_ids(self) -> list[int]:
-        """All messages' ids in order: the context to re-prefill (add the generation prompt to continue)."""
-        return [t for m in self.messages for t in m.token_ids]
-
-    def to_dict(self) -> dict[str, Any]:
-        session_tree.link(self)
-        d = {"schema": SCHEMA, "version": VERSION}
-        d.update(dataclasses.asdict(self))
-        return d
-
-
-@dataclass(frozen=True)
-class SessionInfo:
-    """One row of `list_sessions`."""
-
-    id: str
-    path: Path
-    title: str
-    updated: float
-    n_turns: int
-    model: str = ""  # the name of the model it was recorded with ("default": the shipped one)
-
-
 # -- ids, titles, paths ---------------------------------------------------------------------------------------
-
-
-def new_id(now: float | None = None) -> str:
-    """'YYYYMMDD-HHMMSS-mmm-xxxxxx' (UTC time + 24 random bits): sorts by creation time, unique in practice."""
-    t = time.time() if now is None else now
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(t))
-    return f"{stamp}-{int(t * 1000) % 1000:03d}-{secrets.token_hex(3)}"
 
 
 def default_title(text: str, limit: int = 48) -> str:
@@ -202,7 +94,7 @@ def _dir(dir: str | Path | None) -> Path:
 
 
 def _check_id(session_id: object) -> str:
-    if not isinstance(session_id, str) or not _ID_RE.fullmatch(session_id):
+    if not isinstance(session_id, str) or not ID_RE.fullmatch(session_id):
         raise SessionError(f"invalid session id {show(session_id)}")
     return session_id
 
@@ -220,7 +112,7 @@ def resolve_id(ref: str, dir: str | Path | None = None) -> str:
     if (d / f"{ref}.json").exists() or not d.is_dir():
         return ref
     hits = sorted(n[:-5] for n in os.listdir(d) if n.startswith(ref) and n.endswith(".json")
-                  and _ID_RE.fullmatch(n[:-5]))
+                  and ID_RE.fullmatch(n[:-5]))
     if len(hits) > 1:
         more = ", ..." if len(hits) > 3 else ""
         raise SessionError(f"session id {ref!r} is ambiguous: {len(hits)} saved sessions start so "
@@ -233,7 +125,6 @@ def snapshot_path(session_id: str, dir: str | Path | None = None) -> Path:
 
 
 _C1 = re.compile("[\x7f-\x9f]")
-_ROLE = operator.attrgetter("role")
 
 
 def _dumps(obj: Any, depth: int = 0) -> str:
@@ -260,13 +151,14 @@ def _fields(session: Session, where: str, overrides: dict) -> dict:
     fields = {f.name: getattr(session, f.name) for f in dataclasses.fields(session)
               if f.name not in ("messages", "branches")}
     fields.update(overrides)
-    _from_dict({"schema": SCHEMA, "version": VERSION, **fields, "messages": [], "branches": []}, where)
+    session_read._from_dict({"schema": SCHEMA, "version": VERSION, **fields, "messages": [], "branches": []}, where)
     return fields
 
 
 def _encoder(where: str) -> Any:
     def check_message(d: dict, path: str) -> None:
-        _message_fast(d, VERSION) or _message_from_dict(Fields(d, where, path, SessionError), VERSION)
+        session_read._message_fast(d, VERSION) or \
+            session_read._message_from_dict(Fields(d, where, path, SessionError), VERSION)
     return check_message
 
 
@@ -410,7 +302,7 @@ def _check_current(session: Session, target: Path) -> None:
         disk = seen[3:]
     else:
         try:
-            d = _disk_fields(target)
+            d = session_read._disk_fields(target)
         except SessionError:  # a damaged file: nothing in it to lose
             return
         if not isinstance(d, dict):
@@ -458,9 +350,9 @@ def load(id_or_path: str | Path, dir: str | Path | None = None) -> Session:
     path, expect_id = _resolve(id_or_path, dir)
     if expect_id is not None and not path.exists():
         raise SessionError(f"{path}: no such session file (`tinychat sessions` lists the saved ones)")
-    with _gc_paused():
-        doc, log = _read_doc(path)
-        session = _from_dict(doc, str(path), log=log is not None)
+    with session_read._gc_paused():
+        doc, log = session_read._read_doc(path)
+        session = session_read._from_dict(doc, str(path), log=log is not None)
     if doc.get("version", 0) >= 2:                # ids and links checked (check.tree_problem): as link() leaves them
         session_tree.already_linked(session)
     session_write.known_good(session)             # its tree was just checked: a save checks only what changes
@@ -475,230 +367,6 @@ def load(id_or_path: str | Path, dir: str | Path | None = None) -> Session:
         session_write.written(session, log["size"], log["dead"])     # a save appends to it
     _remember(session, path)
     return session
-
-
-@contextlib.contextmanager
-def _gc_paused():
-    """Python's cycle collector off while a big file becomes objects: it would walk the growing heap again and again
-    (a third of a 100,000-message load), and nothing built here is cyclic."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
-def _read_bytes(path: Path, head: int | None = None) -> bytes:
-    """The file's bytes: regular files only (not /dev/zero, a FIFO or a folder), at most MAX_FILE_BYTES. head: only
-    its first so many bytes."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-            raise SessionError(f"{path}: {kind}, not a session file")
-        if st.st_size > MAX_FILE_BYTES:
-            raise SessionError(f"{path}: too large for a session file ({st.st_size >> 20} MiB; "
-                               f"the limit is {MAX_FILE_BYTES >> 20} MiB)")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1 if head is None else head)
-        if len(raw) > MAX_FILE_BYTES:
-            raise SessionError(f"{path}: too large for a session file (the limit is {MAX_FILE_BYTES >> 20} MiB)")
-        return raw
-    finally:
-        os.close(fd)
-
-
-def _read_bytes_or_fail(path: Path, head: int | None = None) -> bytes:
-    try:
-        raw = _read_bytes(path, head)
-    except FileNotFoundError:
-        raise SessionError(f"{path}: no such session file") from None
-    except OSError as e:
-        raise SessionError(f"{path}: cannot read session file ({e.strerror or one_line(e)})") from None
-    if not raw.strip():
-        raise SessionError(f"{path}: empty session file")
-    return raw
-
-
-def _decode(path: Path, raw: bytes, strict: bool = True) -> str:
-    try:
-        return raw.decode("utf-8-sig", errors="strict" if strict else "ignore")  # tolerate a Windows BOM
-    except UnicodeDecodeError as e:
-        raise SessionError(f"{path}: not UTF-8 text (bad byte at offset {e.start})") from None
-
-
-def _read_text(path: Path, head: int | None = None) -> str:
-    return _decode(path, _read_bytes_or_fail(path, head), strict=head is None)
-
-
-def _read_doc(path: Path) -> tuple[Any, dict | None]:
-    """(the file's content as one JSON document holds it, None) or, for a log (sessions/log.py), (the document its
-    records make, what the writer needs to know of the file)."""
-    raw = _read_bytes_or_fail(path)
-    text = _decode(path, raw)
-    if session_log.is_log(text[:4096]):
-        try:
-            doc, info = session_log.parse(text, len(raw))
-        except session_log.LogError as e:
-            raise SessionError(f"{path}: {e}") from None
-        return doc, info
-    return _parse_json(path, text), None
-
-
-def _disk_fields(path: Path) -> Any:
-    """The session's own fields as the file on disk holds them (revision, updated ...), a log's read from its end."""
-    if session_log.is_log(_read_text(path, 4096)):
-        try:
-            found = session_log.summary(path, MAX_FILE_BYTES)
-        except (OSError, session_log.LogError) as e:
-            raise SessionError(f"{path}: {one_line(e)}") from None
-        return found[1]["commit"] if found else None
-    return _read_json(path)
-
-
-def _read_json(path: Path) -> Any:
-    return _parse_json(path, _read_text(path))
-
-
-def _parse_json(path: Path, text: str) -> Any:
-    try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as e:
-        hint = "truncated or invalid" if e.pos >= len(text.rstrip()) else "invalid"
-        raise SessionError(f"{path}: {hint} JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
-    except (ValueError, RecursionError) as e:  # NaN/Infinity, absurdly long integers, absurd nesting
-        raise SessionError(f"{path}: invalid JSON ({one_line(e)[:120]})") from None
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-standard JSON constant {name}")
-
-
-# -- validation -----------------------------------------------------------------------------------------------
-# Every field of a version-1 file is required (the writer always writes them all); unknown extra keys are
-# ignored. Each check names the field by its JSON path, e.g. messages[3].token_ids[17] (jsonfields.Fields).
-
-
-def _from_dict(d: Any, where: str, log: bool = False) -> Session:
-    if not isinstance(d, dict):
-        raise SessionError(f"{where}: not a session file (top level is {jtype(d)}, expected an object)")
-    if d.get("schema") != SCHEMA:
-        schema = show(d.get("schema"))
-        raise SessionError(f"{where}: not a tinychat session file (schema {schema}, expected {SCHEMA!r})")
-    version = d.get("version")
-    if not is_int(version):
-        raise SessionError(f"{where}: field version must be an integer, got {show(version)}")
-    if version not in READ_VERSIONS:
-        raise SessionError(f"{where}: unsupported session version {version} (this tinychat reads versions "
-                           f"{', '.join(map(str, READ_VERSIONS))})")
-    if (version == session_log.VERSION) != log:
-        raise SessionError(f"{where}: a version-{version} session file is " +
-                           ("JSON lines, its first the header (not one JSON document)" if version == 3 else
-                            "one JSON document"))
-
-    f = Fields(d, where, error=SessionError, defaults=OPTIONAL_FIELDS)
-    sid = f.get("id", is_str, "a string")
-    if not _ID_RE.fullmatch(sid):
-        raise f.fail("id", f"is not a valid session id: {show(sid)}")
-    model = f.get("model", is_obj, "an object")
-    mf = f.at(model, "model.")
-    mf.get("name", is_str, "a string")
-    mf.get("hash", is_str, "a string")
-    if "max_len" in model:              # the context the chat ran with (Chat reads it back): a position count
-        mf.get("max_len", lambda v: is_int(v) and 1 <= v <= MAX_CONTEXT, f"an integer in 1..{MAX_CONTEXT}",
-               nullable=True)
-    session = Session(
-        id=sid,
-        title=f.get("title", is_str, "a string"),
-        created=f.get("created", is_time, "a non-negative number (unix time)"),
-        updated=f.get("updated", is_time, "a non-negative number (unix time)"),
-        model=model,
-        tokenizer_hash=f.get("tokenizer_hash", is_str, "a string"),
-        quant=f.get("quant", is_str, "a string"),
-        device=f.get("device", is_str, "a string"),
-        settings=f.get("settings", is_obj, "an object"),
-        revision=f.optional("revision", lambda v: is_int(v) and v >= 0, "a non-negative integer"),
-        kv_sha256=f.optional("kv_sha256", is_str, "a string"),
-    )
-    if problem := sampler_problem(session.settings, "settings."):
-        raise SessionError(f"{where}: {problem}")
-    messages = f.get("messages", lambda v: isinstance(v, list), "an array")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise f.fail(f"messages[{i}]", f"must be an object, got {show(m)}")
-        session.messages.append(_message_fast(m, version) or _message_from_dict(f.at(m, f"messages[{i}]."), version))
-    if problem := order_problem(session.messages):
-        raise SessionError(f"{where}: {problem}")
-    if version >= 2:
-        branches = f.get("branches", lambda v: isinstance(v, list), "an array")
-        for i, m in enumerate(branches):
-            if not isinstance(m, dict):
-                raise f.fail(f"branches[{i}]", f"must be an object, got {show(m)}")
-            session.branches.append(_message_fast(m, version) or
-                                    _message_from_dict(f.at(m, f"branches[{i}]."), version))
-        if problem := tree_problem(session.messages, session.branches):
-            raise SessionError(f"{where}: {problem}")
-    return session
-
-
-_TIME_TYPES = {int, float}
-
-
-def _message_fast(d: dict, version: int) -> Message | None:
-    """A message exactly as a chat writes it, checked in a few operations over whole lists (a 100,000-message tree
-    loads in about a second); None for anything else, which _message_from_dict then checks field by field and names.
-    Accepts only what _message_from_dict accepts."""
-    try:
-        role, content, ids, created = d["role"], d["content"], d["token_ids"], d["created"]
-        settings, seed, finish, timing = d["settings"], d["seed"], d["finish"], d["timing_ms"]
-        mid, parent, fork = (d["id"], d["parent"], d["fork"]) if version >= 2 else (0, None, None)
-    except (KeyError, TypeError):
-        return None
-    if role not in ROLES or type(content) is not str or type(ids) is not list or fork is not None:
-        return None
-    if ids and (set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) > _MAX_TOKEN_ID):
-        return None
-    if type(created) not in _TIME_TYPES or not 0 <= created < math.inf:
-        return None
-    if not (settings is None or type(settings) is dict) or not (seed is None or (type(seed) is int and seed_ok(seed))):
-        return None
-    if not (finish is None or finish in FINISH_REASONS):
-        return None
-    if timing is not None and (type(timing) is not list or timing and (
-            not set(map(type, timing)) <= _TIME_TYPES or not all(map(math.isfinite, timing)) or min(timing) < 0)):
-        return None
-    if version >= 2 and (type(mid) is not int or not 1 <= mid <= _MAX_TOKEN_ID or
-                         not (parent is None or type(parent) is int)):
-        return None
-    return Message(role=role, content=content, token_ids=ids, created=created, settings=settings, seed=seed,
-                   finish=finish, timing_ms=timing, id=mid, parent=parent, fork=None)
-
-
-def _message_from_dict(f: Fields, version: int = VERSION) -> Message:
-    role = f.get("role", lambda v: v in ROLES, "one of " + "/".join(ROLES))
-    tree: dict[str, Any] = {}
-    if version >= 2:
-        tree = {"id": f.get("id", lambda v: is_int(v) and 1 <= v <= _MAX_TOKEN_ID, "an integer in 1..2^31-1"),
-                "parent": f.get("parent", is_int, "an integer", nullable=True),
-                "fork": f.get("fork", fork_ok, "an object {position, token} of non-negative integers",
-                              nullable=True)}
-    msg = Message(
-        **tree,
-        role=role,
-        content=f.get("content", is_str, "a string"),
-        token_ids=f.int_list("token_ids", lambda v: is_int(v) and 0 <= v <= _MAX_TOKEN_ID, "a token id (0..2^31-1)"),
-        created=f.get("created", is_time, "a non-negative number (unix time)"),
-        settings=f.get("settings", is_obj, "an object", nullable=True),
-        seed=f.get("seed", seed_ok, "an integer in 0..2^63-1", nullable=True),
-        finish=f.get("finish", lambda v: v in FINISH_REASONS, "one of " + "/".join(FINISH_REASONS), nullable=True),
-        timing_ms=f.int_list("timing_ms", is_time, "a non-negative number", nullable=True),
-    )
-    if problem := fork_problem(msg):
-        raise f.fail("fork", problem)
-    return msg
 
 
 # -- listing and management -----------------------------------------------------------------------------------
@@ -731,8 +399,8 @@ def _listing_row(path: Path) -> dict:
     try:
         if (row := _log_row(path)) is not None:
             return row
-        with _gc_paused():
-            s = _from_dict(_read_json(path), str(path))
+        with session_read._gc_paused():
+            s = session_read._from_dict(session_read._read_json(path), str(path))
         if s.id != path.stem:
             raise SessionError(f"{path}: holds session id {s.id!r}, not the one its file name says")
     except SessionError as e:
@@ -743,17 +411,17 @@ def _listing_row(path: Path) -> dict:
 def _log_row(path: Path) -> dict | None:
     """A log's listing row from its header and last commit alone (sessions/log.py: a listing need not read a big
     tree; `load` checks the rest); None for a file that is not a log."""
-    if not session_log.is_log(_read_text(path, 4096)):
+    if not session_log.is_log(session_read._read_text(path, 4096)):
         return None
     try:
-        found = session_log.summary(path, MAX_FILE_BYTES)
+        found = session_log.summary(path, session_read.MAX_FILE_BYTES)
     except (OSError, session_log.LogError) as e:
         raise SessionError(f"{path}: {one_line(e)}") from None
     if found is None:
         return None
     head, rec = found
-    s = _from_dict({**rec["commit"], "schema": head.get("schema"), "version": session_log.VERSION,
-                    "messages": [], "branches": []}, str(path), log=True)
+    s = session_read._from_dict({**rec["commit"], "schema": head.get("schema"), "version": session_log.VERSION,
+                                 "messages": [], "branches": []}, str(path), log=True)
     if s.id != path.stem or head.get("id") != s.id:
         raise SessionError(f"{path}: holds session id {s.id!r}, not the one its file name says")
     return {**_row(s), "n_turns": rec["turns"]}
