@@ -14,6 +14,9 @@ from __future__ import annotations
 # "--quant int4". With the gains kept apart (in_gain, GAIN_OF) q/k/v go int4 too, INT4_INT8_NAMES_GAINED: SmolLM2's
 # int4 30.98 with q/k/v int4, 31.63 with them int8 (docs/benchmarks.md, "Norm gains kept apart").
 INT4_INT8_NAMES = ("head", "w_v", "w_k", "w_q", "w_kv_local", "w_kv_global")
+# the two-level head's int4 copy (two_level_head.py): buffers of the int8 head named so (state dict / stored file:
+# head.q4weight, head.q4scale; quant_files.H4_KEYS and identity.DERIVED spell them out, outside the engine)
+Q4W, Q4S = "q4weight", "q4scale"
 INT4_INT8_NAMES_GAINED = ("head", "w_v", "w_k")      # a model with input gains: q/k/v int4
 
 

@@ -17,7 +17,7 @@ import torch
 from ..mapped import MappedWeights
 from ..options import EngineOptions
 from .fused import fuse_qkv
-from .int4_rules import head4_eligible, int4_keeps_int8, linear_gain
+from .int4_rules import Q4S, Q4W, head4_eligible, int4_keeps_int8, linear_gain
 
 QUANT_GEMV_ROWS = 8    # BF16Linear: up to this many rows use the bf16 kernel (on AVX2 bf16 GEMM is ~3x slower than fp32)
 INT8_GEMV_ROWS = 128   # Int8Linear: up to this many rows use the int8 kernel; beyond, dequantize + fp32 GEMM (the
@@ -591,8 +591,8 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
         if (name == "head" and cls is Int4Linear and opts.head4 and type(q) is Int8Linear
                 and head4_eligible(model, q)):
             q4 = Int4Linear(mod, mapped=mapped)     # the two-level head's int4 copy (two_level_head.py)
-            q.register_buffer("q4weight", q4.qweight)
-            q.register_buffer("q4scale", q4.scale)
+            q.register_buffer(Q4W, q4.qweight)
+            q.register_buffer(Q4S, q4.scale)
         setattr(parent, name.rsplit(".", 1)[-1], q)
         mapped.drop(mod.weight)
     del targets, mod, q

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import torch
 
+from .int4_rules import Q4S, Q4W
 from .quant import Int4Linear
 
 RESCORE_K = 128         # the int4 scan's best candidates recomputed from the int8 rows (native_llama.h's TC_MAXK)
-Q4W, Q4S = "q4weight", "q4scale"     # the head's buffers (state dict / stored file: head.q4weight, head.q4scale)
 
 
 def active(head) -> bool:
