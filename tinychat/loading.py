@@ -52,12 +52,14 @@ def model_path(model: str | Path | None) -> Path | None:
     """--model as given: an existing path wins; else the name of a model imported with `tinychat import`
     (importer/store.py). A bare name that is neither is a LoadError that says where models come from; a path that
     does not exist comes back unchanged, so the loaders' own "no such model folder" error speaks."""
-    from .importer.store import resolve
+    from .importer.store import close_names, resolve
     path = resolve(model)
     name = str(model)
     if path is not None and not path.exists() and "/" not in name and os.sep not in name:
-        raise LoadError(f"no model folder or imported model named {name!r} (`tinychat models` lists the imported "
-                        f"ones; `tinychat import SRC` brings one)")
+        near = close_names(name)
+        hint = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
+        raise LoadError(f"no model folder or imported model named {name!r} ({hint}`tinychat models` lists the "
+                        f"imported ones; `tinychat import SRC` brings one)")
     return path
 
 

@@ -175,6 +175,25 @@ def test_bad_flags_are_one_line_errors(model_dir, capsys):
 
 
 
+def test_a_mistyped_model_name_suggests_the_imported_ones_it_may_mean(tmp_path, capsys):
+    """An import keeps its file's suffix (SmolLM2-135M-Instruct.Q4_1.gguf -> SmolLM2-135M-Instruct.Q4_1): the bare
+    name, another case or a typo gets the imported names it may have meant, still in one line."""
+    import os
+    from pathlib import Path
+    models = Path(os.environ["TINYCHAT_HOME"]) / "models"
+    for n in ("SmolLM2-135M-Instruct.Q4_1", "Qwen2.5-0.5B-Instruct", "other"):
+        (models / n).mkdir(parents=True)
+        (models / n / "config.json").write_text("{}")
+    (models / ".half.importing").mkdir()                   # an import under way: never suggested
+    for typed, want in (("SmolLM2-135M-Instruct", "did you mean 'SmolLM2-135M-Instruct.Q4_1'?"),
+                        ("smollm2", "did you mean 'SmolLM2-135M-Instruct.Q4_1'?"),
+                        ("Qwen2.5-05B-Instrcut", "did you mean 'Qwen2.5-0.5B-Instruct'?"),
+                        ("nothing-like-it", "(`tinychat models` lists")):
+        code, err = _cli_main(["--model", typed, "--plain"], capsys)
+        assert code == 2 and want in err and err.count("\n") == 1, (typed, err)
+        assert ".half" not in err
+
+
 def test_a_missing_argument_is_named_as_help_shows_it(capsys):
     for args, msg in [(["sessions", "show"], "tinychat sessions show needs ID|PATH"),
                       (["sessions", "rename", "abc"], "tinychat sessions rename needs TITLE (see"),

@@ -41,6 +41,21 @@ def resolve(model: str | Path | None) -> Path | None:
     return q if (q / "config.json").is_file() else p
 
 
+def close_names(name: str, limit: int = 3) -> list[str]:
+    """Imported models' names a mistyped --model NAME may have meant: those that start with it (an import keeps its
+    file's suffix: SmolLM2-135M-Instruct.Q4_1) or contain it, ignoring case, then difflib's close matches."""
+    import difflib
+    root = paths.models_dir()
+    if not root.is_dir():
+        return []
+    names = sorted(d.name for d in root.iterdir() if not d.name.startswith(".") and (d / "config.json").is_file())
+    low = name.lower()
+    near = [n for n in names if n.lower().startswith(low)] + [n for n in names if low in n.lower()
+                                                              and not n.lower().startswith(low)]
+    near += [n for n in difflib.get_close_matches(name, names, n=limit, cutoff=0.6) if n not in near]
+    return near[:limit]
+
+
 def list_models() -> list[dict]:
     """[{name, path, source, format, params, quant, bytes, disk_bytes}] for every imported model folder, by name.
     quant: the mode its weights are stored in (quant_files.stored_mode: "int8", "int4"), None for full precision. bytes:
