@@ -32,6 +32,20 @@ PREFILL_KERNELS = {"native-gemm": "native int8 GEMM", "bf16-gemm": "bf16 GEMMs",
                    "int8-gemv": "int8 GEMV"}
 
 
+def _int4_prefill() -> str:
+    """What an int4 model's long prefill runs on here (Int4Linear.prefill_kernel at 256 rows, the engine options from
+    the environment): the native int4 GEMM, bf16 GEMMs (AMX machines, TINYCHAT_PREFILL_BF16=1), or without the
+    kernels fp32 GEMMs on the dequantized weights."""
+    import torch
+
+    from .engine.quant import Int4Linear
+    from .options import EngineOptions
+    o = EngineOptions.from_env()
+    lin = Int4Linear(torch.nn.Linear(64, 64, bias=False), prefill_bf16=o.prefill_bf16, native=o.native)
+    kernel = lin.prefill_kernel(256)
+    return "native int4 GEMM" if kernel == "native-gemm" else PREFILL_KERNELS[kernel]
+
+
 def _int8_prefill() -> str:
     """What an int8 model's long prefill runs on here (Int8Linear.prefill_kernel at 256 rows, the engine options from
     the environment): the native int8 GEMM, or bf16 GEMMs (AMX machines, TINYCHAT_PREFILL_BF16=1, no kernels on a
@@ -64,6 +78,7 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="PA
         "kv_bytes_per_token": c.kv_bytes_per_token(2), "gqa_kv_bytes_per_token": c.gqa_kv_bytes_per_token(2),
         "ring_bytes": c.ring_bytes(2),
         "int8_kernels": _int8_kernels(), "int8_prefill": _int8_prefill(), "int8_step": _int8_step(),
+        "int4_prefill": _int4_prefill(),
         **_sampler_facts(model, config),
     }
     from .loading import auto_quant
@@ -94,6 +109,7 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="PA
     t.add_row("int8 kernels (--quant int8)", escape(safe_line(facts["int8_kernels"])))
     t.add_row("int8 step (sessions record)", facts["int8_step"])
     t.add_row("int8 prefill", facts["int8_prefill"])
+    t.add_row("int4 prefill (--quant int4)", facts["int4_prefill"])
     t.add_row("KV bytes / token (bf16)", f"{facts['kv_bytes_per_token']:,}")
     t.add_row("standard GQA cache / token", f"{facts['gqa_kv_bytes_per_token']:,} "
               f"({facts['gqa_kv_bytes_per_token'] / facts['kv_bytes_per_token']:.1f}x)")

@@ -25,6 +25,7 @@ def test_info_reports_kv_bytes_next_to_standard_gqa():
     from tinychat.engine.quant import cpu_has_amx, cpu_has_bf16_dot
     if native.gemm_lib() is not None:           # long int8 prefills: the native GEMM, bf16 GEMMs on AMX machines
         assert facts["int8_prefill"] == ("bf16 GEMMs" if cpu_has_amx() else "native int8 GEMM")
+        assert facts["int4_prefill"] == ("bf16 GEMMs" if cpu_has_amx() else "native int4 GEMM")   # the same rule
     else:
         assert facts["int8_prefill"] == ("bf16 GEMMs" if cpu_has_bf16_dot() else "fp32 GEMMs")
 
@@ -33,10 +34,12 @@ def test_info_says_bf16_prefill_when_asked_and_fp32_without_kernels_or_bf16(monk
     monkeypatch.setenv("TINYCHAT_PREFILL_BF16", "1")
     facts = json.loads(CliRunner().invoke(app, ["info", "--config", "tiny", "--json"]).output)
     assert facts["int8_prefill"] == "bf16 GEMMs"
+    from tinychat.engine import native
+    assert facts["int4_prefill"] == ("bf16 GEMMs" if native.load() is not None else "fp32 GEMMs")
     monkeypatch.setenv("TINYCHAT_PREFILL_BF16", "0")
     monkeypatch.setenv("TINYCHAT_NATIVE", "0")
     facts = json.loads(CliRunner().invoke(app, ["info", "--config", "tiny", "--json"]).output)
-    assert facts["int8_prefill"] == "fp32 GEMMs"
+    assert facts["int8_prefill"] == "fp32 GEMMs" and facts["int4_prefill"] == "fp32 GEMMs"
 
 
 def test_info_bad_config_is_one_line_exit_2():
