@@ -42,7 +42,7 @@ def _int8_kernels(nat):
 
 
 def _int8_prefill(model, rows: int):
-    """The kernel the int8 Linears' prefill of `rows` tokens runs ("native-gemm", "bf16-gemm", "fp32-gemm",
+    """The kernel the int8 / int4 Linears' prefill of `rows` tokens runs ("native-gemm", "bf16-gemm", "fp32-gemm",
     "int8-gemv"), None for a model without them."""
     from .engine.quant import bulk_prefill_kernel
     return bulk_prefill_kernel(model, rows)
@@ -257,9 +257,9 @@ def render_table(result: dict):
     if r.get("threads"):
         t.add_row("threads", f"{r['threads']}" + (f" (auto: the int8 step ran on {r['threads_used']})"
                                                    if r.get("threads_auto") else ""))
-    if r.get("int8_kernels"):
-        t.add_row("int8 kernels", r["int8_kernels"])
+    if r.get("int8_kernels"):                  # the int8 / int4 step's (the --json keys kept their first names)
+        t.add_row("native kernels", r["int8_kernels"])
     if r.get("int8_prefill"):
-        t.add_row("int8 prefill", r["int8_prefill"])
+        t.add_row("prefill GEMM", r["int8_prefill"])
     t.add_row("medians over", plural(r["repeats"], "repeat"))
     return t
