@@ -28,35 +28,22 @@ def _int8_step() -> str:
     return step_name(True, None, native.step_version(), native.kernel_path())
 
 
-PREFILL_KERNELS = {"native-gemm": "native int8 GEMM", "bf16-gemm": "bf16 GEMMs", "fp32-gemm": "fp32 GEMMs",
+PREFILL_KERNELS = {"bf16-gemm": "bf16 GEMMs", "fp32-gemm": "fp32 GEMMs",
                    "int8-gemv": "int8 GEMV"}
 
 
-def _int4_prefill() -> str:
-    """What an int4 model's long prefill runs on here (Int4Linear.prefill_kernel at 256 rows, the engine options from
-    the environment): the native int4 GEMM, bf16 GEMMs (AMX machines, TINYCHAT_PREFILL_BF16=1), or without the
-    kernels fp32 GEMMs on the dequantized weights."""
+def _prefill(mode: str) -> str:
+    """What a --quant int8 / int4 model's long prefill runs on here (its Linear's prefill_kernel at 256 rows, the
+    engine options from the environment): the native int8 / int4 GEMM, bf16 GEMMs (AMX machines,
+    TINYCHAT_PREFILL_BF16=1; for int8 also no kernels on a CPU with bf16 dot products), or fp32 GEMMs."""
     import torch
 
-    from .engine.quant import Int4Linear
+    from .engine.quant import QUANT_CLASSES
     from .options import EngineOptions
     o = EngineOptions.from_env()
-    lin = Int4Linear(torch.nn.Linear(64, 64, bias=False), prefill_bf16=o.prefill_bf16, native=o.native)
+    lin = QUANT_CLASSES[mode](torch.nn.Linear(64, 64, bias=False), prefill_bf16=o.prefill_bf16, native=o.native)
     kernel = lin.prefill_kernel(256)
-    return "native int4 GEMM" if kernel == "native-gemm" else PREFILL_KERNELS[kernel]
-
-
-def _int8_prefill() -> str:
-    """What an int8 model's long prefill runs on here (Int8Linear.prefill_kernel at 256 rows, the engine options from
-    the environment): the native int8 GEMM, or bf16 GEMMs (AMX machines, TINYCHAT_PREFILL_BF16=1, no kernels on a
-    CPU with bf16 dot products), or fp32 GEMMs."""
-    import torch
-
-    from .engine.quant import Int8Linear
-    from .options import EngineOptions
-    o = EngineOptions.from_env()
-    lin = Int8Linear(torch.nn.Linear(64, 64, bias=False), prefill_bf16=o.prefill_bf16, native=o.native)
-    return PREFILL_KERNELS[lin.prefill_kernel(256)]
+    return f"native {mode} GEMM" if kernel == "native-gemm" else PREFILL_KERNELS[kernel]
 
 
 def info(model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="PATH|NAME", help=MODEL_HELP, callback=_model_arg),
@@ -77,8 +64,8 @@ def info(model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="PA
         "max_seq_len": c.max_seq_len, "engram_layers": list(c.engram_layers), "engram_orders": list(c.engram_orders),
         "kv_bytes_per_token": c.kv_bytes_per_token(2), "gqa_kv_bytes_per_token": c.gqa_kv_bytes_per_token(2),
         "ring_bytes": c.ring_bytes(2),
-        "int8_kernels": _int8_kernels(), "int8_prefill": _int8_prefill(), "int8_step": _int8_step(),
-        "int4_prefill": _int4_prefill(),
+        "int8_kernels": _int8_kernels(), "int8_prefill": _prefill("int8"), "int8_step": _int8_step(),
+        "int4_prefill": _prefill("int4"),
         **_sampler_facts(model, config),
     }
     from .loading import auto_quant

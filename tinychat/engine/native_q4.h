@@ -365,6 +365,7 @@ void tc_gemm4_1(const float *x, void *buf, const uint8_t *q, const uint16_t *ws,
     int8_t *ex = tc_gemm_slot(buf, K, M > 0 ? M : 1, 1);
     tc_gemm4_jobs(buf, tc_gemm_base(buf), ex, q, ws, bias, y, M, N, K, gm, 1, 0, tc_gemm_njobs(M, N, gm));
 }
+
 /* ---- prefill on bf16 GEMMs (AMX machines): the rows dequantized to bf16 ---- */
 
 /* f as bf16 bits, rounded to nearest, ties to even (finite f: the products below; torch's .to(bfloat16) rounding) */

@@ -44,13 +44,19 @@ def _scratch(shape, dtype):
     return t
 
 
+def _grown(name: str, n: int, dtype) -> torch.Tensor:
+    """The first n elements of this thread's buffer `name`, grown (never shrunk) to the largest n asked for."""
+    t = getattr(_tls, name, None)
+    if t is None or t.numel() < n:
+        t = torch.empty(n, dtype=dtype)
+        setattr(_tls, name, t)
+    return t[:n]
+
+
 def _quant_buffer(rows: int, cols: int) -> torch.Tensor:
     """Int8Linear's fp32 buffer for a block of weight rows being quantized: one per thread, grown as needed, dropped
     by quantize_cpu once done (free_quant_buffer)."""
-    t = getattr(_tls, "qbuf", None)
-    if t is None or t.numel() < rows * cols:
-        t = _tls.qbuf = torch.empty(rows * cols)
-    return t[:rows * cols].view(rows, cols)
+    return _grown("qbuf", rows * cols, torch.float32).view(rows, cols)
 
 
 def free_quant_buffer() -> None:
@@ -60,10 +66,7 @@ def free_quant_buffer() -> None:
 def _act_scratch(nbytes: int) -> torch.Tensor:
     """The native GEMM's activation scratch: one uint8 buffer per thread, grown to the largest call's size (at most
     3 bytes per column per token of an INT8_GEMM_CHUNK)."""
-    t = getattr(_tls, "act", None)
-    if t is None or t.numel() < nbytes:
-        t = _tls.act = torch.empty(nbytes, dtype=torch.uint8)
-    return t
+    return _grown("act", nbytes, torch.uint8)
 
 
 @functools.cache
@@ -91,6 +94,13 @@ def resolve_prefill_bf16(option: bool | None) -> bool:
     """Do quant Linears prefill through bf16 GEMMs? The option (EngineOptions.prefill_bf16), or (None) whether this
     CPU has native bf16 dot products."""
     return cpu_has_bf16_dot() if option is None else bool(option)
+
+
+def bf16_over_native(option: bool | None, rows: int) -> bool:
+    """Do quant Linears prefill `rows` tokens through bf16 GEMMs rather than their native GEMM? Where asked for
+    (option True), or by default (None) on AMX machines, for more than INT8_GEMV_ROWS_BF16 rows."""
+    return (resolve_prefill_bf16(option) and rows > INT8_GEMV_ROWS_BF16
+            and (option is True or (option is None and cpu_has_amx())))
 
 
 def _rows_bias(pieces) -> torch.nn.Parameter | None:
@@ -282,9 +292,8 @@ class Int8Linear(torch.nn.Module):
         """Which kernel forward() runs for `rows` rows (of a CPU tensor, unless cpu is False): "native-gemm",
         "bf16-gemm", "fp32-gemm" or "int8-gemv"."""
         bf16 = resolve_prefill_bf16(self.prefill_bf16) and rows > INT8_GEMV_ROWS_BF16
-        # bf16 GEMMs over the native int8 GEMM only where asked for, or (by default) on AMX machines
-        asked = bf16 and (self.prefill_bf16 is True or (self.prefill_bf16 is None and cpu_has_amx()))
-        if cpu and rows > INT8_GEMM_ROWS and not asked and self.gemm_lib() is not None:
+        if cpu and rows > INT8_GEMM_ROWS and not bf16_over_native(self.prefill_bf16, rows) \
+                and self.gemm_lib() is not None:
             return "native-gemm"
         if bf16:
             return "bf16-gemm"
@@ -427,10 +436,7 @@ class Int4Linear(torch.nn.Module):
         weights)."""
         if not cpu or self.gemm_lib() is None:
             return "fp32-gemm"
-        bf16 = resolve_prefill_bf16(self.prefill_bf16) and rows > INT8_GEMV_ROWS_BF16
-        if bf16 and (self.prefill_bf16 is True or (self.prefill_bf16 is None and cpu_has_amx())):
-            return "bf16-gemm"
-        return "native-gemm"
+        return "bf16-gemm" if bf16_over_native(self.prefill_bf16, rows) else "native-gemm"
 
     def forward(self, x):
         y = self._forward(x)
@@ -439,14 +445,15 @@ class Int4Linear(torch.nn.Module):
 
     def _forward(self, x):
         shape = x.shape
-        lib = self.gemm_lib() if x.device.type == "cpu" else None
-        if lib is None:
+        kernel = self.prefill_kernel(x.numel() // shape[-1], x.device.type == "cpu")
+        if kernel == "fp32-gemm":
             b = None if self.bias is None else self.bias.to(x.dtype)
             return torch.nn.functional.linear(x, self.weight.to(x.dtype), b)
         from . import native
+        lib = self.gemm_lib()
         x2 = _gained(self, x.reshape(-1, shape[-1]).float()).contiguous()
         nt = torch.get_num_threads()
-        if self.prefill_kernel(x2.size(0)) == "bf16-gemm":
+        if kernel == "bf16-gemm":
             return self._bf16_gemm(lib, x2, nt).view(*shape[:-1], self.out_features).to(x.dtype)
         scratch = _act_scratch(int(lib.tc_gemm4_act_bytes(min(x2.size(0), INT8_GEMM_CHUNK), x2.size(1), nt)))
         b = None if self.bias is None else self.bias.float().contiguous()
@@ -455,7 +462,6 @@ class Int4Linear(torch.nn.Module):
             native.gemm4(lib, x2[i:i + INT8_GEMM_CHUNK], self.qweight, self.scale, b, nt, scratch,
                          out=y[i:i + INT8_GEMM_CHUNK])
         return y.view(*shape[:-1], self.out_features).to(x.dtype)
-
 
     def _bf16_gemm(self, lib, x2, nt):
         """x2 (rows, in) fp32, gained, through oneDNN's bf16 GEMM: the rows dequantized to bf16 a block of at most
@@ -479,10 +485,7 @@ BF16_BLOCK = 8 << 20    # bytes of bf16 weights dequantized at a time for Int4Li
 def _bf16_rows(rows: int, cols: int) -> torch.Tensor:
     """Int4Linear's bf16 block buffer (rows, cols): one flat buffer per thread, grown to the largest block (at most
     BF16_BLOCK bytes, or one row), so a model's many shapes share it."""
-    t = getattr(_tls, "bf16", None)
-    if t is None or t.numel() < rows * cols:
-        t = _tls.bf16 = torch.empty(rows * cols, dtype=torch.bfloat16)
-    return t[:rows * cols].view(rows, cols)
+    return _grown("bf16", rows * cols, torch.bfloat16).view(rows, cols)
 
 
 def _bulk_linear(model):

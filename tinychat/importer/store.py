@@ -41,6 +41,11 @@ def resolve(model: str | Path | None) -> Path | None:
     return q if (q / "config.json").is_file() else p
 
 
+def _model_dirs(root: Path) -> list[Path]:
+    """The imported model folders under root, by name (.NAME.importing: an import under way, not one)."""
+    return [d for d in sorted(root.iterdir()) if not d.name.startswith(".") and (d / "config.json").is_file()]
+
+
 def close_names(name: str, limit: int = 3) -> list[str]:
     """Imported models' names a mistyped --model NAME may have meant: those that start with it (an import keeps its
     file's suffix: SmolLM2-135M-Instruct.Q4_1) or contain it, ignoring case, then difflib's close matches."""
@@ -48,7 +53,7 @@ def close_names(name: str, limit: int = 3) -> list[str]:
     root = paths.models_dir()
     if not root.is_dir():
         return []
-    names = sorted(d.name for d in root.iterdir() if not d.name.startswith(".") and (d / "config.json").is_file())
+    names = [d.name for d in _model_dirs(root)]
     low = name.lower()
     near = [n for n in names if n.lower().startswith(low)] + [n for n in names if low in n.lower()
                                                               and not n.lower().startswith(low)]
@@ -66,9 +71,7 @@ def list_models() -> list[dict]:
     if not root.is_dir():
         return out
     sweep(root)
-    for d in sorted(root.iterdir()):
-        if d.name.startswith(".") or not (d / "config.json").is_file():    # .NAME.importing: an import under way
-            continue
+    for d in _model_dirs(root):
         meta = {}
         try:
             meta = json.loads((d / IMPORT_FILE).read_text(encoding="utf-8"))
