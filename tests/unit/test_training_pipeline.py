@@ -149,6 +149,41 @@ def test_tokenized_cache_is_reused_until_the_shards_change(tmp_path, monkeypatch
     assert tr3.fingerprint() != tr.fingerprint()
 
 
+def test_kind_weights_repeat_training_conversations_of_those_kinds_only(tmp_path):
+    convs = fake_conversations(400, seed=11)
+    kinds = ["fact-capital", "fact-sum", "memory", "explain"]
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    with gzip.open(folder / "shard-00000.jsonl.gz", "wt", encoding="utf-8") as f:
+        for i, msgs in enumerate(convs):
+            f.write(json.dumps({"id": str(i), "kind": kinds[i % 4], "messages": msgs}) + "\n")
+    kind_of = {D.conversation_hash(m): kinds[i % 4] for i, m in enumerate(convs)}
+    plain_tr, plain_va = D.load_split(folder, 0.1)
+    tr, va = D.load_split(folder, 0.1, {"fact-*": 3, "memory": 2})
+    key = D.conversation_hash
+    assert [key(c) for c in va] == [key(c) for c in plain_va]         # validation is never weighted
+    assert tr[:len(plain_tr)] == plain_tr                               # the originals first, in order
+    count = {}
+    for c in tr:
+        count[key(c)] = count.get(key(c), 0) + 1
+    want = {"fact-capital": 3, "fact-sum": 3, "memory": 2, "explain": 1}
+    assert {h: want[kind_of[h]] for h in map(key, plain_tr)} == count
+    assert D.kind_weight("fact-x", {"fact-*": 3}) == 3 and D.kind_weight("factx", {"fact-*": 3}) == 1
+    # the tokenized cache keys on the weights: a changed weight is re-read, not a stale hit
+    cache = tmp_path / "data.safetensors"
+    a, _ = D.load_tokenized(folder, tok(), 0.1, cache=cache)
+    b, _ = D.load_tokenized(folder, tok(), 0.1, cache=cache, weights={"memory": 2})
+    assert len(b) == len(a) + sum(kind_of[key(c)] == "memory" for c in plain_tr)
+
+
+def test_the_train_command_refuses_a_bad_weight():
+    from tinychat.training.train_cli import _weight
+    assert _weight("fact-*=3") == ("fact-*", 3)
+    for bad in ("fact", "=3", "memory=0", "memory=x"):
+        with pytest.raises(Exception, match="KIND=N"):
+            _weight(bad)
+
+
 def test_bad_shards_fail_clearly(tmp_path):
     with pytest.raises(D.DataError, match="no such"):
         D.shard_files(tmp_path / "missing")

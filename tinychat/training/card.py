@@ -38,9 +38,11 @@ def train_command(state: dict, run_dir: str = "runs/demo", shards=("data/shards"
         parts.append(f"--tokenizer {tokenizer}")
     parts.append(f"--run {run_dir} --threads {state.get('threads', 2)}")
     for k, v in cfg.items():
-        if k in ("model_overrides", "system_prompt", "bf16") or k in TrainConfig.MUTABLE or v == d.get(k):
+        if k in ("model_overrides", "kind_weights", "system_prompt", "bf16") or k in TrainConfig.MUTABLE or v == d.get(k):
             continue
         parts.append(f"--{k.replace('_', '-')} {v}")
+    for k, v in (cfg.get("kind_weights") or {}).items():
+        parts.append(f"--weight '{k}={v}'")
     for k, v in (cfg.get("model_overrides") or {}).items():
         parts.append(f"--set {k}={json.dumps(v)}")
     if not cfg.get("bf16", True):

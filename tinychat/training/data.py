@@ -63,8 +63,9 @@ def shards_arg(values: Sequence[str]) -> str | list[str]:
     return values[0] if len(values) == 1 else list(values)
 
 
-def read_conversations(source) -> Iterator[list[dict]]:
-    """Yield each conversation's messages ([{"role", "content"}, ...]) from the shards, in file order."""
+def read_conversations(source, kinds: bool = False) -> Iterator:
+    """Yield each conversation's messages ([{"role", "content"}, ...]) from the shards, in file order; with kinds,
+    (kind, messages) pairs (the record's "kind", "" when it has none)."""
     for path in shard_files(source):
         opener = gzip.open if path.name.endswith(".gz") else open
         try:
@@ -76,7 +77,8 @@ def read_conversations(source) -> Iterator[list[dict]]:
                         rec = json.loads(line)
                     except json.JSONDecodeError as e:
                         raise DataError(f"{path}:{n}: not JSON ({e})") from None
-                    yield _messages(rec, f"{path}:{n}")
+                    msgs = _messages(rec, f"{path}:{n}")
+                    yield (str(rec.get("kind") or ""), msgs) if kinds else msgs
         except (OSError, EOFError) as e:
             raise DataError(f"{path}: unreadable shard ({e})") from None
 
@@ -133,8 +135,30 @@ def split(conversations: Iterable[list[dict]], val_fraction: float = 0.02) -> tu
     return train, val
 
 
-def load_split(source, val_fraction: float = 0.02) -> tuple[list, list]:
-    return split(read_conversations(source), val_fraction)
+def kind_weight(kind: str, weights: dict | None) -> int:
+    """How many times a training conversation of this kind is used an epoch: the weight of the first pattern that
+    matches it ("fact-*" matches every kind starting "fact-"), else 1."""
+    for pat, w in (weights or {}).items():
+        if kind == pat or (pat.endswith("*") and kind.startswith(pat[:-1])):
+            return int(w)
+    return 1
+
+
+def load_split(source, val_fraction: float = 0.02, weights: dict | None = None) -> tuple[list, list]:
+    """(train, val) as split() makes them; weights {KIND or PREFIX*: N} then repeat the training conversations of
+    those kinds N times an epoch (each copy appended after the originals, so the batcher's shuffled pools mostly
+    put the copies in different batches). Validation is never weighted: its loss stays one number per conversation."""
+    if not weights:
+        return split(read_conversations(source), val_fraction)
+    kind_of: dict[int, str] = {}       # id(messages) -> kind: the kept lists stay alive, so their ids stay theirs
+
+    def tagged():
+        for kind, msgs in read_conversations(source, kinds=True):
+            kind_of[id(msgs)] = kind
+            yield msgs
+    train, val = split(tagged(), val_fraction)
+    extra = [m for m in train for _ in range(kind_weight(kind_of.get(id(m), ""), weights) - 1)]
+    return train + extra, val
 
 
 def corpus_texts(conversations: Iterable[list[dict]], system: str = DEFAULT_SYSTEM) -> Iterator[str]:
@@ -289,19 +313,21 @@ def encode_all(tok: Tokenizer, conversations: Sequence[list[dict]], system: str 
     return TokenizedSet(cat(ids_parts, torch.int32), cat(mask_parts, torch.bool), offsets)
 
 
-def cache_key(tok: Tokenizer, source, val_fraction: float, system: str) -> str:
-    """What a tokenized-data cache depends on: tokenizer, split, system prompt and the shard files' stats."""
+def cache_key(tok: Tokenizer, source, val_fraction: float, system: str, weights: dict | None = None) -> str:
+    """What a tokenized-data cache depends on: tokenizer, split, system prompt, kind weights and the shard files'
+    stats."""
     files = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in shard_files(source)]
-    blob = json.dumps([tok.sha256, val_fraction, system, files])
+    blob = json.dumps([tok.sha256, val_fraction, system, files] + ([sorted(weights.items())] if weights else []))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def load_tokenized(source, tok: Tokenizer, val_fraction: float = 0.02, system: str = DEFAULT_SYSTEM,
-                   cache: str | Path | None = None) -> tuple[TokenizedSet, TokenizedSet]:
-    """(train, val) TokenizedSets from the shards. cache: a .safetensors file reused while the tokenizer, split,
-    system prompt and shard files are unchanged (re-tokenizing a big corpus takes minutes); no pickle."""
+                   cache: str | Path | None = None, weights: dict | None = None) -> tuple[TokenizedSet, TokenizedSet]:
+    """(train, val) TokenizedSets from the shards (weights: load_split's). cache: a .safetensors file reused while
+    the tokenizer, split, system prompt, weights and shard files are unchanged (re-tokenizing a big corpus takes
+    minutes); no pickle."""
     from safetensors.torch import load_file, save_file
-    key = cache_key(tok, source, val_fraction, system) if cache else None
+    key = cache_key(tok, source, val_fraction, system, weights) if cache else None
     if cache and Path(cache).is_file():
         from safetensors import safe_open
         try:
@@ -313,7 +339,7 @@ def load_tokenized(source, tok: Tokenizer, val_fraction: float = 0.02, system: s
                              for n in ("train", "val"))
         except Exception:  # noqa: BLE001  a damaged cache is only a lost shortcut
             pass
-    train, val = load_split(source, val_fraction)
+    train, val = load_split(source, val_fraction, weights)
     sets = encode_all(tok, train, system), encode_all(tok, val, system)
     if cache:
         tensors = {f"{n}.{f}": getattr(ts, f).contiguous() for n, ts in zip(("train", "val"), sets)

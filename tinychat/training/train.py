@@ -66,6 +66,7 @@ class TrainConfig:
     val_fraction: float = 0.02
     system_prompt: str = DEFAULT_SYSTEM
     init: str = ""                  # a model folder (e.g. assets) to start from instead of random weights
+    kind_weights: dict = field(default_factory=dict)    # {KIND or PREFIX*: N}: those conversations N times an epoch
     # bookkeeping only (may change between resumes without changing the result)
     eval_every: int = 250
     val_convs: int = 200            # periodic validation on the first this-many held-out conversations
@@ -470,5 +471,6 @@ def _hms(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def load_data(shards, tok: Tokenizer, val_fraction: float, system: str = DEFAULT_SYSTEM, cache=None):
-    return load_tokenized(shards, tok, val_fraction, system, cache)
+def load_data(shards, tok: Tokenizer, val_fraction: float, system: str = DEFAULT_SYSTEM, cache=None,
+              weights: dict | None = None):
+    return load_tokenized(shards, tok, val_fraction, system, cache, weights)

@@ -31,6 +31,14 @@ def _kv(text: str):
         return k, v
 
 
+def _weight(text: str) -> tuple[str, int]:
+    """'fact-*=3' -> ("fact-*", 3)."""
+    k, eq, v = text.rpartition("=")
+    if not eq or not k or not v.isdigit() or int(v) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KIND=N with N a whole number >= 1 (e.g. fact-*=3)")
+    return k, int(v)
+
+
 def _duration(text: str) -> float:
     """'1h40m', '95m', '30s', '5400' (seconds) -> seconds."""
     m = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
@@ -69,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       ("clip", float), ("seed", int), ("val_fraction", float)):
         g.add_argument("--" + name.replace("_", "-"), type=typ, default=None,
                        help=f"default {getattr(d, name)}")
+    g.add_argument("--weight", type=_weight, action="append", default=None, metavar="KIND=N",
+                   help="use the training conversations of this kind (a shard record's \"kind\"; PREFIX* for "
+                        "several, e.g. 'fact-*=3') N times an epoch; validation unweighted")
     g.add_argument("--no-bf16", action="store_true", help="fp32 matmuls (slow)")
     b = p.add_argument_group("bookkeeping (may change on resume)")
     for name in TrainConfig.MUTABLE:
@@ -90,6 +101,8 @@ def run(args) -> int:
         given["model_overrides"] = dict(args.set)
     if args.init:
         given["init"] = str(args.init)
+    if args.weight:
+        given["kind_weights"] = dict(args.weight)
     if args.no_bf16:
         given["bf16"] = False
     book = {k: getattr(args, k) for k in TrainConfig.MUTABLE if getattr(args, k) is not None}
@@ -106,8 +119,12 @@ def run(args) -> int:
     else:
         cfg = TrainConfig(**{**TrainConfig().to_dict(), **given, **book})
     t0 = time.perf_counter()
+    twice = sorted({s for s in args.shards if args.shards.count(s) > 1})
+    if twice:       # split() keeps an exact duplicate conversation once: a folder given twice counts once
+        print(f"note: {', '.join(twice)} given more than once: its conversations count once (to weight some, "
+              "use --weight KIND=N)", flush=True)
     train, val = load_data(shards_arg(args.shards), tok, cfg.val_fraction, cfg.system_prompt,
-                           cache=run_dir / "data.safetensors")
+                           cache=run_dir / "data.safetensors", weights=cfg.kind_weights)
     print(f"data: train {stats(train)} | val {stats(val)} | tokenized in {time.perf_counter() - t0:.1f}s",
           flush=True)
     mkl = mkl_dispatch.describe()
