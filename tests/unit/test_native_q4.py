@@ -1,4 +1,4 @@
-"""The int4 weights of `--quant int4` (native_q4.h, quant.py's Int4Linear): the rounding of quantize_int4, the packed
+"""The int4 weights of `--quant int4` (native_q4.h, quant_int4.py's Int4Linear): the rounding of quantize_int4, the packed
 layout, and the GEMV / GEMM kernels against a float64 reference of the same rounding on odd shapes and 1 / 2 threads.
 The other kernel paths (AVX2 +- VNNI, AVX-512 without VNNI, scalar, NEON under qemu) run the same checks through
 tests/native/q8_harness.c (test_native_q8_targets.py)."""
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tinychat.engine import native
-from tinychat.engine import quant
+from tinychat.engine import prefill_policy, quant_int4
 from tinychat.engine.quant import Int4Linear, quantize_int4
 
 lib = native.load()
@@ -102,17 +102,17 @@ def test_an_int4_linear_prefills_on_bf16_gemms_where_asked_and_by_default_on_amx
     lin = torch.nn.Linear(200, 70, bias=True)
     m = Int4Linear(lin, prefill_bf16=True)
     assert m.prefill_kernel(64) == "bf16-gemm"
-    assert m.prefill_kernel(quant.INT8_GEMV_ROWS_BF16) == "native-gemm"     # a few rows: the int4 GEMM
+    assert m.prefill_kernel(prefill_policy.INT8_GEMV_ROWS_BF16) == "native-gemm"     # a few rows: the int4 GEMM
     x = torch.randn(40, 200, generator=G)
     want = x.double() @ native.dequant4_ref(m.qweight, m.scale, 200).t() + m.bias.double()
     y = m(x)
     assert _rel(y, want) < 2e-2
-    monkeypatch.setattr(quant, "BF16_BLOCK", 2 * 200 * 16)                  # blocks of 16 rows: 16, 16, ..., 6
+    monkeypatch.setattr(quant_int4, "BF16_BLOCK", 2 * 200 * 16)             # blocks of 16 rows: 16, 16, ..., 6
     assert _rel(m(x), y) < 1e-2
     m.prefill_bf16 = None                                # the default: bf16 GEMMs on AMX machines only
     for amx, kernel in ((True, "bf16-gemm"), (False, "native-gemm")):
-        monkeypatch.setattr(quant, "cpu_has_bf16_dot", lambda: True)
-        monkeypatch.setattr(quant, "cpu_has_amx", lambda amx=amx: amx)
+        monkeypatch.setattr(prefill_policy, "cpu_has_bf16_dot", lambda: True)
+        monkeypatch.setattr(prefill_policy, "cpu_has_amx", lambda amx=amx: amx)
         assert m.prefill_kernel(64) == kernel
     m.prefill_bf16 = False
     assert m.prefill_kernel(64) == "native-gemm"

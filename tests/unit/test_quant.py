@@ -334,11 +334,11 @@ def test_int8_prefill_picks_its_kernel_by_rows_options_and_kernels():
 
 def test_int8_prefill_keeps_bf16_gemms_by_default_only_on_amx_machines(monkeypatch):
     _native_or_skip()
-    from tinychat.engine import quant as Q
+    from tinychat.engine import prefill_policy
     lin = torch.nn.Linear(64, 96)
     for amx, bf16_dot, want in ((True, True, "bf16-gemm"), (False, True, "native-gemm"), (False, False, "native-gemm")):
-        monkeypatch.setattr(Q, "cpu_has_amx", lambda amx=amx: amx)
-        monkeypatch.setattr(Q, "cpu_has_bf16_dot", lambda b=bf16_dot: b)
+        monkeypatch.setattr(prefill_policy, "cpu_has_amx", lambda amx=amx: amx)
+        monkeypatch.setattr(prefill_policy, "cpu_has_bf16_dot", lambda b=bf16_dot: b)
         assert Int8Linear(lin).prefill_kernel(200) == want
         assert Int8Linear(lin, prefill_bf16=False).prefill_kernel(200) == "native-gemm"
         assert Int8Linear(lin, prefill_bf16=True).prefill_kernel(200) == "bf16-gemm"

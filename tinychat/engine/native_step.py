@@ -13,7 +13,8 @@ from .cache import KVCache
 from . import page_drop
 from .native import DROP_RANGES
 from .native import act_scratch as native_act_scratch
-from .quant import Int4Linear, Int8Linear
+from .quant import Int8Linear
+from .quant_int4 import Int4Linear
 from .threads import ThreadTuner
 
 

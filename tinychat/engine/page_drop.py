@@ -23,7 +23,8 @@ import torch
 from ..mapped import MappedWeights
 from . import two_level_head as head4
 from .native import DROP_RANGES
-from .quant import Int4Linear, Int8Linear
+from .quant import Int8Linear
+from .quant_int4 import Int4Linear
 
 # the default's threshold: mapped quant weights (qweight + scale bytes) of a model. 4 GiB: a drop re-faults every
 # weight page each token (~10,900 faults a token for a 1B int4 file: decode 36-47% slower on an Intel Xeon guest),

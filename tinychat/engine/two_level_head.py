@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from .int4_rules import Q4S, Q4W
-from .quant import Int4Linear
+from .quant_int4 import Int4Linear
 
 RESCORE_K = 128         # the int4 scan's best candidates recomputed from the int8 rows (native_llama.h's TC_MAXK)
 

@@ -1,0 +1,83 @@
+"""What the packed quant Linears (Int8Linear: engine/quant.py, Int4Linear: engine/quant_int4.py) share: quantizing
+in row blocks (QUANT_ROWS), the input gain (in_gain, (K,) fp32: W' = W diag(g), the weights quantized with g divided
+out and the activations multiplied by it), building one from packed tensors or from other ones' rows, and handing a
+mapped file's weight pages back after a forward. Plain helpers on a module and its tensors: no Linear class here."""
+from __future__ import annotations
+
+import torch
+
+QUANT_ROWS = 1024     # rows quantized at a time (int8 from fp32/bf16 weights)
+
+
+def _rows_bias(pieces) -> torch.nn.Parameter | None:
+    """from_rows' bias: the pieces' bias rows concatenated, or None when no piece has a bias."""
+    if all(lin.bias is None for lin, _, _ in pieces):
+        return None
+    if any(lin.bias is None for lin, _, _ in pieces):
+        raise ValueError("from_rows: some pieces have a bias and some do not")
+    return torch.nn.Parameter(torch.cat([lin.bias.detach()[a:b] for lin, a, b in pieces]), requires_grad=False)
+
+
+def _divide_gain(w: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+    """w (rows, K) with its columns divided by the input gain g (K,) in place (a zero gain: the column zeroed), the
+    weights an in_gain Linear quantizes: W' = W diag(g) -> W."""
+    if g is not None:
+        w.div_(torch.where(g != 0, g, 1.0)[None, :]).mul_((g != 0)[None, :])
+    return w
+
+
+def _set_gain(mod, in_gain) -> None:
+    """mod.in_gain: the (K,) fp32 input gain, or None (a None buffer: not in the state dict)."""
+    g = None if in_gain is None else in_gain.detach().float().contiguous()
+    if g is not None and g.shape != (mod.in_features,):
+        raise ValueError(f"in_gain of shape {tuple(g.shape)} for a Linear of {mod.in_features} inputs")
+    mod.register_buffer("in_gain", g)
+
+
+def _gained(mod, x: torch.Tensor) -> torch.Tensor:
+    """x times the Linear's input gain (a new tensor), in x's dtype; x itself without one."""
+    g = getattr(mod, "in_gain", None)
+    if g is None:
+        return x
+    return (x.float() * g).to(x.dtype)
+
+
+def _from_rows(cls, pieces):
+    """An Int8Linear / Int4Linear of the rows (lin, start, end) of pieces of that class: qweight and scale rows (one
+    row of either per output row) and bias rows concatenated, in order."""
+    first = pieces[0][0]
+    out = cls.__new__(cls)
+    torch.nn.Module.__init__(out)
+    q = torch.cat([lin.qweight[a:b] for lin, a, b in pieces]).contiguous()
+    out.in_features, out.out_features, out.prefill_bf16 = first.in_features, q.size(0), first.prefill_bf16
+    out.native = getattr(first, "native", True)
+    out.register_buffer("qweight", q)
+    out.register_buffer("scale", torch.cat([lin.scale[a:b] for lin, a, b in pieces]).contiguous())
+    out.bias = _rows_bias(pieces)
+    gains = [getattr(lin, "in_gain", None) for lin, _, _ in pieces]
+    if any((g is None) != (gains[0] is None) or (g is not None and not torch.equal(g, gains[0])) for g in gains):
+        raise ValueError("from_rows: the pieces have different input gains")
+    _set_gain(out, gains[0])
+    return out
+
+
+def _from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None, native: bool = True, in_gain=None):
+    """An Int8Linear / Int4Linear holding these packed tensors as they are (a stored-quantized file's mapped
+    tensors: quant_files.py), no quantization: the same module as quantizing the weights they were made from."""
+    out = cls.__new__(cls)
+    torch.nn.Module.__init__(out)
+    out.in_features, out.out_features = int(in_features), qweight.size(0)
+    out.register_buffer("qweight", qweight)
+    out.register_buffer("scale", scale)
+    out.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+    out.prefill_bf16, out.native = prefill_bf16, bool(native)
+    _set_gain(out, in_gain)
+    return out
+
+
+def _drop_read_pages(lin) -> None:
+    """After a quant Linear's forward: hand its mapped weight pages back (its page_drop, a page_drop.PageRanges set
+    where EngineOptions.drop_pages is on for a stored model; None or absent: nothing)."""
+    pd = lin.__dict__.get("page_drop")
+    if pd is not None:
+        pd.drop()

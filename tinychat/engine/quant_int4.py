@@ -1,0 +1,158 @@
+"""`--quant int4`'s Linear: quantize_int4 (w (N, K) -> native_q4.h's packed layout: groups of 32 columns with one
+fp16 scale, ~4.5 bits a weight) and Int4Linear, which runs them on the native kernels (its bf16 prefill GEMMs
+dequantize BF16_BLOCK bytes of rows at a time). Which Linears get it is engine/int4_rules.py's rule, quantize_cpu
+(engine/quant.py) applies it."""
+from __future__ import annotations
+
+import torch
+
+from ..mapped import MappedWeights
+from .packed_linear import QUANT_ROWS, _divide_gain, _drop_read_pages, _from_packed, _from_rows, _gained, _set_gain
+from .prefill_policy import INT8_GEMM_CHUNK, _act_scratch, _grown, _quant_buffer, bf16_over_native
+
+INT4_CANDIDATES = (-8.0, -8.5, -7.75, -7.5, -7.25, -7.0, -6.5, -6.0)   # d = (largest-magnitude value) / c
+
+
+def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K) -> (packed (N, Kp / 2) uint8, scales (N, Kp / 32) fp16), native_q4.h's layout (Kp: K rounded up to
+    64, zero columns past K). Per group of 32: Q4_0's form, q = clamp(round(w / d), -8, 7) with d = m / c for m the
+    group's value of largest magnitude (the first such), d stored in fp16 and q rounded against the stored value;
+    c is the first of INT4_CANDIDATES (-8: Q4_0's own) with the least squared error (a search llama.cpp's Q4_K does
+    too; here it costs a few % of the loading time). Deterministic: the same bytes on every machine."""
+    from .native import pad64
+    N, K = w.shape
+    Kp = pad64(K)
+    g = torch.nn.functional.pad(w.float(), (0, Kp - K)).view(N, Kp // 32, 32)
+    m = g.gather(-1, g.abs().argmax(dim=-1, keepdim=True))
+    best_q = best_d = best_e = None
+    for c in INT4_CANDIDATES:
+        d = (m / c).clamp_(-65504.0, 65504.0).to(torch.float16)
+        df = d.float()
+        q = torch.where(df != 0, g / torch.where(df != 0, df, 1.0), 0.0).round_().clamp_(-8, 7)
+        e = (q * df - g).square_().sum(-1, keepdim=True)
+        if best_e is None:
+            best_q, best_d, best_e = q, d, e
+        else:
+            better = e < best_e
+            best_q = torch.where(better, q, best_q)
+            best_d = torch.where(better, d, best_d)
+            best_e = torch.minimum(e, best_e)
+    u = (best_q + 8).to(torch.uint8).view(N, Kp // 64, 2, 32)
+    packed = (u[:, :, 0] | (u[:, :, 1] << 4)).reshape(N, Kp // 2)
+    return packed.contiguous(), best_d.view(N, Kp // 32).contiguous()
+
+
+class Int4Linear(torch.nn.Module):
+    """Weight-only int4 Linear (`--quant int4`): rows quantized in groups of 32 columns with one fp16 scale each
+    (quantize_int4; native_q4.h's packed layout: ~4.5 bits a weight, half of int8's bytes a token). Runs on the
+    native kernels: decode in the native steps (native_q4.h's GEMV on the int8 step's activation rounding), prefill on
+    the int4 GEMM (tc_gemm4: the same rounding per token), or, as Int8Linear's (prefill_bf16 True, or None on AMX
+    machines: tile multiplies beat any AVX-512 int4 GEMM), on oneDNN's bf16 GEMM, the rows dequantized to bf16
+    block by block (tc_dequant4_bf16) for more than INT8_GEMV_ROWS_BF16 tokens. Without the kernels (or native off):
+    the dequantized weights through fp32 GEMMs (prefill) and bf16 ones (mm, the lean PyTorch step): slow, a
+    fallback."""
+
+    def __init__(self, lin: torch.nn.Linear, prefill_bf16: bool | None = None, native: bool = True,
+                 mapped: MappedWeights | None = None, in_gain: torch.Tensor | None = None):
+        super().__init__()
+        self.in_features, self.out_features = lin.in_features, lin.out_features
+        _set_gain(self, in_gain)
+        src = lin.weight.detach()
+        parts, ss = [], []
+        for block in mapped.blocks(src) if mapped is not None else (src,):
+            for w in block.split(QUANT_ROWS):
+                p, s = quantize_int4(_divide_gain(_quant_buffer(*w.shape).copy_(w), self.in_gain))
+                parts.append(p)
+                ss.append(s)
+        self.register_buffer("qweight", torch.cat(parts).contiguous())
+        self.register_buffer("scale", torch.cat(ss).contiguous())
+        self.bias = None if lin.bias is None else torch.nn.Parameter(lin.bias.detach().float(), requires_grad=False)
+        self.prefill_bf16 = prefill_bf16
+        self.native = bool(native)
+
+    @classmethod
+    def from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None, native: bool = True,
+                    in_gain=None) -> "Int4Linear":
+        """The Int4Linear of packed tensors as __init__ makes them (qweight, scale, bias or None, in_gain or None),
+        kept as given."""
+        return _from_packed(cls, qweight, scale, bias, in_features, prefill_bf16, native, in_gain)
+
+    @classmethod
+    def from_rows(cls, pieces) -> "Int4Linear":
+        """One Int4Linear of the rows (lin, start, end) of Int4Linears, in order (exact: rows are kept)."""
+        return _from_rows(cls, pieces)
+
+    @property
+    def weight(self):   # dequantized fp32 copy (N, K), the input gain folded back in
+        from .native import unpack4
+        q = unpack4(self.qweight, self.in_features).float()
+        w = q * self.scale.float().repeat_interleave(32, dim=1)[:, :self.in_features]
+        return w if self.in_gain is None else w * self.in_gain[None, :]
+
+    def mm(self, xb):
+        y = torch.nn.functional.linear(xb, self.weight.to(xb.dtype))
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def gemm_lib(self):
+        """The native kernels this layer runs on, or None (native off, or no kernels here)."""
+        if not getattr(self, "native", True):
+            return None
+        from . import native
+        return native.load()
+
+    def prefill_kernel(self, rows: int, cpu: bool = True) -> str:
+        """Where the kernels run, "bf16-gemm" for more than INT8_GEMV_ROWS_BF16 rows where asked for (prefill_bf16
+        True, or None on an AMX machine), else "native-gemm" (tc_gemm4); without them "fp32-gemm" (the dequantized
+        weights)."""
+        if not cpu or self.gemm_lib() is None:
+            return "fp32-gemm"
+        return "bf16-gemm" if bf16_over_native(self.prefill_bf16, rows) else "native-gemm"
+
+    def forward(self, x):
+        y = self._forward(x)
+        _drop_read_pages(self)
+        return y
+
+    def _forward(self, x):
+        shape = x.shape
+        kernel = self.prefill_kernel(x.numel() // shape[-1], x.device.type == "cpu")
+        if kernel == "fp32-gemm":
+            b = None if self.bias is None else self.bias.to(x.dtype)
+            return torch.nn.functional.linear(x, self.weight.to(x.dtype), b)
+        from . import native
+        lib = self.gemm_lib()
+        x2 = _gained(self, x.reshape(-1, shape[-1]).float()).contiguous()
+        nt = torch.get_num_threads()
+        if kernel == "bf16-gemm":
+            return self._bf16_gemm(lib, x2, nt).view(*shape[:-1], self.out_features).to(x.dtype)
+        scratch = _act_scratch(int(lib.tc_gemm4_act_bytes(min(x2.size(0), INT8_GEMM_CHUNK), x2.size(1), nt)))
+        b = None if self.bias is None else self.bias.float().contiguous()
+        y = torch.empty(x2.size(0), self.out_features)
+        for i in range(0, x2.size(0), INT8_GEMM_CHUNK):
+            native.gemm4(lib, x2[i:i + INT8_GEMM_CHUNK], self.qweight, self.scale, b, nt, scratch,
+                         out=y[i:i + INT8_GEMM_CHUNK])
+        return y.view(*shape[:-1], self.out_features).to(x.dtype)
+
+    def _bf16_gemm(self, lib, x2, nt):
+        """x2 (rows, in) fp32, gained, through oneDNN's bf16 GEMM: the rows dequantized to bf16 a block of at most
+        BF16_BLOCK bytes at a time (one reused buffer), each block's outputs rounded to bf16 as Int8Linear's are,
+        then the bias added in fp32: (rows, out) fp32."""
+        from . import native
+        K, N = self.in_features, self.out_features
+        xb = x2.to(torch.bfloat16)
+        y = torch.empty(x2.size(0), N)
+        rb = max(1, BF16_BLOCK // (2 * K))
+        for r0 in range(0, N, rb):
+            r1 = min(N, r0 + rb)
+            w = native.dequant4_bf16(lib, self.qweight[r0:r1], self.scale[r0:r1], K, nt, out=_bf16_rows(r1 - r0, K))
+            y[:, r0:r1] = torch.nn.functional.linear(xb, w)
+        return y if self.bias is None else y.add_(self.bias.float())
+
+
+BF16_BLOCK = 8 << 20    # bytes of bf16 weights dequantized at a time for Int4Linear's bf16 GEMMs
+
+
+def _bf16_rows(rows: int, cols: int) -> torch.Tensor:
+    """Int4Linear's bf16 block buffer (rows, cols): one flat buffer per thread, grown to the largest block (at most
+    BF16_BLOCK bytes, or one row), so a model's many shapes share it."""
+    return _grown("bf16", rows * cols, torch.bfloat16).view(rows, cols)
