@@ -44,7 +44,7 @@ def model_identity(model, check_finite: bool = True) -> str:
         for block in mapped.blocks(v):                                # as the fp32 values they load as; in parts,
             for part in block.reshape(-1).split(1 << 18):             # no whole-tensor copy (the same digest),
                 if check_finite and floating and not bool(torch.isfinite(part).all()):  # a mapped block's pages
-                    from .model import CheckpointError                                   # dropped once read
+                    from .model_config import CheckpointError                            # dropped once read
                     raise CheckpointError(f"{k} holds NaN or infinite values (a damaged or badly converted "
                                           "checkpoint)")
                 part = part.float() if widen else part

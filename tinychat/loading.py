@@ -152,7 +152,7 @@ def load_runtime(model: Path | None, quant: str = "none") -> Runtime:
     """The model and tokenizer for chatting: a checkpoint folder with its tokenizer.json (None: the shipped one).
     quant: the mode the chats will run (int8 / bf16: the Linear weights stay as stored until quantized)."""
     from .identity import cached_identity, model_identity
-    from .model import TOKENIZER_FILE
+    from .model_config import TOKENIZER_FILE
     from .tokenizer import Tokenizer
     path = model if model is not None else default_model_path()
     if path is None:

@@ -21,170 +21,25 @@ TinyAgentLM's own behaviour.
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import json
 import math
 import unicodedata
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .choices import SIZES
+from .choices import SIZES  # noqa: F401 (re-exported)
 from .fsutil import atomic_write
 from .mapped import MappedWeights
+from .model_config import (CONFIG_FILE, MLP_KINDS, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError,  # noqa: F401 (re-exported)
+                           ModelConfig, config_for, load_config)
+from .rope import rope_inv_freq
 from .weights_check import MAX_POSITIONS, check_shapes, first_nonfinite, state_count, state_shapes  # noqa: F401 (re-exported)
-from .errors import TinychatError
 
-CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
 KEEP_MAPPED_BYTES = 1 << 20    # from_pretrained(stored_linears=True): tensors this big, already in the dtype wanted,
                                # stay views of the mapped file (an fp32 import's 113 MB embedding) instead of copies
-
-
-class CheckpointError(TinychatError, ValueError):
-    """A model folder that cannot be loaded; the message is one line, fit for the user."""
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    kv_group: int           # layers per group; layer i is "full" when i % kv_group == 0
-    swa_window: int         # local attention window W (keys i-W < j <= i)
-    mlp_hidden: int
-    logit_softcap: float
-    rope_base: float
-    max_seq_len: int
-    engram_orders: tuple[int, ...] = ()     # n-gram orders, e.g. (2, 3); () = no Engram
-    engram_layers: tuple[int, ...] = ()     # blocks that get an Engram module
-    engram_heads: int = 0                   # hash heads per order
-    engram_table_size: int = 0              # slots per (order, head) table; a prime
-    engram_dim: int = 0                     # embedding width per (order, head)
-    # llama-family options (defaults: TinyAgentLM). swa_window 0 = no local K/V (needs kv_group 1);
-    # logit_softcap 0 = no softcap.
-    mlp_kind: str = "relu2"                 # "relu2": down(relu(up x)^2); "swiglu": up = [gate; up] rows
-    qk_norm: bool = True                    # rms_norm of every q / k head before RoPE
-    attn_bias: bool = False                 # biases on w_q / w_kv_* (Qwen2)
-    norm_eps: float | None = None           # RMSNorm epsilon (None: torch's default, finfo(dtype).eps)
-    rope_scaling: dict | None = None        # {"type": "linear" | "llama3", "factor": ..., ...}
-    name: str = field(default="", compare=False)
-
-    def __post_init__(self):
-        object.__setattr__(self, "engram_orders", tuple(int(n) for n in self.engram_orders))
-        object.__setattr__(self, "engram_layers", tuple(int(n) for n in self.engram_layers))
-        problems = self.problems()
-        if problems:
-            raise CheckpointError("invalid model config: " + "; ".join(problems))
-
-    def problems(self) -> list[str]:
-        p = []
-        for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "kv_group",
-                  "swa_window", "mlp_hidden", "max_seq_len"):
-            v = getattr(self, f)
-            low = 0 if f == "swa_window" else 1                 # swa_window 0: no local attention
-            if not isinstance(v, int) or isinstance(v, bool) or v < low:
-                p.append(f"{f} must be a {'non-negative' if low == 0 else 'positive'} integer (got {v!r})")
-        if p:
-            return p
-        if self.max_seq_len > MAX_POSITIONS:
-            p.append(f"max_seq_len must be at most {MAX_POSITIONS:,} (got {self.max_seq_len:,})")
-        if self.swa_window == 0 and self.kv_group != 1:
-            p.append("swa_window 0 (no local attention) needs kv_group 1 (every layer global)")
-        if self.mlp_kind not in MLP_KINDS:
-            p.append(f"mlp_kind must be one of {', '.join(MLP_KINDS)} (got {self.mlp_kind!r})")
-        if self.norm_eps is not None and not self.norm_eps > 0:
-            p.append(f"norm_eps must be positive (got {self.norm_eps!r})")
-        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
-            p.append(f"rope_scaling must be an object or null (got {self.rope_scaling!r:.40})")
-        elif self.rope_scaling is not None:
-            try:
-                rope_inv_freq(self.head_dim, self.rope_base, self.rope_scaling)
-            except (ValueError, TypeError, KeyError, AttributeError) as e:
-                p.append(f"rope_scaling: {e}")
-        if self.n_heads % self.n_kv_heads:
-            p.append(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
-        if self.head_dim % 2:
-            p.append(f"head_dim ({self.head_dim}) must be even (RoPE)")
-        if not self.logit_softcap >= 0 or not self.rope_base > 0:
-            p.append("logit_softcap must be >= 0 (0: off) and rope_base positive")
-        if self.engram_orders:
-            if min(self.engram_orders) < 2:
-                p.append("engram_orders must be n-gram orders >= 2")
-            if self.engram_heads <= 0 or self.engram_table_size <= 1 or self.engram_dim <= 0:
-                p.append("engram_heads, engram_table_size and engram_dim must be positive with engram_orders")
-            if any(not 0 <= i < self.n_layers for i in self.engram_layers):
-                p.append(f"engram_layers {self.engram_layers} out of range for {self.n_layers} layers")
-        return p
-
-    @property
-    def n_groups(self) -> int:
-        return math.ceil(self.n_layers / self.kv_group)
-
-    @property
-    def has_local(self) -> bool:
-        """Do layers have their own local (sliding-window) K/V? False for the llama family."""
-        return self.swa_window > 0
-
-    @property
-    def is_tinyagent(self) -> bool:
-        """Every llama-family option at TinyAgentLM's default (what the native int8 step expresses)."""
-        return (self.swa_window > 0 and self.mlp_kind == "relu2" and self.qk_norm and not self.attn_bias
-                and self.norm_eps is None and self.logit_softcap > 0)
-
-    @property
-    def has_engram(self) -> bool:
-        return bool(self.engram_orders and self.engram_layers)
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["engram_orders"], d["engram_layers"] = list(self.engram_orders), list(self.engram_layers)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        if not isinstance(d, dict):
-            raise CheckpointError("model config must be a JSON object")
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = [f.name for f in dataclasses.fields(cls)
-                   if f.default is dataclasses.MISSING and f.name not in d]
-        if missing:
-            raise CheckpointError(f"model config lacks {', '.join(missing)}")
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise CheckpointError(f"model config has unknown fields {', '.join(unknown)}")
-        try:
-            return cls(**d)
-        except CheckpointError:
-            raise
-        except (TypeError, ValueError, AttributeError, OverflowError) as e:   # a field of the wrong type or value
-            raise CheckpointError(f"invalid model config: {' '.join(str(e).split())[:120]}") from None
-
-    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        """Bytes the decode cache grows by per token: one global K/V per group (the local rings are fixed size)."""
-        return self.n_groups * 2 * self.n_kv_heads * self.head_dim * dtype_bytes
-
-    def gqa_kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        """What a standard per-layer GQA cache of the same dims would store per token."""
-        return self.n_layers * 2 * self.n_kv_heads * self.head_dim * dtype_bytes
-
-    def ring_bytes(self, dtype_bytes: int = 2) -> int:
-        """The fixed part: one ring of swa_window K/V slots per layer."""
-        return self.n_layers * 2 * self.n_kv_heads * self.swa_window * self.head_dim * dtype_bytes
-
-
-def config_for(size: str, **overrides) -> ModelConfig:
-    if size not in SIZES:
-        raise CheckpointError(f"unknown model size {size!r} (choose from {', '.join(SIZES)})")
-    return ModelConfig(**{**SIZES[size], "name": size, **overrides})
-
-
-MLP_KINDS = ("relu2", "swiglu")
 
 
 def rms_norm(x: torch.Tensor, eps: float | None = None) -> torch.Tensor:
@@ -216,40 +71,6 @@ class Embedding(nn.Embedding):
     def reset_parameters(self) -> None:
         if not _SKIP_INIT.get():
             super().reset_parameters()
-
-
-def rope_inv_freq(head_dim: int, base: float, scaling: dict | None = None) -> torch.Tensor:
-    """(head_dim/2,) float64 inverse frequencies; scaling as Hugging Face's rope_scaling: None / "default",
-    "linear" (all divided by factor), "llama3" (long wavelengths divided by factor, short ones kept, a smooth
-    blend between; Llama 3.1 / 3.2) or "factors" (one divisor per frequency). Anything else raises ValueError."""
-    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    if not scaling:
-        return inv
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "default":
-        return inv
-    if kind == "factors":               # per-frequency divisors (a GGUF's rope_freqs tensor: Llama 3.x)
-        f = torch.tensor([float(v) for v in scaling["factors"]], dtype=torch.float64)
-        if f.shape != inv.shape or not bool((f > 0).all()):
-            raise ValueError(f"factors must be {inv.numel()} positive numbers")
-        return inv / f
-    factor = float(scaling["factor"])
-    if not factor > 0:
-        raise ValueError(f"factor must be positive (got {factor})")
-    if kind == "linear":
-        return inv / factor
-    if kind == "llama3":
-        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-        old = float(scaling["original_max_position_embeddings"])
-        if not high > low:
-            raise ValueError("llama3 scaling needs high_freq_factor > low_freq_factor")
-        wavelen = 2 * math.pi / inv
-        out = torch.where(wavelen > old / low, inv / factor, inv)
-        smooth = (old / wavelen - low) / (high - low)
-        blended = (1 - smooth) * out / factor + smooth * out
-        medium = (wavelen >= old / high) & (wavelen <= old / low)
-        return torch.where(medium, blended, out)
-    raise ValueError(f"unsupported RoPE scaling type {kind!r} (supported: linear, llama3, factors)")
 
 
 class Rope(nn.Module):
@@ -642,22 +463,3 @@ class TinyAgentLM(nn.Module):
                 m.to(dtype)
                 mapped.drop(stored)             # the file's pages it was read from
         return self
-
-
-def load_config(path) -> ModelConfig:
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such model folder")
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: not a folder (a model is a folder with {CONFIG_FILE} and {WEIGHTS_FILE})")
-    cpath = path / CONFIG_FILE
-    if not cpath.is_file():
-        raise CheckpointError(f"{path}: no {CONFIG_FILE}")
-    try:
-        raw = json.loads(cpath.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{cpath}: malformed JSON ({e})") from None
-    try:
-        return ModelConfig.from_dict(raw)
-    except CheckpointError as e:
-        raise CheckpointError(f"{cpath}: {e}") from None

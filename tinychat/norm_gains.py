@@ -43,7 +43,7 @@ def load_gains(model, folder: Path) -> None:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from .model import CheckpointError
+    from .model_config import CheckpointError
     try:
         sd = load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:

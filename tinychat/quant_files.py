@@ -202,7 +202,7 @@ def save_quantized(model, folder: Path, mode: str) -> None:
     from .engine.int4_rules import head4_eligible
     from .engine.quant import quant_mode, quantize_cpu
     from .fsutil import atomic_write
-    from .model import CONFIG_FILE
+    from .model_config import CONFIG_FILE
     from .options import EngineOptions
     if mode not in MODES:
         raise ValueError(f"--quant must be one of {', '.join(MODES)} to store packed weights (got {mode!r})")
@@ -242,7 +242,7 @@ def save_quantized(model, folder: Path, mode: str) -> None:
 def _check_header(wpath: Path, header: dict, cfg) -> tuple[str, str]:
     """(the stored mode, the layout version), after the header's metadata and tensor count are compared with what
     the config implies; CheckpointError (one line) for anything else."""
-    from .model import CheckpointError
+    from .model_config import CheckpointError
     from .weights_check import state_count
     meta = header.get("__metadata__") if isinstance(header.get("__metadata__"), dict) else {}
     mode, version = meta.get(FORMAT_KEY), meta.get(VERSION_KEY)
@@ -260,7 +260,7 @@ def _check_header(wpath: Path, header: dict, cfg) -> tuple[str, str]:
 
 
 def _compare(wpath: Path, header: dict, want: dict) -> None:
-    from .model import CheckpointError
+    from .model_config import CheckpointError
     have = {}
     for k, v in header.items():
         if k == "__metadata__":

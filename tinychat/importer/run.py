@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ..fsutil import atomic_write
-from ..model import TOKENIZER_FILE
+from ..model_config import TOKENIZER_FILE
 from ..tokenizer import CHAT_FORMATS, Tokenizer, TokenizerError
 from . import chat_format
 from ..sampler_defaults import SAMPLER_FILE

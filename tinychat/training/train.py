@@ -157,7 +157,7 @@ class Trainer:
 
     def _load_init(self, path: str, mcfg) -> None:
         """Start from a saved model's weights (its config must be this run's); the optimizer starts fresh."""
-        from tinychat.model import CheckpointError, load_config
+        from tinychat.model_config import CheckpointError, load_config
         try:
             cfg = load_config(path)
             if cfg.to_dict() != mcfg.to_dict():
