@@ -26,7 +26,8 @@ from pathlib import Path
 
 from . import topic_lists
 from .dialogue import contains_answer
-from .questions import article, countries, first_names, held_out, plural
+from .entities import countries, first_names
+from .questions import article, held_out, plural
 
 # Frames used only here: questions.py never writes these (tests/unit/test_training_probe.py checks it).
 CAPITAL_FRAMES = ["Tell me the capital of {c}.", "Quick question: which city is the capital of {c}?"]

@@ -31,7 +31,7 @@ _BAD_START = re.compile(r"^(sure|here|certainly|question|q:|of course|absolutely
 
 
 def topics(rng: random.Random) -> str:
-    from .questions import countries, jobs, topic_words
+    from .entities import countries, jobs, topic_words
     pools = [topic_lists.ANIMALS, topic_lists.FOODS, topic_lists.OBJECTS, topic_lists.PLACES, topic_lists.HOBBIES, topic_lists.SPORTS, topic_lists.INSTRUMENTS, topic_lists.SUBJECTS,
              list(jobs()), [c["name"] for c in countries()], list(topic_words())]
     weights = [1, 1, 1, 1, 1, 0.5, 0.5, 0.5, 1, 1, 4]
