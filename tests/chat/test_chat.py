@@ -57,23 +57,25 @@ def test_same_seed_same_reply_and_different_seeds_differ():
 def test_ban_table_holds_earlier_replies_and_the_user_message():
     tbl = ngram_table([[1, 2, 3, 4], [2, 3, 5]])
     assert tbl == {(1, 2): [3], (2, 3): [4, 5]}
-    chat = make_chat(max_new=15, seed=3, temperature=0.0)
-    captured = {}
-    orig = chat.decoder.generate
+    user = tokenizer().encode("the cat sees the dog")
+    for no_parrot in (True, False):
+        chat = make_chat(max_new=15, seed=3, temperature=0.0, no_parrot=no_parrot)
+        captured = {}
+        orig = chat.decoder.generate
 
-    def spy(*a, **kw):
-        captured["hook"] = kw["logits_hook"]
-        return orig(*a, **kw)
+        def spy(*a, **kw):
+            captured["hook"] = kw["logits_hook"]
+            return orig(*a, **kw)
 
-    chat.decoder.generate = spy
-    r1 = chat.send("the cat sees the dog")
-    chat.send("the cat sees the dog")
-    table = captured["hook"].table
-    reply = r1.token_ids
-    for i in range(len(reply) - 2):                       # every 3-gram of the earlier reply is banned
-        assert reply[i + 2] in table[(reply[i], reply[i + 1])]
-    user = tokenizer().encode("the cat sees the dog")      # no-parrot: the user's own 3-grams too
-    assert user[2] in table[(user[0], user[1])]
+        chat.decoder.generate = spy
+        r1 = chat.send("the cat sees the dog")
+        chat.send("the cat sees the dog")
+        table = captured["hook"].table
+        reply = r1.token_ids
+        for i in range(len(reply) - 2):                       # every 3-gram of the earlier reply is banned
+            assert reply[i + 2] in table[(reply[i], reply[i + 1])]
+        # no-parrot (off by default): the user's own 3-grams too
+        assert (user[2] in table.get((user[0], user[1]), [])) == no_parrot
 
 
 def test_eager_ban_never_samples_a_banned_trigram():

@@ -25,7 +25,7 @@ def test_help_says_the_shipped_model_is_a_demo_and_how_to_get_a_real_one(capsys,
     assert code == 0
     assert "The shipped model is a 21.7M-parameter demo" in out
     assert f"tinychat pull {RECOMMENDED} (then: tinychat -m {RECOMMENDED_NAME})" in out
-    for flag, default in (("--temperature", "0.8"), ("--penalty-window", "64"), ("--no-parrot", "on"),
+    for flag, default in (("--temperature", "0.8"), ("--penalty-window", "64"), ("--no-parrot", "off"),
                           ("--max-new", "256")):
         line = next(ln for ln in out.splitlines() if flag in ln)
         assert f"Default: {default} (or the model's own" in line, line
