@@ -93,7 +93,7 @@ def _list_pull(p) -> None:
                          f"({human_bytes(sum(p.sizes.get(f, 0) for f in files))})"))
 
 
-def import_(src: Path = typer.Argument(..., metavar="SRC", help="A Hugging Face llama-family folder, a .gguf file, or "
+def import_(src_text: str = typer.Argument(..., metavar="SRC", help="A Hugging Face llama-family folder, a .gguf file, or "
                                        "the id of a repo in the Hugging Face cache (ORG/NAME[:QUANT])."),
             name: Optional[str] = typer.Option(None, "--name", metavar="NAME", help="The model's name (default: from SRC)."),
             context: Optional[int] = typer.Option(None, "--context", metavar="N", help="Most positions a chat may hold "
@@ -106,6 +106,9 @@ def import_(src: Path = typer.Argument(..., metavar="SRC", help="A Hugging Face 
     The result goes under the data folder and opens with `tinychat --model NAME`. Mixture-of-experts, sliding-window
     and other architectures the engine cannot run are refused with the reason."""
     from .importer import import_model
+    if not src_text.strip():        # (a Path argument would have turned "" into ".", the current folder)
+        raise UsageError("SRC is empty: give a model folder, a .gguf file or a Hugging Face repo id (ORG/NAME)")
+    src = Path(src_text)
     if not src.exists():
         from .hub.ref import is_repo_id, parse_ref
         if is_repo_id(str(src)) and not str(src).lower().endswith(".gguf"):   # from the HF cache, never the network

@@ -42,3 +42,6 @@ def test_import_of_a_missing_path_says_so_and_of_an_uncached_repo_how_to_pull_it
     assert code == 2 and err == (f"tinychat: error: org/model: no such file or folder here, nor a repo in the "
                                  f"Hugging Face cache ({tmp_path / 'hf' / 'hub'}): tinychat pull org/model "
                                  f"downloads it\n")
+    for empty in ("", "  "):        # not "." (the current folder): typer made a Path of it
+        code, _, err = run_main(["import", empty], capsys)
+        assert code == 2 and err.startswith("tinychat: error: SRC is empty"), err
