@@ -539,11 +539,12 @@ def test_a_folder_read_twice_is_counted_once_and_the_card_compares_before_and_af
     from tinychat.training.export import export
     a = write_shards(tmp_path / "shards", fake_conversations(30, seed=8))
     b = write_shards(tmp_path / "shards-1", fake_conversations(20, seed=9))
-    given = [str(a), str(b), str(b)]                   # b weighted: read twice an epoch
+    given = [str(a), str(b), str(b)]                   # b given twice: still read once (duplicates count once)
     train, val = D.load_split(given, 0.1)
+    assert len(train) + len(val) == 50
     (tmp_path / "run").mkdir()
     tok().save(tmp_path / "run" / "tokenizer.json")
-    Trainer(tiny_cfg(steps=2), tok(), D.encode_all(tok(), train), D.encode_all(tok(), val), tmp_path / "run",
+    Trainer(tiny_cfg(steps=2, kind_weights={"fact-*": 4}), tok(), D.encode_all(tok(), train), D.encode_all(tok(), val), tmp_path / "run",
             log=lambda *_: None).fit(progress=False)
     after = _eval_json(tmp_path / "after.json", str(b), 2.05, 0.6)
     before = _eval_json(tmp_path / "before.json", str(b), 2.31, 0.03)
@@ -551,7 +552,8 @@ def test_a_folder_read_twice_is_counted_once_and_the_card_compares_before_and_af
                    log=lambda *_: None, eval_before=before)
     card = (tmp_path / "out" / "MODEL_CARD.md").read_text()
     assert [d["reads"] for d in facts["shards"]["dirs"]] == [1, 2]
-    assert "- In all: 50 conversations" in card and "Read 2 times an epoch" in card
+    assert "- In all: 50 conversations" in card and "Given 2 times; read once an epoch" in card
+    assert "`fact-*` 4 times an epoch" in card and "--weight 'fact-*=4'" in card
     assert f"--shards {a} {b} {b}" in card                           # the train command as it ran
     assert card.count(f"generate --out {b}") == 1
     assert "| the model it continues (before this stage) | 2.310 |" in card and "| the student | 2.050 |" in card

@@ -156,7 +156,8 @@ def _data_lines(sh: dict | None, data: dict, cfg: dict) -> list[str]:
     lines = []
     if sh:
         for d in sh["dirs"]:
-            reads = f" Read {d['reads']} times an epoch, to weight it." if d.get("reads", 1) > 1 else ""
+            reads = (f" Given {d['reads']} times; read once an epoch all the same (an exact duplicate conversation "
+                     f"counts once: weight with --weight)." if d.get("reads", 1) > 1 else "")
             lines.append(f"- `{d['path']}`: {d['files']} files ({d['bytes'] / 2**20:.1f} MiB gzipped), "
                          f"{d['conversations']:,} conversations ("
                          f"{', '.join(f'{k}: {v:,}' for k, v in d['sources'].items())}), "
@@ -169,6 +170,10 @@ def _data_lines(sh: dict | None, data: dict, cfg: dict) -> list[str]:
             lines.append(f"- Teacher sampling: temperature {teacher.get('temperature')}, top-p {teacher.get('top_p')}, "
                          f"top-k {teacher.get('top_k')}, replies capped at {teacher.get('max_new')} tokens; teacher "
                          f"system prompt \"{teacher.get('system')}\".")
+    if cfg.get("kind_weights"):
+        lines.append("- Weighted by kind (`--weight`): the training conversations of "
+                     + ", ".join(f"`{k}` {v} times" for k, v in cfg["kind_weights"].items())
+                     + " an epoch (the held-out ones once).")
     lines += [f"- Split by a hash of each conversation: {data['train']['conversations']:,} training conversations "
               f"({data['train']['tokens']:,} tokens, {data['train']['target_tokens']:,} assistant targets), "
               f"{data['val']['conversations']:,} held out ({data['val']['tokens']:,} tokens; "

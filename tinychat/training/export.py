@@ -70,7 +70,8 @@ def shard_summary(shards) -> dict:
     paths as given (the train command's --shards)."""
     from .data import shard_files
     given = [str(g) for g in ([shards] if isinstance(shards, (str, Path)) else shards)]
-    # a folder given twice is read twice an epoch (weighted): counted once, with its reads
+    # a folder given twice is counted once, with how often it was given (training reads it once: split() keeps an
+    # exact duplicate conversation once)
     dirs = [{**_summarize(shard_files(g), g), "reads": given.count(g)} for g in dict.fromkeys(given)]
     total = {k: sum(d[k] for d in dirs) for k in ("files", "bytes", "conversations", "teacher_tokens",
                                                    "teacher_assistant_tokens")}
