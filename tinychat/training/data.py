@@ -121,17 +121,19 @@ def is_validation(messages: Sequence[dict], val_fraction: float = 0.02) -> bool:
     return int(conversation_hash(messages)[:16], 16) < val_fraction * 2.0 ** 64
 
 
-def split(conversations: Iterable[list[dict]], val_fraction: float = 0.02) -> tuple[list, list]:
-    """(train, validation) lists, each in input order; exact duplicates are kept once."""
+def split(conversations: Iterable, val_fraction: float = 0.02, messages=None) -> tuple[list, list]:
+    """(train, validation) lists, each in input order; exact duplicates are kept once. messages: the item's
+    messages when the items are not the message lists themselves (e.g. (kind, messages) pairs)."""
     train, val, seen = [], [], set()
-    for msgs in conversations:
+    for item in conversations:
+        msgs = item if messages is None else messages(item)
         if not any(m["role"] == "assistant" for m in msgs):
             continue
         h = conversation_hash(msgs)
         if h in seen:
             continue
         seen.add(h)
-        (val if int(h[:16], 16) < val_fraction * 2.0 ** 64 else train).append(msgs)
+        (val if int(h[:16], 16) < val_fraction * 2.0 ** 64 else train).append(item)
     return train, val
 
 
@@ -150,15 +152,9 @@ def load_split(source, val_fraction: float = 0.02, weights: dict | None = None) 
     put the copies in different batches). Validation is never weighted: its loss stays one number per conversation."""
     if not weights:
         return split(read_conversations(source), val_fraction)
-    kind_of: dict[int, str] = {}       # id(messages) -> kind: the kept lists stay alive, so their ids stay theirs
-
-    def tagged():
-        for kind, msgs in read_conversations(source, kinds=True):
-            kind_of[id(msgs)] = kind
-            yield msgs
-    train, val = split(tagged(), val_fraction)
-    extra = [m for m in train for _ in range(kind_weight(kind_of.get(id(m), ""), weights) - 1)]
-    return train + extra, val
+    train, val = split(read_conversations(source, kinds=True), val_fraction, messages=lambda pair: pair[1])
+    extra = [m for kind, m in train for _ in range(kind_weight(kind, weights) - 1)]
+    return [m for _, m in train] + extra, [m for _, m in val]
 
 
 def corpus_texts(conversations: Iterable[list[dict]], system: str = DEFAULT_SYSTEM) -> Iterator[str]:
