@@ -1,7 +1,8 @@
 """What the packed quant Linears (Int8Linear: engine/quant.py, Int4Linear: engine/quant_int4.py) share: quantizing
 in row blocks (QUANT_ROWS), the input gain (in_gain, (K,) fp32: W' = W diag(g), the weights quantized with g divided
 out and the activations multiplied by it), building one from packed tensors or from other ones' rows, and handing a
-mapped file's weight pages back after a forward. Plain helpers on a module and its tensors: no Linear class here."""
+mapped file's weight pages back after a forward: plain helpers on a module and its tensors, and PackedLinear, the
+base that gives both their from_packed / from_rows constructors."""
 from __future__ import annotations
 
 import torch
@@ -40,6 +41,25 @@ def _gained(mod, x: torch.Tensor) -> torch.Tensor:
     if g is None:
         return x
     return (x.float() * g).to(x.dtype)
+
+
+class PackedLinear(torch.nn.Module):
+    """The base of Int8Linear and Int4Linear: a packed qweight, one scale row per output row (per channel for int8,
+    per group of 32 for int4), bias or None, in_gain or None, prefill_bf16 and native as the subclass reads them."""
+
+    @classmethod
+    def from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None, native: bool = True,
+                    in_gain=None):
+        """The Linear of packed tensors as __init__ makes them (qweight, scale, bias or None, in_gain or None), kept
+        as given."""
+        return _from_packed(cls, qweight, scale, bias, in_features, prefill_bf16, native, in_gain)
+
+    @classmethod
+    def from_rows(cls, pieces):
+        """One Linear of the rows (lin, start, end) of Linears of this class, in order (exact: rows are kept, the
+        same as quantizing the concatenated fp32 rows). The pieces have biases all (the llama family's q/k/v biases:
+        their rows concatenated too) or none."""
+        return _from_rows(cls, pieces)
 
 
 def _from_rows(cls, pieces):

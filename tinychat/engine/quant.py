@@ -20,7 +20,7 @@ from ..mapped import MappedWeights
 from ..options import EngineOptions
 from .fused import fuse_qkv
 from .int4_rules import Q4S, Q4W, head4_eligible, int4_keeps_int8, linear_gain
-from .packed_linear import (QUANT_ROWS, _divide_gain, _drop_read_pages, _from_packed, _from_rows, _gained, _rows_bias,
+from .packed_linear import (QUANT_ROWS, _divide_gain, _drop_read_pages, PackedLinear, _gained, _rows_bias,
                             _set_gain)
 from .prefill_policy import (INT8_GEMM_CHUNK, INT8_GEMM_ROWS, INT8_GEMV_ROWS, INT8_GEMV_ROWS_BF16, QUANT_GEMV_ROWS,
                              _act_scratch, _quant_buffer, _scratch, bf16_over_native, free_quant_buffer,
@@ -68,7 +68,7 @@ class BF16Linear(torch.nn.Module):
         return torch.nn.functional.linear(x.to(torch.bfloat16), self.weight, self.bias).to(x.dtype)
 
 
-class Int8Linear(torch.nn.Module):
+class Int8Linear(PackedLinear):
     """Weight-only int8 Linear: int8 weights with one scale per output channel (symmetric, max-abs; the scale is
     stored in bf16, the kernel's dtype, and the weights are rounded against that stored value), bf16 activations into
     aten._weight_int8pack_mm (dequantizes on the fly, fp32 accumulation). A quarter of the fp32 bytes per token.
@@ -101,20 +101,6 @@ class Int8Linear(torch.nn.Module):
         self.bias = None if lin.bias is None else torch.nn.Parameter(lin.bias.detach().float(), requires_grad=False)
         self.prefill_bf16 = prefill_bf16    # None / True / False, as asked (prefill_kernel resolves it)
         self.native = bool(native)
-
-    @classmethod
-    def from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None, native: bool = True,
-                    in_gain=None) -> "Int8Linear":
-        """The Int8Linear of packed tensors as __init__ makes them (qweight, scale, bias or None, in_gain or None),
-        kept as given."""
-        return _from_packed(cls, qweight, scale, bias, in_features, prefill_bf16, native, in_gain)
-
-    @classmethod
-    def from_rows(cls, pieces) -> "Int8Linear":
-        """One Int8Linear of the rows (lin, start, end) of Int8Linears, in order: the int8 rows and their per-row
-        scales concatenated (exact: the same as quantizing the concatenated fp32 rows). The pieces have biases all
-        (the llama family's q/k/v biases: their rows concatenated too) or none."""
-        return _from_rows(cls, pieces)
 
     @property
     def weight(self):   # dequantized copy, for code that reads .weight (the fused device step; not used on CPU),

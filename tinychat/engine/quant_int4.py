@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..mapped import MappedWeights
-from .packed_linear import QUANT_ROWS, _divide_gain, _drop_read_pages, _from_packed, _from_rows, _gained, _set_gain
+from .packed_linear import QUANT_ROWS, _divide_gain, _drop_read_pages, PackedLinear, _gained, _set_gain
 from .prefill_policy import INT8_GEMM_CHUNK, _act_scratch, _grown, _quant_buffer, bf16_over_native
 
 INT4_CANDIDATES = (-8.0, -8.5, -7.75, -7.5, -7.25, -7.0, -6.5, -6.0)   # d = (largest-magnitude value) / c
@@ -42,7 +42,7 @@ def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed.contiguous(), best_d.view(N, Kp // 32).contiguous()
 
 
-class Int4Linear(torch.nn.Module):
+class Int4Linear(PackedLinear):
     """Weight-only int4 Linear (`--quant int4`): rows quantized in groups of 32 columns with one fp16 scale each
     (quantize_int4; native_q4.h's packed layout: ~4.5 bits a weight, half of int8's bytes a token). Runs on the
     native kernels: decode in the native steps (native_q4.h's GEMV on the int8 step's activation rounding), prefill on
@@ -69,18 +69,6 @@ class Int4Linear(torch.nn.Module):
         self.bias = None if lin.bias is None else torch.nn.Parameter(lin.bias.detach().float(), requires_grad=False)
         self.prefill_bf16 = prefill_bf16
         self.native = bool(native)
-
-    @classmethod
-    def from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None, native: bool = True,
-                    in_gain=None) -> "Int4Linear":
-        """The Int4Linear of packed tensors as __init__ makes them (qweight, scale, bias or None, in_gain or None),
-        kept as given."""
-        return _from_packed(cls, qweight, scale, bias, in_features, prefill_bf16, native, in_gain)
-
-    @classmethod
-    def from_rows(cls, pieces) -> "Int4Linear":
-        """One Int4Linear of the rows (lin, start, end) of Int4Linears, in order (exact: rows are kept)."""
-        return _from_rows(cls, pieces)
 
     @property
     def weight(self):   # dequantized fp32 copy (N, K), the input gain folded back in
