@@ -47,6 +47,11 @@ class PackedLinear(torch.nn.Module):
     """The base of Int8Linear and Int4Linear: a packed qweight, one scale row per output row (per channel for int8,
     per group of 32 for int4), bias or None, in_gain or None, prefill_bf16 and native as the subclass reads them."""
 
+    def forward(self, x):
+        y = self._forward(x)       # the subclass's kernels
+        _drop_read_pages(self)
+        return y
+
     @classmethod
     def from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None, native: bool = True,
                     in_gain=None):

@@ -20,7 +20,7 @@ from ..mapped import MappedWeights
 from ..options import EngineOptions
 from .fused import fuse_qkv
 from .int4_rules import Q4S, Q4W, head4_eligible, int4_keeps_int8, linear_gain
-from .packed_linear import (QUANT_ROWS, _divide_gain, _drop_read_pages, PackedLinear, _gained, _rows_bias,
+from .packed_linear import (QUANT_ROWS, _divide_gain, PackedLinear, _gained, _rows_bias,
                             _set_gain)
 from .prefill_policy import (INT8_GEMM_CHUNK, INT8_GEMM_ROWS, INT8_GEMV_ROWS, INT8_GEMV_ROWS_BF16, QUANT_GEMV_ROWS,
                              _act_scratch, _quant_buffer, _scratch, bf16_over_native, free_quant_buffer,
@@ -149,11 +149,6 @@ class Int8Linear(PackedLinear):
         for i in range(0, x2.size(0), INT8_GEMM_CHUNK):
             native.gemm(lib, x2[i:i + INT8_GEMM_CHUNK], self.qweight, s, b, nt, scratch, out=y[i:i + INT8_GEMM_CHUNK])
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
-
-    def forward(self, x):
-        y = self._forward(x)
-        _drop_read_pages(self)
-        return y
 
     def _forward(self, x):
         shape = x.shape

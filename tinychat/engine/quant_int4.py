@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..mapped import MappedWeights
-from .packed_linear import QUANT_ROWS, _divide_gain, _drop_read_pages, PackedLinear, _gained, _set_gain
+from .packed_linear import QUANT_ROWS, _divide_gain, PackedLinear, _gained, _set_gain
 from .prefill_policy import INT8_GEMM_CHUNK, _act_scratch, _grown, _quant_buffer, bf16_over_native
 
 INT4_CANDIDATES = (-8.0, -8.5, -7.75, -7.5, -7.25, -7.0, -6.5, -6.0)   # d = (largest-magnitude value) / c
@@ -95,11 +95,6 @@ class Int4Linear(PackedLinear):
         if not cpu or self.gemm_lib() is None:
             return "fp32-gemm"
         return "bf16-gemm" if bf16_over_native(self.prefill_bf16, rows) else "native-gemm"
-
-    def forward(self, x):
-        y = self._forward(x)
-        _drop_read_pages(self)
-        return y
 
     def _forward(self, x):
         shape = x.shape
