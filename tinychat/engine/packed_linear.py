@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from .prefill_policy import _quant_buffer
+
 QUANT_ROWS = 1024     # rows quantized at a time (int8 from fp32/bf16 weights)
 
 
@@ -17,6 +19,16 @@ def _rows_bias(pieces) -> torch.nn.Parameter | None:
     if any(lin.bias is None for lin, _, _ in pieces):
         raise ValueError("from_rows: some pieces have a bias and some do not")
     return torch.nn.Parameter(torch.cat([lin.bias.detach()[a:b] for lin, a, b in pieces]), requires_grad=False)
+
+
+def _weight_blocks(mod, lin: torch.nn.Linear, mapped=None):
+    """lin's weight rows, QUANT_ROWS at a time, each copied into the one reused fp32 buffer (no temporaries for the
+    heap to keep; malloc_trim runs last) with mod's input gain divided out: what the packed Linears quantize. A mapped
+    file's (MappedWeights) pages go back block by block."""
+    src = lin.weight.detach()
+    for block in mapped.blocks(src) if mapped is not None else (src,):
+        for w in block.split(QUANT_ROWS):
+            yield _divide_gain(_quant_buffer(*w.shape).copy_(w), mod.in_gain)
 
 
 def _divide_gain(w: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:

@@ -20,10 +20,10 @@ from ..mapped import MappedWeights
 from ..options import EngineOptions
 from .fused import fuse_qkv
 from .int4_rules import Q4S, Q4W, head4_eligible, int4_keeps_int8, linear_gain
-from .packed_linear import (QUANT_ROWS, _divide_gain, PackedLinear, _gained, _rows_bias,
+from .packed_linear import (PackedLinear, _gained, _rows_bias, _weight_blocks,
                             _set_gain)
 from .prefill_policy import (INT8_GEMM_CHUNK, INT8_GEMM_ROWS, INT8_GEMV_ROWS, INT8_GEMV_ROWS_BF16, QUANT_GEMV_ROWS,
-                             _act_scratch, _quant_buffer, _scratch, bf16_over_native, free_quant_buffer,
+                             _act_scratch, _scratch, bf16_over_native, free_quant_buffer,
                              resolve_prefill_bf16)
 from .prefill_policy import cpu_has_amx, cpu_has_bf16_dot  # noqa: F401 (re-exported; prefill_policy's rule calls them)
 from .quant_int4 import BF16_BLOCK, INT4_CANDIDATES, Int4Linear, quantize_int4  # noqa: F401 (re-exported)
@@ -85,17 +85,14 @@ class Int8Linear(PackedLinear):
         super().__init__()
         self.in_features, self.out_features = lin.in_features, lin.out_features
         _set_gain(self, in_gain)
-        src = lin.weight.detach()
-        q = torch.empty(src.shape, dtype=torch.int8)
-        scale = torch.empty(src.size(0), dtype=torch.bfloat16)
+        q = torch.empty(lin.weight.shape, dtype=torch.int8)
+        scale = torch.empty(lin.weight.size(0), dtype=torch.bfloat16)
         r = 0
-        for block in mapped.blocks(src) if mapped is not None else (src,):   # a mapped file's pages go back per
-            for w in block.split(QUANT_ROWS):          # block; row blocks through one reused fp32 buffer: no
-                e = r + w.size(0)                      # temporaries for the heap to keep (malloc_trim runs last)
-                buf = _divide_gain(_quant_buffer(*w.shape).copy_(w), self.in_gain)
-                scale[r:e] = (torch.linalg.vector_norm(buf, float("inf"), dim=1) / 127.0).clamp_min(1e-12)
-                q[r:e] = buf.div_(scale[r:e].float()[:, None]).round_().clamp_(-127, 127)
-                r = e
+        for buf in _weight_blocks(self, lin, mapped):
+            e = r + buf.size(0)
+            scale[r:e] = (torch.linalg.vector_norm(buf, float("inf"), dim=1) / 127.0).clamp_min(1e-12)
+            q[r:e] = buf.div_(scale[r:e].float()[:, None]).round_().clamp_(-127, 127)
+            r = e
         self.register_buffer("qweight", q.contiguous())
         self.register_buffer("scale", scale.contiguous())
         self.bias = None if lin.bias is None else torch.nn.Parameter(lin.bias.detach().float(), requires_grad=False)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from ..mapped import MappedWeights
-from .packed_linear import QUANT_ROWS, _divide_gain, PackedLinear, _gained, _set_gain
-from .prefill_policy import INT8_GEMM_CHUNK, _act_scratch, _grown, _quant_buffer, bf16_over_native
+from .packed_linear import PackedLinear, _gained, _set_gain, _weight_blocks
+from .prefill_policy import INT8_GEMM_CHUNK, _act_scratch, _grown, bf16_over_native
 
 INT4_CANDIDATES = (-8.0, -8.5, -7.75, -7.5, -7.25, -7.0, -6.5, -6.0)   # d = (largest-magnitude value) / c
 
@@ -57,13 +57,11 @@ class Int4Linear(PackedLinear):
         super().__init__()
         self.in_features, self.out_features = lin.in_features, lin.out_features
         _set_gain(self, in_gain)
-        src = lin.weight.detach()
         parts, ss = [], []
-        for block in mapped.blocks(src) if mapped is not None else (src,):
-            for w in block.split(QUANT_ROWS):
-                p, s = quantize_int4(_divide_gain(_quant_buffer(*w.shape).copy_(w), self.in_gain))
-                parts.append(p)
-                ss.append(s)
+        for buf in _weight_blocks(self, lin, mapped):
+            p, s = quantize_int4(buf)
+            parts.append(p)
+            ss.append(s)
         self.register_buffer("qweight", torch.cat(parts).contiguous())
         self.register_buffer("scale", torch.cat(ss).contiguous())
         self.bias = None if lin.bias is None else torch.nn.Parameter(lin.bias.detach().float(), requires_grad=False)
