@@ -362,6 +362,23 @@ def test_a_folder_read_twice_is_counted_once_and_the_card_compares_before_and_af
     with pytest.raises(SystemExit, match="not the same eval"):
         export(tmp_path / "run", tmp_path / "out2", after, shards=given, samples=1, max_new=8,
                log=lambda *_: None, eval_before=other)
+    # the same values given as --set (defaults text differs) compare; other sampler values do not
+    ev = json.loads(before.read_text())
+    base = {"temperature": 0.8, "top_p": 0.9, "penalty": 1.0, "penalty_window": 64, "ban": True, "no_parrot": False,
+            "ban_reply": True}
+    for sampler, same in (({**base}, True), ({**base, "penalty": 1.2}, False)):
+        after2, before2 = json.loads(after.read_text()), dict(ev)
+        after2["settings"] = {**after2["settings"], "defaults": "ChatSettings()", "sampler": base}
+        before2["settings"] = {**ev["settings"], "defaults": "ChatSettings() with penalty=1", "sampler": sampler}
+        (tmp_path / "a2.json").write_text(json.dumps(after2))
+        (tmp_path / "b2.json").write_text(json.dumps(before2))
+        if same:
+            export(tmp_path / "run", tmp_path / "out3", tmp_path / "a2.json", shards=given, samples=1, max_new=8,
+                   log=lambda *_: None, eval_before=tmp_path / "b2.json")
+        else:
+            with pytest.raises(SystemExit, match="not the same eval"):
+                export(tmp_path / "run", tmp_path / "out3", tmp_path / "a2.json", shards=given, samples=1,
+                       max_new=8, log=lambda *_: None, eval_before=tmp_path / "b2.json")
 
 
 def test_cli_pipeline_tokenizer_train_resume_export_eval(tmp_path, capsys):

@@ -101,6 +101,12 @@ def _init_facts(state: dict) -> dict | None:
     return {"sha256": sha, "card": card.read_text(encoding="utf-8") if card.is_file() else ""}   # as it stands
 
 
+def _effective(ev: dict) -> dict:
+    """An eval's settings as values (its "sampler" holds the effective ones), without the text of how they were given:
+    an eval at `--set penalty=1` compares with one whose defaults are penalty 1."""
+    return {k: v for k, v in (ev.get("settings") or {}).items() if k != "defaults"}
+
+
 def export(run_dir, out, eval_json=None, shards=None, samples: int = 3, seed: int = 0, max_new: int = 192,
            generate_cmd: str | None = None, log=print, command: str | None = None, eval_before=None) -> dict:
     """Write the model folder and its card; returns the facts the card was filled from. eval_before: the same eval
@@ -134,7 +140,7 @@ def export(run_dir, out, eval_json=None, shards=None, samples: int = 3, seed: in
     stok = Tokenizer.from_file(out / "tokenizer.json")
     ev = json.loads(Path(eval_json).read_text()) if eval_json else {}
     before = json.loads(Path(eval_before).read_text()) if eval_before else None
-    if before is not None and (before.get("shards"), before.get("settings")) != (ev.get("shards"), ev.get("settings")):
+    if before is not None and (before.get("shards"), _effective(before)) != (ev.get("shards"), _effective(ev)):
         raise SystemExit(f"{eval_before} is not the same eval as {eval_json} (shards or settings differ): the card "
                          "compares before and after on one held-out set")
     convs = (ev.get("conversations") or [])[:samples]
