@@ -27,7 +27,7 @@ def test_default_model_is_found_and_is_the_demo_size():
 
 
 def test_default_model_chats_and_ends_its_replies(tmp_path):
-    """Greedy replies to two everyday messages: English words, ended by <|im_end|> well before the cap."""
+    """Greedy replies to two everyday messages: English words (contractions count), ended by <|im_end|> well before the cap."""
     from tinychat.chat.runtime import Chat, ChatSettings
     from tinychat.loading import load_runtime
     m, tok, name, ident = load_runtime(None)
@@ -37,7 +37,7 @@ def test_default_model_chats_and_ends_its_replies(tmp_path):
         r = chat.send(msg)
         assert r.finish == "stop", r.text
         words = [w.strip(".,!?;:'\"()").lower() for w in r.text.split()]
-        assert len(words) >= 3 and sum(w.isalpha() for w in words) >= 0.8 * len(words), r.text
+        assert len(words) >= 3 and sum(w.replace("'", "").isalpha() for w in words) >= 0.8 * len(words), r.text
 
 
 def test_tinychat_without_model_flag_answers_on_a_pipe(tmp_path):
