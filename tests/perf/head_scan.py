@@ -25,7 +25,8 @@ def hidden_states(model_dir: Path, ctx: int = 512):
     from tinychat.model import TinyAgentLM
     from tinychat.tokenizer import Tokenizer
     model = TinyAgentLM.from_pretrained(model_dir).eval()
-    ids = Tokenizer.from_file(model_dir / "tokenizer.json").encode((ROOT / "tests/perf/data/held_text.txt").read_text())
+    from perplexity import TEXT
+    ids = Tokenizer.from_file(model_dir / "tokenizer.json").encode(TEXT.read_text(encoding="utf-8"))
     cap = {}
     model.head.register_forward_hook(lambda m, i, o: cap.__setitem__("h", i[0].detach()))
     hs, ts = [], []

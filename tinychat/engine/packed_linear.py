@@ -67,49 +67,39 @@ class PackedLinear(torch.nn.Module):
     @classmethod
     def from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None, native: bool = True,
                     in_gain=None):
-        """The Linear of packed tensors as __init__ makes them (qweight, scale, bias or None, in_gain or None), kept
-        as given."""
-        return _from_packed(cls, qweight, scale, bias, in_features, prefill_bf16, native, in_gain)
+        """The Linear holding these packed tensors as __init__ makes them (qweight, scale, bias or None, in_gain or
+        None) as they are (a stored-quantized file's mapped tensors: quant_files.py), no quantization: the same
+        module as quantizing the weights they were made from."""
+        out = cls.__new__(cls)
+        torch.nn.Module.__init__(out)
+        out.in_features, out.out_features = int(in_features), qweight.size(0)
+        out.register_buffer("qweight", qweight)
+        out.register_buffer("scale", scale)
+        out.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+        out.prefill_bf16, out.native = prefill_bf16, bool(native)
+        _set_gain(out, in_gain)
+        return out
 
     @classmethod
     def from_rows(cls, pieces):
-        """One Linear of the rows (lin, start, end) of Linears of this class, in order (exact: rows are kept, the
-        same as quantizing the concatenated fp32 rows). The pieces have biases all (the llama family's q/k/v biases:
-        their rows concatenated too) or none."""
-        return _from_rows(cls, pieces)
-
-
-def _from_rows(cls, pieces):
-    """An Int8Linear / Int4Linear of the rows (lin, start, end) of pieces of that class: qweight and scale rows (one
-    row of either per output row) and bias rows concatenated, in order."""
-    first = pieces[0][0]
-    out = cls.__new__(cls)
-    torch.nn.Module.__init__(out)
-    q = torch.cat([lin.qweight[a:b] for lin, a, b in pieces]).contiguous()
-    out.in_features, out.out_features, out.prefill_bf16 = first.in_features, q.size(0), first.prefill_bf16
-    out.native = getattr(first, "native", True)
-    out.register_buffer("qweight", q)
-    out.register_buffer("scale", torch.cat([lin.scale[a:b] for lin, a, b in pieces]).contiguous())
-    out.bias = _rows_bias(pieces)
-    gains = [getattr(lin, "in_gain", None) for lin, _, _ in pieces]
-    if any((g is None) != (gains[0] is None) or (g is not None and not torch.equal(g, gains[0])) for g in gains):
-        raise ValueError("from_rows: the pieces have different input gains")
-    _set_gain(out, gains[0])
-    return out
-
-
-def _from_packed(cls, qweight, scale, bias, in_features: int, prefill_bf16=None, native: bool = True, in_gain=None):
-    """An Int8Linear / Int4Linear holding these packed tensors as they are (a stored-quantized file's mapped
-    tensors: quant_files.py), no quantization: the same module as quantizing the weights they were made from."""
-    out = cls.__new__(cls)
-    torch.nn.Module.__init__(out)
-    out.in_features, out.out_features = int(in_features), qweight.size(0)
-    out.register_buffer("qweight", qweight)
-    out.register_buffer("scale", scale)
-    out.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
-    out.prefill_bf16, out.native = prefill_bf16, bool(native)
-    _set_gain(out, in_gain)
-    return out
+        """One Linear of the rows (lin, start, end) of Linears of this class, in order: qweight and scale rows (one
+        row of either per output row) and bias rows concatenated (exact: rows are kept, the same as quantizing the
+        concatenated fp32 rows). The pieces have biases all (the llama family's q/k/v biases) or none, and one
+        input gain."""
+        first = pieces[0][0]
+        out = cls.__new__(cls)
+        torch.nn.Module.__init__(out)
+        q = torch.cat([lin.qweight[a:b] for lin, a, b in pieces]).contiguous()
+        out.in_features, out.out_features, out.prefill_bf16 = first.in_features, q.size(0), first.prefill_bf16
+        out.native = getattr(first, "native", True)
+        out.register_buffer("qweight", q)
+        out.register_buffer("scale", torch.cat([lin.scale[a:b] for lin, a, b in pieces]).contiguous())
+        out.bias = _rows_bias(pieces)
+        gains = [getattr(lin, "in_gain", None) for lin, _, _ in pieces]
+        if any((g is None) != (gains[0] is None) or (g is not None and not torch.equal(g, gains[0])) for g in gains):
+            raise ValueError("from_rows: the pieces have different input gains")
+        _set_gain(out, gains[0])
+        return out
 
 
 def _drop_read_pages(lin) -> None:
