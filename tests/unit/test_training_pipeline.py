@@ -49,9 +49,15 @@ def test_a_run_re_planned_to_end_sooner_anneals_from_where_it_is_and_keeps_the_n
         c.end_at(8)
     c.end_at(10)                                              # a second re-plan keeps the history of the first
     assert [lr_at(s, cfg, c.total_steps, c.replan) for s in range(9)] == [lr_at(s, cfg, 8, b.replan) for s in range(9)]
-    from tinychat.training.card import _train_lines                # the card's commands redo both re-plans
-    assert _train_lines("train", c.replan) == ["train --stop-after 4", "train --end-at 8 --stop-after 4   # resumed at "
-                                               "step 4", "train --end-at 10   # resumed at step 8"]
+    c.fit(progress=False)
+    from tinychat.training.card import _replan_text, _train_lines    # the card: one command replays both re-plans
+    assert _train_lines("train", c.replan) == ["train --replan 4:8 --replan 8:10"]
+    assert "re-planned 2 times (2 by `--end-at`" in _replan_text(c.replan)[0]
+    # ... and a fresh run told --replan 4:8 --replan 8:10 in one go is the stopped-and-resumed one, bit for bit
+    d = Trainer(cfg, tok(), train, val, tmp_path / "d", **quiet)
+    d.fit(progress=False, replans={4: 8, 8: 10})
+    assert (d.step, d.total_steps) == (10, 10) and _train_lines("train", d.replan) == _train_lines("train", c.replan)
+    assert all(torch.equal(x, y) for x, y in zip(c.model.state_dict().values(), d.model.state_dict().values()))
 
 
 def test_a_run_told_to_finish_within_a_time_shortens_its_schedule_to_what_fits_and_anneals(tmp_path):
@@ -75,6 +81,9 @@ def test_a_run_told_to_finish_within_a_time_shortens_its_schedule_to_what_fits_a
     # after 10 steps (10 s), 50.5 s left: 0.95 * 50.5 = 47 more steps -> the plan ends at 57, then holds
     assert tr.total_steps == tr.step == 57 and tr.replan["by"] == "finish-within"
     assert tr.replan["from"] == 10 and tr.replan["planned"] == 200
+    from tinychat.training.card import _replan_text, _train_lines
+    assert "planned for 200 steps, was re-planned once (1 by `--finish-within`;" in _replan_text(tr.replan)[0]
+    assert _train_lines("train", tr.replan) == ["train --replan 10:57"]
     assert rec["lr"] == pytest.approx(lr_at(56, cfg, 57, tr.replan))          # the last step's: just above ...
     floor = lr_at(57, cfg, 57, tr.replan)
     assert floor == pytest.approx(cfg.lr * cfg.min_lr_ratio) and floor < rec["lr"]         # ... the floor
@@ -393,6 +402,11 @@ def test_cli_pipeline_tokenizer_train_resume_export_eval(tmp_path, capsys):
     assert latest_checkpoint(run).name == "step-0000002"
     with pytest.raises(SystemExit, match="lr=0.002"):
         main(common + ["--lr", "0.1"])                   # a resumed run keeps its own schedule
+    with pytest.raises(SystemExit, match="inside the warmup"):
+        main(common + ["--replan", "1:3"])
+    with pytest.raises(SystemExit) as bad:
+        main(common + ["--replan", "3:2"])               # END before STEP: argparse's one-line error
+    assert bad.value.code == 2 and "expected STEP:END" in capsys.readouterr().err
     assert main(common) == 0
     assert latest_checkpoint(run).name == "step-0000004"
     out = capsys.readouterr().out

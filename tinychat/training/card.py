@@ -95,15 +95,26 @@ def _replans(replan: dict | None) -> list[dict]:
 
 
 def _train_lines(command: str, replan: dict | None) -> list[str]:
-    """The train command, split where the run was resumed with --end-at: stop there, then resume re-planned."""
+    """The train command, with the run's re-plans (by --end-at or --finish-within) replayed as --replan STEP:END:
+    one command gives the same schedule, whatever stops and resumes made it."""
+    ends = {r["from"]: r["end"] for r in _replans(replan)}       # a later re-plan at the same step wins
+    return [command + "".join(f" --replan {s}:{e}" for s, e in sorted(ends.items()))]
+
+
+def _replan_text(replan: dict | None) -> list[str]:
+    """The Training section's line on re-plans: how many, by what, and where the schedule ended."""
     plans = _replans(replan)
     if not plans:
-        return [command]
-    lines = [f"{command} --stop-after {plans[0]['from']}"]
-    for i, r in enumerate(plans):
-        nxt = f" --stop-after {plans[i + 1]['from'] - r['from']}" if i + 1 < len(plans) else ""
-        lines.append(f"{command} --end-at {r['end']}{nxt}   # resumed at step {r['from']}")
-    return lines
+        return []
+    by = sum(r.get("by") == "finish-within" for r in plans)
+    how = ", ".join(x for x in (f"{by} by `--finish-within`" if by else "",
+                                f"{len(plans) - by} by `--end-at`" if len(plans) > by else "") if x)
+    first, last = plans[0], plans[-1]
+    times = "once" if len(plans) == 1 else f"{len(plans)} times"
+    return [f"- The schedule, planned for {first['planned']:,} steps, was re-planned {times} ({how}; the card's "
+            f"train command replays them as `--replan STEP:END`), the last at step {last['from']:,}: a cosine from "
+            f"lr {last['lr']:.2e} down to the floor at step {last['end']:,}, so the run annealed in the time it "
+            "had."]
 
 
 def lineage_stages(text: str) -> list[list[str]]:
@@ -272,10 +283,7 @@ def model_card(f: dict) -> str:
         f"({cfg['beta1']}, {cfg['beta2']}), weight decay {cfg['weight_decay']} (not on embeddings / Engram "
         f"tables), grad clip {cfg['clip']}, batches of <= {cfg['batch_tokens']:,} padded tokens "
         f"(<= {cfg['max_rows']} whole conversations, length-bucketed), sequences truncated at {cfg['seq_len']}.",
-        *[f"- The schedule, planned for {r['planned']:,} steps, was re-planned at step {r['from']:,} ("
-          + ("by `--finish-within`, the same as " if r.get("by") == "finish-within" else "")
-          + f"`--end-at {r['end']}`): a cosine from lr {r['lr']:.2e} down to the floor at step {r['end']:,}, so the "
-          "run annealed in the time it had." for r in _replans(st.get("replan"))],
+        *_replan_text(st.get("replan")),
         f"- Checkpoint `{f['checkpoint']}`" + (f" of {st['total_steps']:,} planned (stopped early: the cosine "
                                                f"schedule's last {st['total_steps'] - st['step']:,} steps not run)"
                                                if st["step"] < st["total_steps"] else "") + f", seed {cfg['seed']}.",

@@ -389,14 +389,21 @@ class Trainer:
                  f"{self.step} to the floor at step {fit} ({per_step:.2f} s a step, {budget - used:.0f} s left)")
         return fit
 
+    def _replay(self, replans: dict[int, int] | None) -> None:
+        """fit()'s replans: end_at() where one is due at this step and not made yet."""
+        if replans and replans.get(self.step, self.total_steps) != self.total_steps:
+            self.end_at(replans[self.step])
+
     def request_stop(self, *_):
         self._stop = True
 
     def fit(self, stop_after: int | None = None, time_limit: float | None = None, progress: bool = True,
-            finish_within: float | None = None, clock=time.perf_counter) -> dict:
+            finish_within: float | None = None, clock=time.perf_counter, replans: dict[int, int] | None = None
+            ) -> dict:
         """Train to total_steps (or stop_after more steps / time_limit seconds), checkpointing on the way.
-        finish_within: seconds by which the run must have annealed and finished (see fit_deadline). Returns the
-        last step's record."""
+        finish_within: seconds by which the run must have annealed and finished (see fit_deadline). replans
+        {step: end}: end_at(end) on reaching step (a finished run's re-plans replayed in one go: its card's
+        command). Returns the last step's record."""
         cfg = self.cfg
         metrics = self.run_dir / "metrics.jsonl"
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -409,12 +416,14 @@ class Trainer:
         tty = progress and sys.stdout.isatty()
         recent, t_last = collections.deque(maxlen=self.FIT_WINDOW), t_start    # wall time between steps
         with open(metrics, "a") as mf:
+            self._replay(replans)
             while self.step < self.total_steps and not self._stop:
                 if stop_after is not None and self.step - start_step >= stop_after:
                     break
                 if time_limit is not None and clock() - t_start >= time_limit:
                     break
                 rec = self.train_step()
+                self._replay(replans)
                 release_freed_memory()      # freed pages back: else the varying batch shapes grow glibc's heap
                 t_now = clock()
                 recent.append(t_now - t_last)

@@ -39,6 +39,14 @@ def _weight(text: str) -> tuple[str, int]:
     return k, int(v)
 
 
+def _replan(text: str) -> tuple[int, int]:
+    """'100:922' -> (100, 922)."""
+    m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text)
+    if not m or int(m.group(2)) <= int(m.group(1)):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected STEP:END with END after STEP (e.g. 100:922)")
+    return int(m.group(1)), int(m.group(2))
+
+
 def _duration(text: str) -> float:
     """'1h40m', '95m', '30s', '5400' (seconds) -> seconds."""
     m = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
@@ -65,6 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="end annealed within this wall time from now (e.g. 1h40m): once past warmup the schedule "
                         "is shortened (as --end-at does) to the steps the measured speed fits; it never lengthens. "
                         "For a stage that must end inside a working session")
+    p.add_argument("--replan", type=_replan, action="append", default=None, metavar="STEP:END",
+                   help="at step STEP, re-plan as --end-at END would (repeatable): replays a run's re-plans, those "
+                        "--finish-within made included, in one command; a model card's commands use it")
     p.add_argument("--no-resume", action="store_true", help="refuse to continue an existing run")
     p.add_argument("--init", default=None, metavar="MODEL_DIR",
                    help="start a new run from this model folder's weights (e.g. assets), not random ones")
@@ -143,15 +154,31 @@ def run(args) -> int:
         tr = Trainer(cfg, tok, train, val, run_dir)
         print(f"new run {run_dir}: {tr.model.num_params() / 1e6:.2f}M params, {tr.total_steps} steps "
               f"for {cfg.tokens:,} tokens, threads {torch.get_num_threads()}", flush=True)
+    replans = dict(args.replan or [])
+    early = sorted(st for st in replans if st < cfg.warmup or st < tr.step and not _replayed(tr, st))
+    if early:
+        raise SystemExit(f"--replan {early[0]}:{replans[early[0]]}: " + (
+            f"step {early[0]} is inside the warmup ({cfg.warmup} steps)" if early[0] < cfg.warmup
+            else f"the run is already at step {tr.step} and was not re-planned there"))
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, tr.request_stop)
-    rec = tr.fit(stop_after=args.stop_after, time_limit=args.time_limit,
+    rec = tr.fit(stop_after=args.stop_after, time_limit=args.time_limit, replans=replans,
                  finish_within=None if args.finish_within is None else args.finish_within - (time.perf_counter() - t0))
     done = "finished" if tr.step >= tr.total_steps else "stopped (run the same command to resume)"
     print(f"{done} at step {tr.step}/{tr.total_steps}: {tr.tokens_seen:,} tokens in {_hms(tr.elapsed)}, "
           f"{tr.tokens_seen / max(tr.elapsed, 1e-9):,.0f} tok/s, last loss {rec.get('loss', float('nan')):.4f}, "
           "val loss " + (f"{tr.val_loss:.4f}" if tr.val_loss is not None else "not measured yet"), flush=True)
     return 0
+
+
+def _replayed(tr: Trainer, step: int) -> bool:
+    """Whether the run's schedule was re-planned at `step` already (a resumed replay of its --replan list)."""
+    r = tr.replan
+    while r:
+        if r["from"] == step:
+            return True
+        r = r.get("prev")
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
