@@ -111,6 +111,7 @@ def requantize(src: Path, dst: Path, ftype: str) -> Path:
     if not dst.exists():
         if not PY.exists():
             raise SystemExit(f"no {PY}: run `python {__file__} setup` first")
+        dst.parent.mkdir(parents=True, exist_ok=True)       # llama.cpp's writer does not: "iostream error"
         subprocess.run([str(PY), __file__, "_requant", "--gguf", str(src), "--out", str(dst), "--ftype", ftype],
                        check=True)
     return dst
