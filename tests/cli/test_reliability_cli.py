@@ -223,3 +223,45 @@ def test_a_copy_keeps_every_branch_leaves_the_original_untouched_and_replays_exa
     assert rc == 0, err
     rc, out, err = tc("sessions", "copy", "20990101-000000-000-abcdef")
     assert rc == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err
+
+
+# -- the quick exit: torch's module teardown skipped, nothing else ------------------------------------------------
+
+_EXIT_PROBE = """
+import atexit, sys, threading, torch
+from tinychat.cli import _quick_exit
+class Torn:
+    def __del__(self):
+        print("torn down", file=sys.stderr)
+keep = Torn()                                   # a module global: its __del__ runs in the interpreter's teardown
+atexit.register(lambda: print("atexit ran", file=sys.stderr))
+if "thread" in sys.argv:
+    threading.Thread(target=lambda: __import__("time").sleep(0.3)).start()
+print("unflushed", end="")                      # no newline: still in stdout's buffer
+_quick_exit(int(sys.argv[1]) if sys.argv[1].isdigit() else sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("how, rc, err", [("0", 0, ""), ("3", 3, ""), ("a message", 1, "a message\n")])
+def test_the_quick_exit_flushes_runs_atexit_and_keeps_the_code_but_skips_the_teardown(how, rc, err):
+    p = subprocess.run([sys.executable, "-c", _EXIT_PROBE, how], capture_output=True, text=True, env=_env(), cwd=REPO)
+    assert (p.returncode, p.stdout) == (rc, "unflushed")
+    assert p.stderr == err + "atexit ran\n"                              # no "torn down": the teardown was skipped
+    # another thread still running: the normal exit (which waits for it), teardown included
+    p = subprocess.run([sys.executable, "-c", _EXIT_PROBE, how, "thread"], capture_output=True, text=True, env=_env(),
+                       cwd=REPO)
+    assert (p.returncode, p.stdout) == (rc, "unflushed") and "atexit ran\ntorn down\n" in p.stderr
+
+
+def test_a_one_shot_ends_quickly_with_the_same_reply_and_session_as_the_slow_exit(model_dir):
+    outs = []
+    for slow in ("", "1"):
+        rc, out, err = tc("--model", model_dir, "-p", "hello there", "--json", "--max-new", "8", "--seed", "5",
+                          TINYCHAT_SLOW_EXIT=slow)
+        assert rc == 0, err
+        saved = _only_session()                                   # written whole before the process ended
+        turns = [(m["role"], m["content"], m["token_ids"]) for m in saved["messages"]]
+        outs.append((json.loads(out)["text"], turns, saved["kv_sha256"]))
+        for f in _sessions_dir().glob("*.json"):
+            f.unlink()
+    assert outs[0] == outs[1] and outs[0][0]
