@@ -112,3 +112,16 @@ async def click_on(pilot, widget, offset: tuple[int, int] = (0, 0), timeout: flo
     await wait_for(pilot, placed, timeout, what=f"{type(widget).__name__} to be laid out")
     await pilot.pause()
     assert await pilot.click(widget, offset=offset), f"the click did not land on {type(widget).__name__}"
+
+
+def _text_of(widget) -> str:
+    """What a widget shows now, its lines joined."""
+    from textual.geometry import Region
+    strips = widget.render_lines(Region(0, 0, widget.size.width, widget.size.height))
+    return "\n".join(s.text for s in strips)
+
+
+def _inside(app, widget) -> bool:
+    """Whether the widget is shown whole within the screen."""
+    r, screen = widget.region, app.screen.region
+    return r.width > 0 and r.height > 0 and screen.contains_region(r)
