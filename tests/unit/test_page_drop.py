@@ -121,10 +121,13 @@ def test_after_a_turn_with_page_drops_the_files_resident_pages_are_fewer_by_the_
     # the tables cover the Linears' mapped weights (the layers' and the head's; TinyAgentLM's Engram projections are
     # the prefill's only), but for the pages a tensor shares with its neighbours
     assert dropped >= weights // 2 and armed >= weights // 2
-    assert rss_off >= dropped and pre_off >= armed          # without drops every page read stays resident
-    # with them, after the turn and after the prefill (before any step), at least half of them are gone (measured:
-    # 81-100%; the kernel maps a neighbour's pages around a fault: fault-around, large folios)
-    assert rss_off - rss_on >= dropped // 2, "the step's drops"
+    # without drops every page read stays resident: all of the step's; of the prefill's, all where its GEMMs run
+    # bf16 on AMX, and 94-97% with the native GEMMs (AMD Zen 4: a few armed pages the prefill never reads)
+    assert rss_off >= dropped and pre_off >= armed * 0.9
+    # with them, after the turn and after the prefill (before any step), a good part of them are gone (measured:
+    # 81-100% on Intel, 40% of the step's for int4 on an AMD Zen 4 guest; the kernel maps a neighbour's pages around a
+    # fault: fault-around, large folios)
+    assert rss_off - rss_on >= dropped // 3, "the step's drops"
     assert pre_off - pre_on >= armed // 2, "the prefill's drops"
     if kind == "llama":                                     # the llama step's own: every page of its table gone
         assert rss_on <= size - dropped + dropped // 4

@@ -210,9 +210,10 @@ def test_smollm2_stored_int4_fits_110_mb_and_answers_as_its_fp32_import_quantize
     # the stored file's tied embedding is the head's int8 rows (the start's: the fp32 table), so the two are close, not
     # equal. SmolLM2's first token for a capital is a near tie ("The" / "L'": 0.06-0.08 apart in fp32), which the stored
     # file's rounding flips at 4 bits ("L'Abbé ..."); questions with a clear first token answer alike
+    # (and which of the two the start's int4 picks depends on the prefill's GEMMs: "Paris" with bf16 ones on AMX,
+    # "L'Abbé ..." with the native int4 GEMM on AMD Zen 4), so the answers checked are those clear ones, on topic
     assert a.step_name() == b.step_name()
-    assert "Paris" in a.send("What is the capital of France?").text
-    for q in ("What color is the sky on a clear day?", "How many days are in a week?"):
+    for q, word in (("What color is the sky on a clear day?", "sky"), ("How many days are in a week?", "week")):
         ra = open_chat(load_runtime(full, "int4"), "int4", "cpu", st, {}, autosave=False).send(q).text
         rb = open_chat(load_runtime(packed, "int4"), "int4", "cpu", st, {}, autosave=False, quant_why="auto").send(q).text
-        assert ra == rb and len(ra.split()) >= 8, (q, ra, rb)
+        assert ra == rb and len(ra.split()) >= 8 and word in ra.lower(), (q, ra, rb)
