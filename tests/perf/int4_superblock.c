@@ -128,7 +128,6 @@ static int timing(int superblock) {
             ws[l][s] = aligned_alloc(64, N * K / 16);
             for (int64_t i = 0; i < nb; i += 8) { uint64_t v = nx(); memcpy(q[l][s] + i, &v, 8); }
             for (int64_t i = 0; i < N * K / 32; i++) ws[l][s][i] = rand_scale();
-            if (superblock) sb_pack(q[l][s], ws[l][s], q[l][s], 0, K);   /* (N = 0: the random bytes stand) */
             bytes += nb;
         }
     for (int i = 0; i < 8192; i++) x[i] = (float)((int64_t)(nx() % 2001) - 1000) / 997.f;

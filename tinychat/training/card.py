@@ -85,8 +85,8 @@ def _threads_text(st: dict) -> str:
     return ", then ".join(parts)
 
 
-def _replans(replan: dict | None) -> list[dict]:
-    """A run's re-plans (Trainer.end_at), oldest first."""
+def replan_history(replan: dict | None) -> list[dict]:
+    """A run's re-plans (Trainer.end_at's chain through "prev"), oldest first."""
     out = []
     while replan:
         out.insert(0, replan)
@@ -97,13 +97,13 @@ def _replans(replan: dict | None) -> list[dict]:
 def _train_lines(command: str, replan: dict | None) -> list[str]:
     """The train command, with the run's re-plans (by --end-at or --finish-within) replayed as --replan STEP:END:
     one command gives the same schedule, whatever stops and resumes made it."""
-    ends = {r["from"]: r["end"] for r in _replans(replan)}       # a later re-plan at the same step wins
+    ends = {r["from"]: r["end"] for r in replan_history(replan)}       # a later re-plan at the same step wins
     return [command + "".join(f" --replan {s}:{e}" for s, e in sorted(ends.items()))]
 
 
 def _replan_text(replan: dict | None) -> list[str]:
     """The Training section's line on re-plans: how many, by what, and where the schedule ended."""
-    plans = _replans(replan)
+    plans = replan_history(replan)
     if not plans:
         return []
     by = sum(r.get("by") == "finish-within" for r in plans)

@@ -17,6 +17,7 @@ import torch
 from tinychat.tokenizer import Tokenizer
 
 from . import mkl_dispatch, train as T
+from .card import replan_history
 from .data import shards_arg, stats
 from .train import Trainer, TrainConfig, _hms, latest_checkpoint, load_data
 
@@ -155,7 +156,8 @@ def run(args) -> int:
         print(f"new run {run_dir}: {tr.model.num_params() / 1e6:.2f}M params, {tr.total_steps} steps "
               f"for {cfg.tokens:,} tokens, threads {torch.get_num_threads()}", flush=True)
     replans = dict(args.replan or [])
-    early = sorted(st for st in replans if st < cfg.warmup or st < tr.step and not _replayed(tr, st))
+    done_at = {r["from"] for r in replan_history(tr.replan)}      # a resumed replay's re-plans made already
+    early = sorted(st for st in replans if st < cfg.warmup or st < tr.step and st not in done_at)
     if early:
         raise SystemExit(f"--replan {early[0]}:{replans[early[0]]}: " + (
             f"step {early[0]} is inside the warmup ({cfg.warmup} steps)" if early[0] < cfg.warmup
@@ -169,16 +171,6 @@ def run(args) -> int:
           f"{tr.tokens_seen / max(tr.elapsed, 1e-9):,.0f} tok/s, last loss {rec.get('loss', float('nan')):.4f}, "
           "val loss " + (f"{tr.val_loss:.4f}" if tr.val_loss is not None else "not measured yet"), flush=True)
     return 0
-
-
-def _replayed(tr: Trainer, step: int) -> bool:
-    """Whether the run's schedule was re-planned at `step` already (a resumed replay of its --replan list)."""
-    r = tr.replan
-    while r:
-        if r["from"] == step:
-            return True
-        r = r.get("prev")
-    return False
 
 
 def main(argv: list[str] | None = None) -> int:
