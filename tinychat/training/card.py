@@ -37,6 +37,9 @@ def train_command(state: dict, run_dir: str = "runs/demo", shards=("data/shards"
     if tokenizer:
         parts.append(f"--tokenizer {tokenizer}")
     parts.append(f"--run {run_dir} --threads {state.get('threads', 2)}")
+    dev = ((state.get("device_log") or [[0, "cpu"]])[-1][1]).split(" ")[0]
+    if dev != "cpu":
+        parts.append(f"--device {dev}")
     for k, v in cfg.items():
         if k in ("model_overrides", "kind_weights", "system_prompt", "bf16") or k in TrainConfig.MUTABLE or v == d.get(k):
             continue
@@ -76,7 +79,11 @@ def generate_command(teacher: dict, tokens: int | None, out: str = "data/shards"
 
 
 def _threads_text(st: dict) -> str:
-    """'2 CPU threads', or per stretch of a resumed run: '1 CPU thread to step 352, then 2'."""
+    """'2 CPU threads', or per stretch of a resumed run: '1 CPU thread to step 352, then 2'; a run on a GPU
+    names it: 'cuda (NVIDIA H200)', 'cuda (NVIDIA H200) to step 900, then cpu'."""
+    devices = st.get("device_log")
+    if devices:
+        return ", then ".join([devices[0][1]] + [f"{d} from step {s}" for s, d in devices[1:]])
     log = st.get("threads_log") or [[0, st.get("threads")]]
     unit = lambda n: f"{n} CPU thread" + ("s" if n != 1 else "")     # noqa: E731
     if len(log) == 1:

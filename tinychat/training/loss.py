@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from tinychat.model import TinyAgentLM, rms_norm
 
 BLOCK_ROWS = 256        # (256, 8192) fp32 = 8 MiB per block: one logits block plus its tanh
+GPU_BLOCK_ROWS = 16384  # on a GPU the blocks are about launches, not caches: (16384, 8192) fp32 = 512 MiB
 
 
 class HeadCrossEntropy(torch.autograd.Function):
@@ -29,25 +30,26 @@ class HeadCrossEntropy(torch.autograd.Function):
         dt = torch.bfloat16 if bf16 else h.dtype
         hb, wb = h.to(dt), w.to(dt)
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        grad = torch.empty(h.size(0), w.size(0), dtype=dt) if need_grad else None   # (N, V) dL/dlogits
-        total = torch.zeros((), dtype=torch.float32)
-        for s in range(0, h.size(0), BLOCK_ROWS):
-            z = (hb[s:s + BLOCK_ROWS] @ wb.t()).float()                             # (n, V) raw logits
+        grad = torch.empty(h.size(0), w.size(0), dtype=dt, device=h.device) if need_grad else None  # (N, V) dL/dz
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        rows = BLOCK_ROWS if h.device.type == "cpu" else GPU_BLOCK_ROWS
+        for s in range(0, h.size(0), rows):
+            z = (hb[s:s + rows] @ wb.t()).float()                                   # (n, V) raw logits
             if cap:
                 t = z.div_(cap).tanh_()                                              # t = tanh(z / cap), in place
                 y = t * cap
             else:
                 t, y = None, z
             lse = torch.logsumexp(y, dim=-1, keepdim=True)
-            tc = tgt[s:s + BLOCK_ROWS, None]
+            tc = tgt[s:s + rows, None]
             total += (lse.squeeze(1) - y.gather(1, tc).squeeze(1)).sum()
             if grad is None:
                 continue
             p = y.sub_(lse).exp_()                                                   # softmax
-            p.scatter_add_(1, tc, torch.full(tc.shape, -1.0, dtype=p.dtype))         # - one-hot(target)
+            p.scatter_add_(1, tc, torch.full(tc.shape, -1.0, dtype=p.dtype, device=p.device))  # - one-hot
             if t is not None:
                 p.mul_(t.square_().neg_().add_(1))                                   # d(cap tanh(z/cap))/dz
-            grad[s:s + BLOCK_ROWS] = p
+            grad[s:s + rows] = p
         ctx.save_for_backward(grad, hb, wb)
         ctx.dtypes = (h.dtype, w.dtype)
         return total
@@ -65,7 +67,7 @@ def masked_loss(model: TinyAgentLM, idx, tgt, msk, bf16: bool = True,
     """(sum of cross-entropy over the masked targets, their count). idx, tgt, msk (B, T). The head runs on the
     masked positions only; attention in query blocks of attn_chunk (0: one dense call)."""
     sel = msk.reshape(-1).nonzero().squeeze(1)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with torch.autocast(idx.device.type, dtype=torch.bfloat16, enabled=bf16):
         x = model.trunk(idx, attn_chunk)
     h = rms_norm(x.reshape(-1, x.size(-1)).index_select(0, sel).float(), model.cfg.norm_eps)
     t = tgt.reshape(-1).index_select(0, sel)
@@ -75,7 +77,7 @@ def masked_loss(model: TinyAgentLM, idx, tgt, msk, bf16: bool = True,
 
 def masked_loss_reference(model: TinyAgentLM, idx, tgt, msk, bf16: bool = True) -> tuple[torch.Tensor, int]:
     """The plain form of masked_loss: the model's forward over every position, then F.cross_entropy."""
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with torch.autocast(idx.device.type, dtype=torch.bfloat16, enabled=bf16):
         logits = model(idx)
     m = msk.reshape(-1)
     loss = F.cross_entropy(logits.reshape(-1, logits.size(-1))[m], tgt.reshape(-1)[m], reduction="sum")

@@ -126,8 +126,11 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, tok: Tokenizer, train: TokenizedSet, val: TokenizedSet,
-                 run_dir: str | Path, total_steps: int | None = None, log=print):
+                 run_dir: str | Path, total_steps: int | None = None, log=print, device: str = "cpu"):
         self.cfg, self.tok, self.train, self.val = cfg, tok, train, val
+        # where the steps run (like the thread count, not part of the config: a run may move between them, the
+        # checkpoints stay on the CPU); a GPU run is not bit-identical to a CPU one
+        self.device = torch.device(device)
         self.run_dir = Path(run_dir)
         self.log = log
         torch.manual_seed(cfg.seed)
@@ -140,9 +143,11 @@ class Trainer:
         if cfg.init:
             self._load_init(cfg.init, mcfg)
         self.model.set_token_strings(tok.token_strings())
+        self.model.to(self.device)
         self.model.train()
         self.opt = torch.optim.AdamW(_param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
-                                     betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+                                     betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                     fused=self.device.type == "cuda" or None)
         self.step = 0
         self.epoch, self.pos = 0, 0             # next batch: plan(epoch)[pos]
         self.tokens_seen = self.targets_seen = 0
@@ -150,6 +155,7 @@ class Trainer:
         self.val_loss: float | None = None
         self.val_full = False                   # val_loss is over the whole held-out split (else a subset)
         self.threads_log = [[0, torch.get_num_threads()]]   # [from step, threads] per stretch of the run
+        self.device_log = [[0, device_name(self.device)]]   # [from step, device] likewise
         self._plan: tuple[int, list] | None = None
         self.total_steps = total_steps or cfg.steps or self.steps_for_tokens()
         self.replan: dict | None = None       # end_at's new end of the schedule (lr_at)
@@ -195,7 +201,7 @@ class Trainer:
     def train_step(self) -> dict:
         t0 = time.perf_counter()
         rows = self.next_batch()
-        idx, tgt, msk = self.train.collate(rows, self.cfg.seq_len)
+        idx, tgt, msk = (t.to(self.device, non_blocking=True) for t in self.train.collate(rows, self.cfg.seq_len))
         lr = lr_at(self.step, self.cfg, self.total_steps, self.replan)
         for g in self.opt.param_groups:
             g["lr"] = lr
@@ -229,7 +235,8 @@ class Trainer:
 
         def flush(rows):
             nonlocal total, count
-            s, n = masked_loss(self.model, *data.collate(rows, self.cfg.seq_len), self.cfg.bf16)
+            batch = (t.to(self.device) for t in data.collate(rows, self.cfg.seq_len))
+            s, n = masked_loss(self.model, *batch, self.cfg.bf16)
             total += float(s)
             count += n
         for i in order:
@@ -249,6 +256,7 @@ class Trainer:
                 "total_steps": self.total_steps, "tokens_seen": self.tokens_seen, "targets_seen": self.targets_seen,
                 "elapsed_s": round(self.elapsed, 3), "val_loss": self.val_loss, "val_full": self.val_full, "lr": lr_at(max(self.step - 1, 0),
                 self.cfg, self.total_steps, self.replan), **({"replan": self.replan} if self.replan else {}), "threads": torch.get_num_threads(), "threads_log": self.threads_log,
+                **({"device_log": self.device_log} if self.device_log != [[0, "cpu"]] else {}),
                 "config": self.cfg.to_dict(),
                 "model_config": self.model.cfg.to_dict(), "tokenizer_sha256": self.tok.sha256,
                 **({"init_sha256": self.init_sha256} if self.init_sha256 else {}),
@@ -265,7 +273,7 @@ class Trainer:
             for k in ("step", "exp_avg", "exp_avg_sq"):
                 v = st[k]
                 v = v if torch.is_tensor(v) else torch.tensor(float(v))
-                out[f"{name}.{k}"] = v.detach().clone().contiguous()
+                out[f"{name}.{k}"] = v.detach().to("cpu", copy=True).contiguous()
         out["rng.torch"] = torch.get_rng_state().clone()
         return out
 
@@ -278,7 +286,7 @@ class Trainer:
         tmp = ck_root / f".{name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        weights = {k: v.detach().contiguous().clone() for k, v in self.model.state_dict().items()}
+        weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in self.model.state_dict().items()}
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         save_file(self.optimizer_tensors(), str(tmp / "optim.safetensors"), metadata={"format": "pt"})
         (tmp / "state.json").write_text(json.dumps(self.state(), indent=2))
@@ -302,7 +310,7 @@ class Trainer:
     def load_checkpoint(self, ck: Path) -> None:
         from safetensors.torch import load_file
         state = json.loads((ck / "state.json").read_text())
-        self.model.load_state_dict(load_file(str(ck / "model.safetensors")), strict=True)
+        self.model.load_state_dict(load_file(str(ck / "model.safetensors"), device=str(self.device)), strict=True)
         tensors = load_file(str(ck / "optim.safetensors"))
         sd = self.opt.state_dict()
         index = {}
@@ -322,13 +330,16 @@ class Trainer:
         self.threads_log = [list(x) for x in state.get("threads_log") or [[0, state.get("threads")]]]
         if self.threads_log[-1][1] != torch.get_num_threads():
             self.threads_log.append([self.step, torch.get_num_threads()])
+        self.device_log = [list(x) for x in state.get("device_log") or [[0, "cpu"]]]
+        if self.device_log[-1][1] != device_name(self.device):
+            self.device_log.append([self.step, device_name(self.device)])
         self.val_full = state.get("val_full", False)
         self.init_sha256 = state.get("init_sha256", self.init_sha256)   # (older runs: the folder as it is now)
         self.replan = state.get("replan")
 
     @classmethod
     def resume(cls, run_dir, tok: Tokenizer, train: TokenizedSet, val: TokenizedSet, log=print,
-               overrides: dict | None = None) -> "Trainer":
+               overrides: dict | None = None, device: str = "cpu") -> "Trainer":
         """A trainer at RUN's newest checkpoint. overrides: bookkeeping fields (TrainConfig.MUTABLE) to change."""
         ck = latest_checkpoint(run_dir)
         if ck is None:
@@ -345,7 +356,7 @@ class Trainer:
             if state["data"][part]["fingerprint"] != ds.fingerprint():
                 raise SystemExit(f"{ck}: the {part} data differ from those the run started with "
                                  f"({state['data'][part]['conversations']} conversations then, {len(ds)} now)")
-        tr = cls(cfg, tok, train, val, run_dir, total_steps=state["total_steps"], log=log)
+        tr = cls(cfg, tok, train, val, run_dir, total_steps=state["total_steps"], log=log, device=device)
         tr.load_checkpoint(ck)
         if state.get("threads") != torch.get_num_threads():
             log(f"note: run started with {state.get('threads')} threads, now {torch.get_num_threads()}: "
@@ -424,7 +435,8 @@ class Trainer:
                     break
                 rec = self.train_step()
                 self._replay(replans)
-                release_freed_memory()      # freed pages back: else the varying batch shapes grow glibc's heap
+                if self.device.type == "cpu":
+                    release_freed_memory()  # freed pages back: else the varying batch shapes grow glibc's heap
                 t_now = clock()
                 recent.append(t_now - t_last)
                 t_last = t_now
@@ -465,6 +477,13 @@ class Trainer:
         return (f"[{bar}] step {self.step}/{self.total_steps} | loss {rec['loss']:.3f} | val {val} | "
                 f"lr {rec['lr']:.2e} | {ema or 0:,.0f} tok/s | {self.tokens_seen / 1e6:.2f}M tok | "
                 f"{_hms(self.elapsed)} elapsed | ETA {eta}")
+
+
+def device_name(device: torch.device) -> str:
+    """'cpu', or the accelerator as the card names it: 'cuda (NVIDIA H200)'."""
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return device.type
 
 
 def _trim_metrics(path: Path, step: int) -> None:

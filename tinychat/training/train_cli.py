@@ -65,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer.json (default: RUN/tokenizer.json)")
     p.add_argument("--run", type=Path, default=Path("runs/demo"), help="run folder (checkpoints, metrics)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", metavar="cpu|cuda[:N]",
+                   help="where the steps run (default cpu); a run may resume on another device (its checkpoints "
+                        "live on the CPU), no longer bit-identical from there")
     p.add_argument("--stop-after", type=int, default=None, help="stop (with a checkpoint) after this many steps")
     p.add_argument("--time-limit", type=float, default=None, help="stop (with a checkpoint) after this many s")
     p.add_argument("--end-at", type=int, default=None, metavar="STEP",
@@ -98,7 +101,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         b.add_argument("--" + name.replace("_", "-"), type=int, default=None, help=f"default {getattr(d, name)}")
 
 
+def _device(text: str) -> str:
+    """'cpu' or an available 'cuda[:N]', else a one-line error."""
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        raise SystemExit(f"--device {text!r}: expected cpu or cuda[:N]") from None
+    if dev.type == "cpu":
+        return "cpu"
+    if dev.type != "cuda":
+        raise SystemExit(f"--device {text!r}: training runs on cpu or cuda[:N]")
+    if not torch.cuda.is_available():
+        raise SystemExit(f"--device {text}: this torch ({torch.__version__}) sees no CUDA GPU")
+    if (dev.index or 0) >= torch.cuda.device_count():
+        raise SystemExit(f"--device {text}: there are {torch.cuda.device_count()} CUDA devices")
+    return str(dev)
+
+
 def run(args) -> int:
+    device = _device(getattr(args, "device", "cpu"))
     torch.set_num_threads(args.threads)
     run_dir: Path = args.run
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -143,7 +164,7 @@ def run(args) -> int:
     if mkl:
         print(mkl, flush=True)
     if ck is not None:
-        tr = Trainer.resume(run_dir, tok, train, val, overrides=book)
+        tr = Trainer.resume(run_dir, tok, train, val, overrides=book, device=device)
         print(f"resumed {ck.name}: step {tr.step}/{tr.total_steps}, {tr.tokens_seen:,} tokens seen", flush=True)
         if args.end_at is not None and args.end_at != tr.total_steps:
             tr.end_at(args.end_at)
@@ -152,9 +173,10 @@ def run(args) -> int:
     else:
         if args.end_at is not None:
             raise SystemExit("--end-at re-plans a resumed run; a new run is sized by --tokens or --steps")
-        tr = Trainer(cfg, tok, train, val, run_dir)
+        tr = Trainer(cfg, tok, train, val, run_dir, device=device)
         print(f"new run {run_dir}: {tr.model.num_params() / 1e6:.2f}M params, {tr.total_steps} steps "
-              f"for {cfg.tokens:,} tokens, threads {torch.get_num_threads()}", flush=True)
+              f"for {cfg.tokens:,} tokens, threads {torch.get_num_threads()}, device {tr.device_log[-1][1]}",
+              flush=True)
     replans = dict(args.replan or [])
     done_at = {r["from"] for r in replan_history(tr.replan)}      # a resumed replay's re-plans made already
     early = sorted(st for st in replans if st < cfg.warmup or st < tr.step and st not in done_at)
