@@ -34,9 +34,9 @@ def main(src: str, run: str) -> None:
     if logs.is_file():
         with tarfile.open(logs) as t:
             t.extractall(run_dir / "gpu-logs", filter="data")
-        for name in ("metrics.jsonl", "tokenizer.json"):        # the run's own copies
-            if (run_dir / "gpu-logs" / name).is_file():
-                (run_dir / name).write_bytes((run_dir / "gpu-logs" / name).read_bytes())
+        for kept in ("metrics.jsonl", "tokenizer.json"):         # the run's own copies
+            if (run_dir / "gpu-logs" / kept).is_file():
+                (run_dir / kept).write_bytes((run_dir / "gpu-logs" / kept).read_bytes())
     print(f"{run_dir}: {name} ({len(sd)} tensors), step {state['step']}/{state['total_steps']}, "
           f"{state['tokens_seen']:,} tokens, val loss {state['val_loss']}")
 

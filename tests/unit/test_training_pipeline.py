@@ -14,6 +14,7 @@ from tinychat.training import data as D
 from tinychat.training.evaluate import (EvalError, dictionary_fraction, distinct_n, is_word, load_wordlist,
                                         quality, teacher_loss, words)
 from tinychat.training.loss import masked_loss
+from tinychat.training.card import replan_history
 from tinychat.training.train import Trainer, TrainConfig, latest_checkpoint, lr_at
 from training_support import tok, fake_conversations, write_shards, tiny_cfg, tiny_sets
 
@@ -113,6 +114,38 @@ def test_a_run_told_to_finish_within_a_time_shortens_its_schedule_to_what_fits_a
     for bad in ("", "soon", "0", "5x"):
         with pytest.raises(Exception, match="duration"):
             _duration(bad)
+
+
+def test_a_run_shortened_by_slow_first_steps_lengthens_again_when_they_speed_up_but_never_past_its_plan(tmp_path):
+    train, val = tiny_sets(20)
+    now = [0.0]
+
+    def slow_then_fast(tr, slow_until):         # 3 s a step up to slow_until, then 1 s (a GPU past its first shapes)
+        step = tr.train_step
+
+        def timed():
+            now[0] += 3.0 if tr.step < slow_until else 1.0
+            return step()
+        tr.train_step = timed
+        tr.FIT_PROBE = 10
+        return tr
+
+    logs = []
+    tr = slow_then_fast(Trainer(tiny_cfg(steps=200, warmup=5, ckpt_every=0, eval_every=0), tok(), train, val,
+                                tmp_path / "a", log=logs.append), 20)
+    t0 = now[0]
+    tr.fit(progress=False, finish_within=150.5, clock=lambda: now[0])
+    ends = [r["end"] for r in replan_history(tr.replan)]
+    # at 10 (3 s a step): 10 + 0.95 * 120.5 / 3 -> 48; at 30 the window's median is still 3 s: 55; at 40 it is
+    # 1 s: 40 + 0.95 * 70.5 -> 106; it ends there, inside the budget
+    assert ends == [48, 55, 106] and tr.step == tr.total_steps == 106 and now[0] - t0 <= 150.5
+    assert any("longer, steps being faster now" in m for m in logs)
+    # the config's plan caps it: once steps are fast, the budget fits 87, the plan holds 60
+    tr2 = slow_then_fast(Trainer(tiny_cfg(steps=60, warmup=5, ckpt_every=0, eval_every=0), tok(), train, val,
+                                 tmp_path / "b", log=logs.append), 20)
+    tr2.fit(progress=False, finish_within=130.5, clock=lambda: now[0])
+    ends2 = [r["end"] for r in replan_history(tr2.replan)]
+    assert ends2 == [41, 49, 60] and tr2.step == tr2.planned_steps() == 60
 
 
 def test_head_only_on_targets_gives_the_full_forward_loss(tiny):

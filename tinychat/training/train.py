@@ -38,6 +38,7 @@ from tinychat.engine.quant import release_freed_memory
 from tinychat.fsutil import atomic_write_bytes, file_sha256, fsync_dir
 from tinychat.tokenizer import Tokenizer
 
+from .card import replan_history
 from .data import DEFAULT_SYSTEM, TokenizedSet, load_tokenized, stats
 from .loss import masked_loss
 
@@ -377,26 +378,39 @@ class Trainer:
         self.total_steps = end
 
     FIT_PROBE, FIT_MARGIN, FIT_SLACK, FIT_WINDOW = 20, 0.95, 0.02, 30
+    FIT_GROW = 0.10         # lengthen only past this: the margin alone lets the fit creep up ~5 % near the end
+
+    def planned_steps(self) -> int:
+        """The schedule's length before any re-plan (the config's plan)."""
+        first = replan_history(self.replan)
+        return first[0]["planned"] if first else self.total_steps
 
     def fit_deadline(self, start_step: int, used: float, budget: float, per_step: float | None = None) -> int | None:
-        """Shorten the schedule so the run ends inside `budget` seconds, `used` of them gone since start_step (the
-        step this process began at): every 10 steps once past warmup and FIT_PROBE steps into this process, the
-        steps that still fit (FIT_MARGIN of the time left, for evaluations and the last checkpoint, at `per_step`
-        seconds a step: fit() passes the median of the last FIT_WINDOW steps, so a stall (a paused job, a machine
-        busy for a while) costs the time it took and no more; else this process's mean) are compared with the
-        plan; when they fall short by more than FIT_SLACK of it, end_at() re-plans to end there. It only ever
-        shortens. Returns the new end step, None when unchanged."""
+        """Fit the schedule to end inside `budget` seconds, `used` of them gone since start_step (the step this
+        process began at): every 10 steps once past warmup and FIT_PROBE steps into this process, the steps that
+        still fit (FIT_MARGIN of the time left, for evaluations and the last checkpoint, at `per_step` seconds a
+        step: fit() passes the median of the last FIT_WINDOW steps, so a stall (a paused job, a machine busy for a
+        while) costs the time it took and no more; else this process's mean) are compared with the plan; when they
+        fall short by more than FIT_SLACK of it, end_at() re-plans to end there. When steps got faster (a busy
+        machine freed, a GPU past its first shapes) and more than FIT_GROW more fit than the plan holds, it
+        lengthens again, never past the config's own plan (planned_steps). Returns the new end step, None when
+        unchanged."""
         done = self.step - start_step
         if (self.step < self.cfg.warmup or done < self.FIT_PROBE or done % 10 or self.step >= self.total_steps
                 or used <= 0):
             return None
         per_step = used / done if per_step is None or per_step <= 0 else per_step
         fit = self.step + max(1, int((budget - used) * self.FIT_MARGIN / per_step))
-        if fit >= self.total_steps * (1 - self.FIT_SLACK):
-            return None
+        if fit < self.total_steps * (1 - self.FIT_SLACK):
+            what = "to finish in time"
+        else:
+            fit = min(fit, self.planned_steps())
+            if fit <= self.total_steps * (1 + self.FIT_GROW):
+                return None
+            what = "longer, steps being faster now"
         self.end_at(fit)
         self.replan["by"] = "finish-within"
-        self.log(f"schedule re-planned to finish in time: cosine from lr {self.replan['lr']:.2e} at step "
+        self.log(f"schedule re-planned {what}: cosine from lr {self.replan['lr']:.2e} at step "
                  f"{self.step} to the floor at step {fit} ({per_step:.2f} s a step, {budget - used:.0f} s left)")
         return fit
 

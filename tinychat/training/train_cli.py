@@ -75,8 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "present learning rate), for a run that cannot finish its plan in time")
     p.add_argument("--finish-within", type=_duration, default=None, metavar="DURATION",
                    help="end annealed within this wall time from now (e.g. 1h40m): once past warmup the schedule "
-                        "is shortened (as --end-at does) to the steps the measured speed fits; it never lengthens. "
-                        "For a stage that must end inside a working session")
+                        "is shortened (as --end-at does) to the steps the measured speed fits, and lengthened again "
+                        "(never past its own plan) when steps get faster. For a stage that must end inside a "
+                        "working session")
     p.add_argument("--replan", type=_replan, action="append", default=None, metavar="STEP:END",
                    help="at step STEP, re-plan as --end-at END would (repeatable): replays a run's re-plans, those "
                         "--finish-within made included, in one command; a model card's commands use it")
