@@ -14,7 +14,7 @@ from tinychat.training import data as D
 from tinychat.training.evaluate import (EvalError, dictionary_fraction, distinct_n, is_word, load_wordlist,
                                         quality, teacher_loss, words)
 from tinychat.training.loss import masked_loss
-from tinychat.training.card import replan_history
+from tinychat.training.schedule import replan_history
 from tinychat.training.train import Trainer, TrainConfig, latest_checkpoint, lr_at
 from training_support import tok, fake_conversations, write_shards, tiny_cfg, tiny_sets
 

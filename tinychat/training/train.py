@@ -38,9 +38,9 @@ from tinychat.engine.quant import release_freed_memory
 from tinychat.fsutil import atomic_write_bytes, file_sha256, fsync_dir
 from tinychat.tokenizer import Tokenizer
 
-from .card import replan_history
 from .data import DEFAULT_SYSTEM, TokenizedSet, load_tokenized, stats
 from .loss import masked_loss
+from .schedule import lr_at, replan_history  # noqa: F401 (lr_at re-exported: the tests import it from here)
 
 CKPT_FORMAT = 1
 
@@ -87,24 +87,6 @@ class TrainConfig:
 
     def model_config(self):
         return config_for(self.size, **self.model_overrides)
-
-
-def lr_at(step: int, cfg: TrainConfig, total_steps: int, replan: dict | None = None) -> float:
-    """Linear warmup over cfg.warmup steps, then cosine from lr down to lr * min_lr_ratio at total_steps.
-    replan {"from", "lr", "end", "planned", "prev"} (Trainer.end_at): from step `from` on, a cosine from `lr` (the
-    schedule's value there, so nothing jumps) down to the same floor at step `end`; before it, the schedule as it
-    was (`planned` steps, and any earlier re-plan `prev`)."""
-    lo = cfg.lr * cfg.min_lr_ratio
-    if replan:
-        if step < replan["from"]:
-            return lr_at(step, cfg, replan["planned"], replan.get("prev"))
-        t = min(1.0, (step - replan["from"]) / max(1, replan["end"] - replan["from"]))
-        return lo + (replan["lr"] - lo) * 0.5 * (1 + math.cos(math.pi * t))
-    if cfg.warmup and step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    span = max(1, total_steps - cfg.warmup)
-    t = min(1.0, (step - cfg.warmup) / span)
-    return lo + (cfg.lr - lo) * 0.5 * (1 + math.cos(math.pi * t))
 
 
 def _param_groups(model: TinyAgentLM, weight_decay: float):

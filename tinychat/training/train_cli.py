@@ -17,7 +17,7 @@ import torch
 from tinychat.tokenizer import Tokenizer
 
 from . import mkl_dispatch, train as T
-from .card import replan_history
+from .schedule import replan_history
 from .data import shards_arg, stats
 from .train import Trainer, TrainConfig, _hms, latest_checkpoint, load_data
 
