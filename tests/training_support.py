@@ -55,3 +55,20 @@ def tiny_cfg(**kw) -> TrainConfig:
 def tiny_sets(n: int = 40, seed: int = 0):
     train, val = D.split(fake_conversations(n, seed), 0.1)
     return D.encode_all(tok(), train), D.encode_all(tok(), val if val else train[:2])
+
+
+class CharTok:
+    """Stand-in for the teacher's HF tokenizer: one token per character, ids 3.. (0-2 special)."""
+
+    class _Enc:
+        def __init__(self, ids):
+            self.ids = ids
+
+    def encode(self, s):
+        return self._Enc([3 + (ord(c) % 90) for c in s])
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i - 3 + 97) if i >= 3 else "" for i in ids)
+
+    def token_to_id(self, s):
+        return 2

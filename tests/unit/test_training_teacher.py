@@ -18,6 +18,7 @@ from tinychat.training.generate import (Conversation, degenerate_reason, existin
                                         read_shard, shard_path, write_shard)
 from tinychat.training.prompts import Plan, make_plans
 from tinychat.training.teacher import Llama, TeacherConfig, _unpermute_rope, random_weights
+from training_support import CharTok
 
 TINY = TeacherConfig(vocab_size=96, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48,
                      rope_theta=10000.0, norm_eps=1e-5, context_length=1024)
@@ -75,10 +76,13 @@ def make_scripts(n: int, seed: int):
              for _ in range(rng.randint(1, 3))] for _ in range(n)]
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_batched_greedy_matches_naive(tiny, batch):
+@pytest.mark.parametrize("batch,attend", [(1, "loop"), (3, "loop"), (3, "batched")])
+def test_batched_greedy_matches_naive(tiny, batch, attend):
     """Continuous batching (ragged rows, refills, prompts mixed with decode tokens, a shared
-    prefix) gives exactly the tokens of a naive full-recompute greedy loop."""
+    prefix) gives exactly the tokens of a naive full-recompute greedy loop; so does the attention
+    a GPU runs (every decoding row in one call, prompts per segment)."""
+    if attend != tiny.attend:
+        tiny = Llama(TINY, random_weights(TINY, seed=3), dtype=torch.float32, max_len=128, attend=attend)
     prefix, max_new = [1, 5, 7], 6
     scripts = make_scripts(7, seed=1)
     # a stop token the model really produces, so that both stopped and truncated replies occur
@@ -90,6 +94,15 @@ def test_batched_greedy_matches_naive(tiny, batch):
         assert d.replies == naive_greedy(tiny, prefix, d.turns, stop_id, max_new)
     flags = [stopped for d in drivers for _, stopped in d.replies]
     assert any(flags) and not all(flags)
+
+
+def test_the_int8_cache_or_an_unknown_attention_is_refused_where_it_cannot_run():
+    w = random_weights(TINY, seed=3)
+    with pytest.raises(ValueError, match="CPU kernel"):
+        Llama(TINY, w, dtype=torch.float32, kv="int8", device="meta")
+    with pytest.raises(ValueError, match="attend"):
+        Llama(TINY, w, dtype=torch.float32, attend="flash")
+    assert Llama(TINY, w, dtype=torch.float32, device="meta").attend == "batched"    # off the CPU: batched
 
 
 def test_sampling_is_seeded(tiny):
@@ -234,20 +247,6 @@ def test_shards_atomic_and_resumable(tmp_path):
     assert shard_path(tmp_path, 0).read_bytes() == before
 
 
-class _CharTok:
-    """Stand-in for the HF tokenizer: one token per character, ids 3.. (0-2 special)."""
-
-    class _Enc:
-        def __init__(self, ids):
-            self.ids = ids
-
-    def encode(self, s):
-        return self._Enc([3 + (ord(c) % 90) for c in s])
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(i - 3 + 97) if i >= 3 else "" for i in ids)
-
-
 def test_generate_worker_writes_and_resumes(tmp_path, monkeypatch):
     """run_worker on the tiny model: writes whole shards, a second run skips them and continues."""
     import argparse
@@ -258,8 +257,7 @@ def test_generate_worker_writes_and_resumes(tmp_path, monkeypatch):
     args = argparse.Namespace(out=tmp_path, tokens=10**9, seed=0, per_shard=3, batch=2, max_new=4,
                               max_len=128, temperature=0.8, top_p=0.95, top_k=8, system="",
                               threads=1, no_chitchat=True, max_shards=2, bench=0)
-    tok = _CharTok()
-    tok.token_to_id = lambda s: 2
+    tok = CharTok()
     monkeypatch.setattr(generate, "_special_ids", lambda t: frozenset({0, 1}))
     model = Llama(TINY, random_weights(TINY, seed=3), dtype=torch.float32, max_len=512)
     generate.run_worker(args, model=model, tok=tok, log=lambda m: None)
@@ -279,7 +277,7 @@ def test_generate_worker_writes_and_resumes(tmp_path, monkeypatch):
 
 
 def test_conversation_driver_stops_on_bad_reply():
-    tok = _CharTok()
+    tok = CharTok()
     plan = Plan("question", ("Why?", "How?", "Where?"), "template")
     c = Conversation(plan, tok, max_new=10, special_ids=frozenset({0, 1}))
     assert c.first_prompt()

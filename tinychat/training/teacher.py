@@ -197,7 +197,7 @@ def _topk_ids(scores: torch.Tensor, k: int, chunk: int = 64) -> torch.Tensor:
         return scores.topk(k, dim=-1).indices
     blocks = scores.view(B * n, chunk)
     top = scores.view(B, n, chunk).amax(-1).topk(k, dim=-1).indices         # [B, k] chunk ids
-    flat = (top + torch.arange(B)[:, None] * n).view(-1)                    # rows of ``blocks``
+    flat = (top + torch.arange(B, device=scores.device)[:, None] * n).view(-1)   # rows of ``blocks``
     best = blocks.index_select(0, flat).view(B, k * chunk).topk(k, dim=-1).indices
     return top.gather(1, best // chunk) * chunk + best % chunk
 
@@ -218,33 +218,43 @@ class Llama:
     """
 
     def __init__(self, cfg: TeacherConfig, weights: dict, dtype=torch.bfloat16, max_len: int = 2048,
-                 kv: str | None = None):
+                 kv: str | None = None, device: str = "cpu", attend: str | None = None):
         self.cfg, self.dtype = cfg, dtype
+        self.device = dev = torch.device(device)
         block = fastattn.BLOCK
         self.max_len = min(max_len, cfg.context_length) // block * block   # whole key blocks
-        # KV cache format: "int8" (blocked int8 + scales, read by the C kernel: the fast path) or
-        # "plain" (model dtype, PyTorch attention: exact, for tests and references)
-        self.kv = kv or ("int8" if dtype == torch.bfloat16 and fastattn.available() else "plain")
+        # KV cache format: "int8" (blocked int8 + scales, read by the C kernel: the fast path, CPU only) or
+        # "plain" (model dtype, PyTorch attention: exact, for tests and references, and on a GPU)
+        cpu = dev.type == "cpu"
+        self.kv = kv or ("int8" if cpu and dtype == torch.bfloat16 and fastattn.available() else "plain")
         if self.kv not in ("int8", "plain"):
             raise ValueError(f"kv must be 'int8' or 'plain', not {self.kv!r}")
-        c = lambda t: t.to(dtype).contiguous()  # noqa: E731
+        if self.kv == "int8" and not cpu:
+            raise ValueError("the int8 KV cache is read by a CPU kernel: use kv='plain' on a GPU")
+        # plain attention: "loop" (one PyTorch call per segment) or "batched" (the decoding rows in one call,
+        # prompts per segment: what a GPU needs, where hundreds of rows decode together)
+        self.attend = attend or ("loop" if cpu else "batched")
+        if self.attend not in ("loop", "batched"):
+            raise ValueError(f"attend must be 'loop' or 'batched', not {self.attend!r}")
+        c = lambda t: t.to(device=dev, dtype=dtype).contiguous()  # noqa: E731
+        f = lambda t: t.to(device=dev, dtype=torch.float32)       # noqa: E731
         self.embed = c(weights["embed"])                                     # [V, dim]
         tied = "lm_head" not in weights                                      # SmolLM2: tied
         self.lm_head = self.embed if tied else c(weights["lm_head"])         # [V, dim]
-        self.lm_head_f32 = weights["embed" if tied else "lm_head"].float()   # exact re-scoring
-        self.norm = weights["norm"].float()
+        self.lm_head_f32 = f(weights["embed" if tied else "lm_head"])        # exact re-scoring
+        self.norm = f(weights["norm"])
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"layers.{i}."
             self.layers.append(dict(
-                attn_norm=weights[p + "attn_norm"].float(),
-                ffn_norm=weights[p + "ffn_norm"].float(),
+                attn_norm=f(weights[p + "attn_norm"]),
+                ffn_norm=f(weights[p + "ffn_norm"]),
                 wqkv=c(torch.cat([weights[p + "wq"], weights[p + "wk"], weights[p + "wv"]])),
                 wo=c(weights[p + "wo"]),
                 wgu=c(torch.cat([weights[p + "w_gate"], weights[p + "w_up"]])),
                 wdown=c(weights[p + "w_down"]),
             ))
-        self.cos, self.sin = _rope_tables(cfg, self.max_len)
+        self.cos, self.sin = (t.to(dev) for t in _rope_tables(cfg, self.max_len))
         self.cache_k = self.cache_v = self.cache_ks = self.cache_vs = None
 
     # -- helpers -------------------------------------------------------------------------------
@@ -285,7 +295,7 @@ class Llama:
         """tokens [B, T] (no padding) -> logits [B, T, V]. Slow and simple: the reference."""
         cfg, hd = self.cfg, self.cfg.head_dim
         B, T = tokens.shape
-        h = self.embed[tokens].float()                                       # [B, T, dim]
+        h = self.embed[tokens.to(self.device)].float()                       # [B, T, dim]
         cos, sin = self.cos[:T], self.sin[:T]                                # [T, hd]
         for layer in self.layers:
             qkv = F.linear(self._norm(h, layer["attn_norm"]), layer["wqkv"])
@@ -313,8 +323,8 @@ class Llama:
         c, L, B = self.cfg, self.max_len, batch
         if self.kv == "plain":
             shape = (c.n_layers, B, c.n_kv_heads, L, c.head_dim)
-            self.cache_k = torch.zeros(shape, dtype=self.dtype)
-            self.cache_v = torch.zeros(shape, dtype=self.dtype)
+            self.cache_k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self.cache_v = torch.zeros(shape, dtype=self.dtype, device=self.device)
             return
         bk = fastattn.BLOCK
         self.cache_k = torch.zeros(c.n_layers, B, c.n_kv_heads, L // bk, c.head_dim, bk,
@@ -340,23 +350,51 @@ class Llama:
         A Python loop over segments: fine for tests, slow for real batches.
         """
         N, Hkv, G, hd = q.shape
-        out = torch.empty(N, Hkv, G, hd)
+        out = torch.empty(N, Hkv, G, hd, device=q.device)
         for row, start, off, cnt in segs.tolist():
-            n = start + cnt
-            k, v = self._keys_values(li, row, n)                                    # [Hkv, n, hd]
-            qs = q[off:off + cnt].permute(1, 0, 2, 3).reshape(Hkv, cnt * G, hd)   # rows (t, g)
-            s = torch.matmul(qs.float(), k.transpose(-1, -2)) / math.sqrt(hd)      # [Hkv, cnt*G, n]
-            qpos = start + torch.arange(cnt).repeat_interleave(G)                  # [cnt*G]
-            s = s.masked_fill(torch.arange(n)[None, :] > qpos[:, None], float("-inf"))
-            o = torch.matmul(s.softmax(-1), v)                                     # [Hkv, cnt*G, hd]
-            out[off:off + cnt] = o.view(Hkv, cnt, G, hd).permute(1, 0, 2, 3)
+            self._attend_segment(li, q, out, row, start, off, cnt)
+        return out
+
+    def _attend_segment(self, li, q, out, row: int, start: int, off: int, cnt: int) -> None:
+        """One segment's queries q[off:off + cnt] against its row's keys 0..start + cnt - 1, into out."""
+        N, Hkv, G, hd = q.shape
+        n = start + cnt
+        k, v = self._keys_values(li, row, n)                                    # [Hkv, n, hd]
+        qs = q[off:off + cnt].permute(1, 0, 2, 3).reshape(Hkv, cnt * G, hd)   # rows (t, g)
+        s = torch.matmul(qs.float(), k.transpose(-1, -2)) / math.sqrt(hd)      # [Hkv, cnt*G, n]
+        qpos = start + torch.arange(cnt, device=q.device).repeat_interleave(G)  # [cnt*G]
+        s = s.masked_fill(torch.arange(n, device=q.device)[None, :] > qpos[:, None], float("-inf"))
+        o = torch.matmul(s.softmax(-1), v)                                     # [Hkv, cnt*G, hd]
+        out[off:off + cnt] = o.view(Hkv, cnt, G, hd).permute(1, 0, 2, 3)
+
+    def _attend_batched(self, li, q, segs):
+        """The plain cache's attention with every decoding row (a segment of one token) in one call and each
+        longer segment (a prompt) on its own (_attend_segment): the same function as _attend_torch, a handful of
+        kernels a layer instead of a handful a row. q [N, Hkv, G, hd]; segs [S, 4] (CPU). -> [N, Hkv, G, hd]."""
+        N, Hkv, G, hd = q.shape
+        out = torch.empty(N, Hkv, G, hd, device=q.device)
+        one = segs[:, 3] == 1
+        for row, start, off, cnt in segs[~one].tolist():
+            self._attend_segment(li, q, out, row, start, off, cnt)
+        if not bool(one.any()):
+            return out
+        dec = segs[one]
+        rows, starts, offs = (dec[:, i].to(q.device) for i in (0, 1, 2))
+        n = int(dec[:, 1].max()) + 1                                           # keys 0..start of the longest
+        k = self.cache_k[li][:, :, :n].index_select(0, rows).float()           # [D, Hkv, n, hd]
+        v = self.cache_v[li][:, :, :n].index_select(0, rows).float()
+        qd = q.index_select(0, offs).float()                                   # [D, Hkv, G, hd]
+        s = torch.matmul(qd, k.transpose(-1, -2)) / math.sqrt(hd)              # [D, Hkv, G, n]
+        s = s.masked_fill(torch.arange(n, device=q.device)[None, None, None, :] > starts[:, None, None, None],
+                          float("-inf"))
+        out.index_copy_(0, offs, torch.matmul(s.softmax(-1), v))
         return out
 
     def _write_kv(self, li, k, v, rows, pos):
         """Store new keys/values. k, v [N, Hkv, hd] (fp32 / model dtype); rows, pos [N]."""
         N, Hkv, hd = k.shape
         L = self.max_len
-        flat_rows = (rows * Hkv)[:, None] + torch.arange(Hkv)[None, :]        # [N, Hkv]
+        flat_rows = (rows * Hkv)[:, None] + torch.arange(Hkv, device=rows.device)[None, :]   # [N, Hkv]
         widx = (flat_rows * L + pos[:, None]).reshape(-1)                       # (row, head, pos)
         if self.kv == "plain":
             self.cache_k[li].view(-1, hd).index_copy_(0, widx, k.reshape(-1, hd).to(self.dtype))
@@ -394,6 +432,9 @@ class Llama:
         G, N = H // Hkv, tokens.shape[0]
         fastattn.check_segments(segs, N, self.cache_v.shape[1], self.max_len)
         fast = self.kv == "int8" and fastattn.available()
+        segs = segs.cpu()
+        tokens, pos, rows = (t.to(self.device) for t in (tokens, pos, rows))
+        attend = self._attend_batched if self.attend == "batched" and self.kv == "plain" else self._attend_torch
         h = self.embed[tokens].float()                                        # [N, dim]
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]             # [N, 1, hd]
         for li, layer in enumerate(self.layers):
@@ -405,7 +446,7 @@ class Llama:
                 a = fastattn.seg_attention(q, self.cache_k[li], self.cache_ks[li], self.cache_v[li],
                                            self.cache_vs[li], segs, 1.0 / math.sqrt(hd))
             else:
-                a = self._attend_torch(li, q, segs)                           # [N, Hkv, G, hd]
+                a = attend(li, q, segs)                                       # [N, Hkv, G, hd]
             h = h + F.linear(a.reshape(N, H * hd).to(dt), layer["wo"]).float()
             h = h + self._mlp(self._norm(h, layer["ffn_norm"]), layer)
         return h
@@ -440,7 +481,7 @@ class Llama:
         any row attends to them."""
         if not dsts or end <= start:
             return
-        idx = torch.as_tensor(dsts, dtype=torch.long)
+        idx = torch.as_tensor(dsts, dtype=torch.long, device=self.device)
         if self.kv == "plain":
             names = [("cache_k", start, end), ("cache_v", start, end)]
         else:
