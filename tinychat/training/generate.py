@@ -37,6 +37,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from ..errors import TinychatError
 from .degenerate import degenerate_reason  # noqa: F401  (the drivers' filter; tests patch it here)
 
 SHARD_RE = re.compile(r"^shard-(\d{5})\.jsonl\.gz$")
@@ -389,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     return run(p.parse_args(argv))
 
 
-class GenerateError(ValueError):
+class GenerateError(TinychatError, ValueError):
     """Flags that cannot make a run (the CLI's one-line error)."""
 
 

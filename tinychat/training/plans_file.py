@@ -17,10 +17,11 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from ..errors import TinychatError
 from .questions import Plan, Turn
 
 
-class PlansError(ValueError):
+class PlansError(TinychatError, ValueError):
     """A plans file that cannot be read as one (the CLI's one-line error)."""
 
 
