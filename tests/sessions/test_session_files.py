@@ -70,6 +70,8 @@ def test_new_ids_are_unique_file_safe_and_sort_by_time():
     assert len(set(ids)) == len(ids)
     assert all(re.fullmatch(r"\d{8}-\d{6}-\d{3}-[0-9a-f]{6}", i) for i in ids)
     assert len({S.new_id() for _ in range(500)}) == 500
+    same_ms = [S.new_id(now=1_700_000_000.0001) for _ in range(2000)]      # one millisecond: never a collision
+    assert len(set(same_ms)) == 2000
 
 
 def test_default_title_uses_first_line_and_cuts_at_a_word_boundary():

@@ -11,6 +11,7 @@ import dataclasses
 import operator
 import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,8 +127,20 @@ class SessionInfo:
 # -- ids ------------------------------------------------------------------------------------------------------
 
 
+_LAST_ID = [(-1, 0)]            # (millisecond, suffix) of the last id this process made
+_ID_LOCK = threading.Lock()
+
+
 def new_id(now: float | None = None) -> str:
-    """'YYYYMMDD-HHMMSS-mmm-xxxxxx' (UTC time + 24 random bits): sorts by creation time, unique in practice."""
+    """'YYYYMMDD-HHMMSS-mmm-xxxxxx' (UTC time, then 24 bits): sorts by creation time. The bits are random for the first
+    id of a millisecond and count up from there for the next ones this process makes in it, so ids made together
+    never collide (random bits alone did: 500 in one millisecond share one about once in 130 runs) and sort in the
+    order they were made; two processes collide only on the same random bits in the same millisecond."""
     t = time.time() if now is None else now
+    ms = int(t * 1000)
+    with _ID_LOCK:
+        last_ms, last = _LAST_ID[0]
+        suffix = (last + 1) % (1 << 24) if ms == last_ms else secrets.randbelow(1 << 24)
+        _LAST_ID[0] = (ms, suffix)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(t))
-    return f"{stamp}-{int(t * 1000) % 1000:03d}-{secrets.token_hex(3)}"
+    return f"{stamp}-{ms % 1000:03d}-{suffix:06x}"
