@@ -152,7 +152,6 @@ class BatchedGenerator:
             if not to_sample:
                 continue
             ids, logits = m.candidates(h[at], s.top_k)
-            ids, logits = ids.cpu(), logits.cpu()  # sampled on the CPU (its seeded generator), wherever the model runs
             new = sample(ids, logits, s, self.gen).tolist()
             st.generated += len(new)
             for r, tok in zip(to_sample, new):

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from ..errors import TinychatError
 from .degenerate import degenerate_reason  # noqa: F401  (the drivers' filter; tests patch it here)
+from .devices import resolve_device
 
 SHARD_RE = re.compile(r"^shard-(\d{5})\.jsonl\.gz$")
 
@@ -412,14 +413,9 @@ def _check(args) -> None:
             raise GenerateError("--plans holds v2 / v3 plans: give --prompts v2 or v3")
         if args.workers > 1:
             raise GenerateError("--plans is read by one worker: give --workers 1")
-    dev = getattr(args, "device", "cpu")
-    if dev != "cpu":
-        import torch
-        if not dev.startswith("cuda") or not torch.cuda.is_available():
-            raise GenerateError(f"--device {dev}: " + ("this torch sees no CUDA GPU" if dev.startswith("cuda")
-                                                       else "the teacher runs on cpu or cuda[:N]"))
-        if args.workers > 1:
-            raise GenerateError(f"--device {dev}: one worker drives the GPU (give --workers 1 and a large --batch)")
+    dev = resolve_device(getattr(args, "device", "cpu"), GenerateError)
+    if dev != "cpu" and args.workers > 1:
+        raise GenerateError(f"--device {dev}: one worker drives the GPU (give --workers 1 and a large --batch)")
 
 
 def run(args) -> int:

@@ -168,7 +168,6 @@ class GroupedGenerator:
         decoding row; returns the groups whose n replies are now all in."""
         m, n, s = self.model, self.n, self.s
         ids, logits = m.candidates(h[[at for _, at in forks] + [at for _, at in decodes]], s.top_k)
-        ids, logits = ids.cpu(), logits.cpu()      # sampled on the CPU (its seeded generator), wherever the model runs
         reps = torch.tensor([n] * len(forks) + [1] * len(decodes))
         ids, logits = ids.repeat_interleave(reps, 0), logits.repeat_interleave(reps, 0)
         new = sample(ids, logits, s, self.gen)

@@ -287,7 +287,7 @@ class Llama:
         ids = _topk_ids(approx, k)                                                 # [B, k]
         rows = self.lm_head_f32.index_select(0, ids.view(-1)).view(*ids.shape, -1)  # [B, k, dim]
         exact = torch.bmm(rows, x[:, :, None])[:, :, 0]                           # [B, k]
-        return ids, exact
+        return ids.cpu(), exact.cpu()      # the samplers draw on the CPU (their seeded generator), wherever this runs
 
     # -- reference: full recompute, no cache -------------------------------------------------------
     @torch.inference_mode()

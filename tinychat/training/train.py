@@ -40,7 +40,7 @@ from tinychat.tokenizer import Tokenizer
 
 from .data import DEFAULT_SYSTEM, TokenizedSet, load_tokenized, stats
 from .loss import masked_loss
-from .schedule import lr_at, replan_history  # noqa: F401 (lr_at re-exported: the tests import it from here)
+from .schedule import lr_at, replan_history
 
 CKPT_FORMAT = 1
 
@@ -310,12 +310,9 @@ class Trainer:
         self.total_steps = state["total_steps"]
         self.tokens_seen, self.targets_seen = state["tokens_seen"], state["targets_seen"]
         self.elapsed, self.val_loss = state["elapsed_s"], state["val_loss"]
-        self.threads_log = [list(x) for x in state.get("threads_log") or [[0, state.get("threads")]]]
-        if self.threads_log[-1][1] != torch.get_num_threads():
-            self.threads_log.append([self.step, torch.get_num_threads()])
-        self.device_log = [list(x) for x in state.get("device_log") or [[0, "cpu"]]]
-        if self.device_log[-1][1] != device_name(self.device):
-            self.device_log.append([self.step, device_name(self.device)])
+        self.threads_log = _continued(state.get("threads_log") or [[0, state.get("threads")]], self.step,
+                                      torch.get_num_threads())
+        self.device_log = _continued(state.get("device_log") or [[0, "cpu"]], self.step, device_name(self.device))
         self.val_full = state.get("val_full", False)
         self.init_sha256 = state.get("init_sha256", self.init_sha256)   # (older runs: the folder as it is now)
         self.replan = state.get("replan")
@@ -473,6 +470,13 @@ class Trainer:
         return (f"[{bar}] step {self.step}/{self.total_steps} | loss {rec['loss']:.3f} | val {val} | "
                 f"lr {rec['lr']:.2e} | {ema or 0:,.0f} tok/s | {self.tokens_seen / 1e6:.2f}M tok | "
                 f"{_hms(self.elapsed)} elapsed | ETA {eta}")
+
+
+def _continued(log: list, step: int, now) -> list[list]:
+    """A [from step, value] log (threads, device) as a resumed run continues it: a new stretch from `step` where
+    the value changed."""
+    log = [list(x) for x in log]
+    return log if log[-1][1] == now else log + [[step, now]]
 
 
 def device_name(device: torch.device) -> str:

@@ -19,6 +19,7 @@ from tinychat.tokenizer import Tokenizer
 from . import mkl_dispatch, train as T
 from .schedule import replan_history
 from .data import shards_arg, stats
+from .devices import resolve_device
 from .train import Trainer, TrainConfig, _hms, latest_checkpoint, load_data
 
 
@@ -102,25 +103,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         b.add_argument("--" + name.replace("_", "-"), type=int, default=None, help=f"default {getattr(d, name)}")
 
 
-def _device(text: str) -> str:
-    """'cpu' or an available 'cuda[:N]', else a one-line error."""
-    try:
-        dev = torch.device(text)
-    except RuntimeError:
-        raise SystemExit(f"--device {text!r}: expected cpu or cuda[:N]") from None
-    if dev.type == "cpu":
-        return "cpu"
-    if dev.type != "cuda":
-        raise SystemExit(f"--device {text!r}: training runs on cpu or cuda[:N]")
-    if not torch.cuda.is_available():
-        raise SystemExit(f"--device {text}: this torch ({torch.__version__}) sees no CUDA GPU")
-    if (dev.index or 0) >= torch.cuda.device_count():
-        raise SystemExit(f"--device {text}: there are {torch.cuda.device_count()} CUDA devices")
-    return str(dev)
-
-
 def run(args) -> int:
-    device = _device(getattr(args, "device", "cpu"))
+    device = resolve_device(getattr(args, "device", "cpu"), SystemExit)
     torch.set_num_threads(args.threads)
     run_dir: Path = args.run
     run_dir.mkdir(parents=True, exist_ok=True)
