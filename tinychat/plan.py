@@ -32,8 +32,8 @@ class ExecutionPlan:
                                         # resolved: engine/page_drop.py; a stored-quantized model only)
     kv_cache: str | None = None         # the CPU KV cache's format, "fp16" or "fp32" (kv_format: EngineOptions.kv_cache
                                         # resolved); None: not decided (fp32 on the CPU, bf16 on GPUs)
-    head4: bool = False                 # the two-level int4 head runs (engine/two_level_head.py: an int4 llama-family
-                                        # model whose head carries its int4 copy; sessions record "+h4")
+    head4: bool = False                 # the two-level int4 head runs (engine/two_level_head.py: an int8 / int4
+                                        # llama-family model whose head carries its int4 copy; sessions record "+h4")
 
     def kv_dtype(self):
         """The torch dtype of the chat's KV cache: kv_cache's, else fp32 on the CPU and bf16 on GPUs."""
@@ -132,7 +132,7 @@ def decide(model, quant: str | None = None, device: str = "cpu", options: Engine
     return ExecutionPlan(quant=want, device=str(torch.device(device)), options=options, graph=graph, kernel_path=path,
                          step_version=version, prefill_gemm=prefill, threads=torch.get_num_threads(),
                          quant_why=quant_why, drop_pages=drop, kv_cache=kv_format(model, want, dev, options, path),
-                         head4=want == "int4" and dev == "cpu" and head4.active(getattr(model, "head", None)))
+                         head4=want in ("int8", "int4") and dev == "cpu" and head4.active(getattr(model, "head", None)))
 
 
 def kv_format(model, mode: str, dev: str, options: EngineOptions, path: str | None) -> str | None:

@@ -209,7 +209,7 @@ def save_quantized(model, folder: Path, mode: str) -> None:
     inv = tied_inv_gain(model)
     gained = bool(getattr(model, "in_gains", None))
     mixed = gained and mode == "int4"      # quantize_cpu's per-layer mix (int4_more_bits): layout 4
-    h4 = mode == "int4" and head4_eligible(model, model.head)     # asked before quantize_cpu makes the head int8
+    h4 = head4_eligible(model, model.head)      # int8 and int4 alike; asked before quantize_cpu makes the head int8
     want = layout(model, mode, tied=inv is not None, gained=gained, mixed=mixed, h4=h4)
     groups = qkv_groups(model) if inv is not None or gained else []
     quantize_cpu(model, mode, options=EngineOptions.from_env(head4=True))     # the copy stored whatever the env says
@@ -303,7 +303,7 @@ def load_quantized(folder: Path, check_finite: bool = True):
     gained = version in ("3", "4")
     nl = cfg.n_layers if version == "4" else None      # int4's per-layer mix
     tied = version == "2" or (gained and TIED_KEY in header)
-    h4 = mode == "int4" and H4_KEYS[0] in header      # the two-level head's copy (older files: none)
+    h4 = H4_KEYS[0] in header               # the two-level head's copy (older files, and int8 ones until 2026-12: none)
     fused_file = tied or gained             # q/k/v stored fused (ATTN.w_qkv.*)
     token = _SKIP_INIT.set(True)
     try:

@@ -64,7 +64,11 @@ def test_each_decode_step_variant_stays_with_the_reference(name):
     ref, ref_name = _walk(model, False, options, fast=False)
     assert ref_name == "eager"
     rel = ((got - ref).abs().max() / ref.abs().max()).item()
-    assert rel < tol
+    # an int8 llama's two-level head (two_level_head.py): a candidate at the edge of the rescored 128 that one step
+    # rescored and the other did not differs by its int4 vs int8 value; the best candidates are int8 on both sides
+    assert rel < (0.1 if head4.active(model.head) else tol)
+    top = ref.topk(16, dim=-1).indices
+    assert ((got.gather(1, top) - ref.gather(1, top)).abs().max() / ref.abs().max()).item() < tol
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
     if quant != "none" and name in ARITHMETIC_DIFFERS:
         assert rel > 0                                                   # really another step

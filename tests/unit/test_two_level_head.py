@@ -1,4 +1,4 @@
-"""The two-level int4 head (engine/two_level_head.py): an int4 llama-family model scans every logit with the head's
+"""The two-level int4 head (engine/two_level_head.py): an int8 or int4 llama-family model scans every logit with the head's
 int4 copy and recomputes the best head4.RESCORE_K from the int8 rows. The native step against a float64 reference of its
 rounding and against the PyTorch lean step, prefill's last logits, the rescoring against the int8 head's own top-k,
 the stored file's copy, EngineOptions.head4 and the step name sessions record."""
@@ -41,18 +41,19 @@ def _rel(a, b):
     return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
 
 
-def test_int4_llama_models_get_the_copy_and_int8_tinyagent_and_option_off_do_not():
-    m = _model()
+@pytest.mark.parametrize("quant", ["int4", "int8"])
+def test_int8_and_int4_llama_models_get_the_copy_and_tinyagent_and_option_off_do_not(quant):
+    m = _model(quant)
     head = m.head
     assert type(head) is Int8Linear and head4.active(head)
     w = make_llama_model(vocab_size=V).head.weight
     q, s = quantize_int4(w)                                 # the copy is quantize_int4 of the full-precision head
     assert torch.equal(head.q4weight, q) and torch.equal(head.q4scale, s)
     assert head4.nbytes(head) * 1.7 < head.qweight.numel()  # about half the int8 rows' bytes (plus fp16 scales)
-    assert not head4.active(_model("int8").head)
-    assert not head4.active(_model(head4=False).head)
+    assert not head4.active(_model(quant, head4=False).head)
     from support import make_model
-    assert not head4.active(quantize_cpu(make_model(), "int4").head)      # TinyAgentLM keeps its int8 head
+    assert not head4.active(quantize_cpu(make_model(), quant).head)      # TinyAgentLM keeps its int8 head
+    assert not head4.active(quantize_cpu(make_llama_model(vocab_size=V), "bf16").head)
 
 
 def test_rescoring_gives_the_int8_heads_exact_top_k_where_the_int4_scan_holds_it():
@@ -90,11 +91,12 @@ def _walk(model, native_on: bool):
     return out, dec
 
 
-def test_the_native_step_scans_the_copy_and_rescores_its_best_from_the_int8_rows():
+@pytest.mark.parametrize("quant", ["int4", "int8"])
+def test_the_native_step_scans_the_copy_and_rescores_its_best_from_the_int8_rows(quant):
     _kernels()
     sys.path.insert(0, str(Path(__file__).parent))
     from test_native_llama import RefStep
-    m = _model()
+    m = _model(quant)
     got, dec = _walk(m, True)
     nat = dec.cpu_step.nat
     assert nat.rescore_k == head4.RESCORE_K and nat.head4[0] == m.head.q4weight.data_ptr()
@@ -108,13 +110,14 @@ def test_the_native_step_scans_the_copy_and_rescores_its_best_from_the_int8_rows
         tail = want[L].topk(V - 200, largest=False).indices  # the tail: the int4 copy's values
         assert _rel(got[L][tail], want[L][tail]) < 1e-4
     # the int8 head alone (head4 off) gives other tail values: the test sees which head ran
-    off, _ = _walk(_model(head4=False), True)
+    off, _ = _walk(_model(quant, head4=False), True)
     assert _rel(got[:, tail], off[:, tail]) > 1e-3
 
 
-def test_the_native_step_stays_close_to_the_pytorch_lean_step_and_prefill_on_the_two_level_head():
+@pytest.mark.parametrize("quant", ["int4", "int8"])
+def test_the_native_step_stays_close_to_the_pytorch_lean_step_and_prefill_on_the_two_level_head(quant):
     _kernels()
-    m = _model()
+    m = _model(quant)
     fast, _ = _walk(m, True)
     slow, _ = _walk(m, False)
     top = fast.topk(16, dim=-1).indices                      # both rescored there: the int8 rows' values
@@ -148,11 +151,12 @@ def test_prefill_last_logits_rescore_the_int4_scan_with_the_int8_rows():
     assert _rel(scan[top], exact[top]) > 1e-3
 
 
-def test_a_stored_int4_file_holds_the_copy_and_an_older_file_without_it_runs_the_int8_head(tmp_path):
+@pytest.mark.parametrize("quant", ["int4", "int8"])
+def test_a_stored_file_holds_the_copy_and_an_older_file_without_it_runs_the_int8_head(tmp_path, quant):
     from safetensors.torch import load_file, save_file
     from tinychat.quant_files import WEIGHTS_FILE, read_header
-    ref = _model()
-    save_quantized(make_llama_model(vocab_size=V), tmp_path / "m", "int4")
+    ref = _model(quant)
+    save_quantized(make_llama_model(vocab_size=V), tmp_path / "m", quant)
     sd = load_file(str(tmp_path / "m" / WEIGHTS_FILE))
     assert torch.equal(sd[H4_KEYS[0]], ref.head.q4weight) and torch.equal(sd[H4_KEYS[1]], ref.head.q4scale)
     m = load_quantized(tmp_path / "m")
@@ -167,8 +171,7 @@ def test_a_stored_int4_file_holds_the_copy_and_an_older_file_without_it_runs_the
     (tmp_path / "old" / "config.json").write_text((tmp_path / "m" / "config.json").read_text())
     m_old = load_quantized(tmp_path / "old")
     assert not head4.active(m_old.head) and torch.equal(m_old.head.qweight, ref.head.qweight)
-    assert save_quantized(make_llama_model(vocab_size=V), tmp_path / "m8", "int8") is None
-    assert H4_KEYS[0] not in load_file(str(tmp_path / "m8" / WEIGHTS_FILE))
+    assert m_old.stored_quant == quant
 
 
 def test_the_option_off_drops_a_stored_copy():

@@ -238,7 +238,8 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
     """In place. mode "int8": weight-only int8 Linear layers (Int8Linear, per-channel scales, bf16 activations).
     "int4": Int4Linear layers (groups of 32, fp16 scales), those int4_keeps_int8 names Int8Linear (engine/int4_rules.py:
     with norm gains, q/k/v on llama.cpp's use_more_bits layers too, the per-layer mix); a llama-family head also gets
-    its int4 copy (the two-level head, engine/two_level_head.py; head4_eligible) unless options.head4 is off.
+    its int4 copy (the two-level head, engine/two_level_head.py; head4_eligible) unless options.head4 is off, in "int8"
+    as in "int4".
     A model with norm gains kept apart (model.in_gains: a llama-family import) gets them as the int8 / int4 Linears'
     in_gain (linear_gain; the weights quantized with the gain divided out, the activations multiplied by it).
     "bf16": Linear weights stored in bf16 (BF16Linear). Embeddings, Engram tables, norms, RoPE and the KV cache stay
@@ -271,7 +272,7 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
         c = Int8Linear if cls is Int4Linear and int4_keeps_int8(name, gained, n_layers) else cls
         g = {"in_gain": linear_gain(model, name)} if gained else {}
         q = c(mod, pbf, **kw, **g)
-        if (name == "head" and cls is Int4Linear and opts.head4 and type(q) is Int8Linear
+        if (name == "head" and cls in (Int8Linear, Int4Linear) and opts.head4 and type(q) is Int8Linear
                 and head4_eligible(model, q)):
             q4 = Int4Linear(mod, mapped=mapped)     # the two-level head's int4 copy (two_level_head.py)
             q.register_buffer(Q4W, q4.qweight)
