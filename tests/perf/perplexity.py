@@ -14,8 +14,8 @@ top-1 agreement there is with tinychat's first mode.
 runs/perf/ppl-home); a stored-quantized import (`--quant int8|int4`) scores in its stored mode only (the
 modes asked are ignored). The text: tests/perf/data/held_text.txt (public domain: the Declaration of Independence, the
 Gettysburg Address, Lincoln's second inaugural; typed in, so not a byte-exact copy of any edition). Each mode scores
-through the model's forward (prefill's kernels: fp32 GEMMs, the native int8 / int4 GEMMs); an int4 llama's two-level
-head (engine/two_level_head.py) as the chat computes it (TINYCHAT_HEAD4=0: the int8 head alone). Not a test."""
+through the model's forward (prefill's kernels: fp32 GEMMs, the native int8 / int4 GEMMs); an int8 / int4 llama's
+two-level head (engine/two_level_head.py) as the chat computes it (TINYCHAT_HEAD4=0: the int8 head alone). Not a test."""
 from __future__ import annotations
 
 import argparse

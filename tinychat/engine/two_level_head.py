@@ -1,5 +1,5 @@
-"""The two-level head of `--quant int4` llama-family models (issue #34): the int8 head (an Int8Linear, a tied model's
-embedding rows too: head_embed.py) carries an int4 copy of its weights, `q4weight` / `q4scale` (quantize_int4's
+"""The two-level head of `--quant int8` and `--quant int4` llama-family models (issue #34): the int8 head (an
+Int8Linear, a tied model's embedding rows too: head_embed.py) carries an int4 copy of its weights, `q4weight` / `q4scale` (quantize_int4's
 format, native_q4.h's layout: about half the int8 rows' bytes). A step scans all V logits with the copy (the int4
 GEMV / GEMM, int8 activations), then recomputes the RESCORE_K best of them exactly from the int8 rows against the
 fp32 hidden state (append.rescore_top; native_llama.h's rescore in the native step). Greedy and the sampler's nucleus
@@ -12,8 +12,10 @@ int8 head's at every scored position; perplexity 31.24 against the int8 head's 3
 values: 31.34 at k = 64, 32.03 at 16; the int4 copy alone 36.83).
 
 The copy is built by quantize_cpu (quant.py, from the full-precision head weights where the int8 rows are made) for
-an int4 llama-family model unless EngineOptions.head4 is off, and stored in stored-quantized int4 files (quant_files.py:
-"head.q4weight" / "head.q4scale"; an older file without them runs the int8 head as before). Sessions record "+h4"
+an int8 or int4 llama-family model unless EngineOptions.head4 is off, and stored in stored-quantized files
+(quant_files.py: "head.q4weight" / "head.q4scale"; an older file without them runs the int8 head as before). At int8
+it costs SmolLM2-135M 26.00 -> 26.20 perplexity on the held text and gave the Qwen2.5-0.5B shape's decode 1.04x /
+1.33x at 1 / 2 threads (docs/benchmarks.md, "The two-level head for int8"). Sessions record "+h4"
 with the step (plan.step_name): another rounding of the tail's logits, so another step to replay on."""
 from __future__ import annotations
 
