@@ -188,7 +188,10 @@ def test_imported_llama_int8_steps_stay_close_to_the_reference(tmp_path, use_nat
     dec = Decoder(m, cache, graph=False, options=opts)
     rows = [append(m, cache, torch.tensor([PROMPT]), [len(PROMPT)])] + [dec.step(t) for t in want[:-1]]
     rows = torch.cat(rows).double()
-    assert 0 < (rows - ref).abs().max() / ref.abs().max() < INT8_REL       # really quantized, and close
+    # the two-level head (engine/two_level_head.py): the best 128 logits from the int8 rows, the tail int4
+    top = rows.topk(16, dim=-1).indices
+    assert 0 < (rows.gather(1, top) - ref.gather(1, top)).abs().max() / ref.abs().max() < INT8_REL   # quantized, close
+    assert (rows - ref).abs().max() / ref.abs().max() < 2 * INT8_REL
     assert (rows.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9       # teacher-forced greedy agreement
     assert got[:4] == want[:4]
 
