@@ -182,6 +182,11 @@ class Chat:
         return self.timeline.load_snapshot(self.session, snap[0], snap[1], self._made_with(), snapshot.hash_bytes)
 
     # -- turns ----------------------------------------------------------------------------------------------
+    def settle_threads(self) -> int:
+        """Let the decode step measure its thread count before the first turn (Decoder.settle_threads: steps on
+        this chat's cache, put back after; ~11 steps, at most 1 s). The app calls it while the user types."""
+        return self.decoder.settle_threads()
+
     def cancel(self) -> None:
         """Stop the running turn (thread-safe): it ends at the next token, the cache stays well-formed."""
         self.runner.cancel.set()

@@ -20,6 +20,7 @@ import torch
 
 from .cache import KVCache
 from .cpu_step import CpuStep
+from .quant import bulk_prefill_kernel
 from ..options import EngineOptions
 from .sampling import _phrase_ban_mask, _sample_icdf, sample_top_p
 from .static import _graph_api, _StaticAux, _StaticFeed, _step_static
@@ -74,6 +75,45 @@ class Decoder:
     @fast.setter
     def fast(self, on: bool) -> None:
         self._fast = bool(on)
+
+    def prefill_threads(self, rows: int) -> int | None:
+        """The thread count a prefill of `rows` tokens on this decoder's cache should run at, or None (torch's, as
+        set): the decode step's tuner's choice (engine/threads.py) where it left the ceiling, i.e. measured that
+        another process holds a core (the prefill's GEMMs would stall at every barrier as the step's did), and only
+        where the prefill runs the native GEMM, whose bits do not depend on the thread count (so replays stay exact)."""
+        cs = self.cpu_step
+        if cs is None or not self._fast:
+            return None
+        tuner = cs.nat.tuner if cs.nat is not None else cs.lean_tuner
+        ceiling = torch.get_num_threads()
+        if not tuner.auto or tuner.choice is None or tuner.choice >= ceiling:
+            return None
+        return tuner.choice if bulk_prefill_kernel(self.model, rows) == "native-gemm" else None
+
+    @torch.no_grad()
+    def settle_threads(self, budget_s: float = 1.0) -> int:
+        """Run decode steps on this cache, then put it back (truncate to its mark: the K/V past the length is masked
+        and rewritten in order, so nothing a turn sees changes), until the thread tuner's first trial is done or
+        budget_s has passed: a chat on a machine whose other processes hold a core then starts its first reply, and
+        the prefill before it, at the thread count that does not stall. A no-op without a tuning CPU step, with one
+        thread, or once the tuner has tried. Returns the steps run."""
+        cs = self.cpu_step
+        if cs is None or not self._fast or torch.get_num_threads() <= 1:
+            return 0
+        tuner = cs.nat.tuner if cs.nat is not None else cs.lean_tuner
+        room = self.cache.max_len - self.cache.length(0) - 1
+        if not tuner.auto or tuner.trials or room < 2:
+            return 0
+        import time
+        mark = self.cache.mark()
+        t0, n = time.perf_counter(), 0
+        try:
+            while not tuner.trials and n < room and time.perf_counter() - t0 < budget_s:
+                self.step(0)
+                n += 1
+        finally:
+            self.cache.truncate(mark)
+        return n
 
     def step_changed(self) -> None:
         """The CPU step's native view was switched on or off (quant_steps.py): choose the variant again."""

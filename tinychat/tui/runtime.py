@@ -141,7 +141,9 @@ class Backend:
         """The first chat (loads the model)."""
         from ..loading import resolve_device
         self.device = resolve_device(self.device)      # "auto" -> cpu or cuda (imports torch: on the worker)
-        return self.open(self.session, first=True)
+        chat = self.open(self.session, first=True)
+        chat.settle_threads()                           # the step's thread count measured before the first reply
+        return chat
 
     def mode_for(self, session_ref: str | None) -> tuple[str, str | None]:
         """(mode, why auto chose it) for a chat on session_ref (None: a new chat); see loading.resolve_quant."""
