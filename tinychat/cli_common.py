@@ -75,3 +75,31 @@ def load_session_noting(ref):
     if getattr(sess, "notice", None):
         typer.echo(safe_line(f"note: {sess.notice}"), err=True)
     return sess
+
+
+def reflow(text: str | None) -> str | None:
+    """A docstring as --help shows it: the lines of each paragraph joined (Typer's rich mode keeps a docstring's line
+    breaks, and rich then wraps each ~110-column source line at the terminal's width: ragged text), lines that start
+    a list item ("- ", "* ", indented) kept on their own."""
+    if not text:
+        return text
+    import inspect
+    out = []
+    for para in inspect.cleandoc(text).split("\n\n"):
+        lines: list[str] = []
+        for ln in para.split("\n"):
+            if lines and ln and not ln[0].isspace() and not ln.startswith(("- ", "* ", "\u2022 ")):
+                lines[-1] += " " + ln
+            else:
+                lines.append(ln)
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
+def reflow_help(app) -> None:
+    """Every command's help in `app` (and its sub-apps) reflowed (reflow): set once, before the app runs."""
+    for info in app.registered_commands:
+        info.help = reflow(info.help or (info.callback.__doc__ if info.callback else None))
+    for group in app.registered_groups:
+        reflow_help(group.typer_instance)
+
