@@ -24,10 +24,12 @@ FIELDS: list[tuple[str, str, str]] = [
     ("no_parrot", "No-parrot", "nor the user's 3-grams"),
     ("ban_reply", "Reply ban", "no loop within a reply"),
     ("max_new", "Max new tokens", "per reply"),
-    ("seed", "Seed", "empty = random per turn"),
+    ("seed", "Seed", "a number repeats a reply"),
     ("system_prompt", "System prompt", "opens a new chat"),
 ]
 
+
+PLACEHOLDERS = {"seed": "random per turn"}     # an empty field's text where it is not the help's
 
 # the app's preferences (tinychat.prefs.Prefs fields): key, label, help
 PREFS: list[tuple[str, str, str]] = [
@@ -80,8 +82,8 @@ class SettingsScreen(ModalScreen[dict | None]):
                         if isinstance(v, bool):
                             yield Switch(v, id=f"set-{key}")
                         else:
-                            yield Input("" if v is None else str(v), id=f"set-{key}", placeholder=help_,
-                                        compact=True)
+                            yield Input("" if v is None else str(v), id=f"set-{key}",
+                                        placeholder=PLACEHOLDERS.get(key, help_), compact=True)
                         yield Label(help_, classes="dim")
                 if self.note:
                     yield Static(self.note, classes="dim")
