@@ -12,7 +12,7 @@ import typer
 
 from .choices import QUANT_CHOICES, QUANT_MODES, SIZES
 from .cli_common import (_QUANTS, MODEL_HELP, UsageError, _debug, _model_arg, _progress,  # noqa: F401  (re-exported)
-                         _stderr_is_terminal, load_session_noting, reflow_help)
+                         _stderr_is_terminal, load_session_noting, reflow_help, strict_numbers)
 from .cli_info import info
 from .cli_models import import_, models_app, pull
 from .cli_serve import serve
@@ -352,6 +352,7 @@ app.command()(pull)
 app.command("import")(import_)
 app.add_typer(models_app, name="models")
 reflow_help(app)                    # docstrings' source line breaks out of --help
+strict_numbers(app)                 # int / float flags: ASCII digits only
 
 
 def _missing_argument(e: Exception) -> str | None:

@@ -103,3 +103,54 @@ def reflow_help(app) -> None:
     for group in app.registered_groups:
         reflow_help(group.typer_instance)
 
+
+def _ascii_number(kind):
+    """A flag's parser for int / float values: ASCII only. Python's int() and float() take any script's digits
+    ("٠.٥", "５"), so `--temperature ٠.٥` would run at 0.5; such a value is refused, naming its flag (issue #33)."""
+    what = "an integer" if kind is int else "a number"
+
+    def parse(value):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return kind(value)                          # a default
+        text = str(value)
+        try:
+            if not text.isascii():
+                raise ValueError
+            return kind(text)
+        except ValueError:
+            raise typer.BadParameter(f"{text!r} is not {what} (ASCII digits)") from None
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _number_kind(annotation):
+    """int or float where a parameter's annotation is one (or Optional of one), else None."""
+    import typing
+    if annotation in (int, float):
+        return annotation
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return args[0] if typing.get_origin(annotation) is typing.Union and len(args) == 1 and args[0] in (int, float) \
+        else None
+
+
+def strict_numbers(app) -> None:
+    """Every int / float option and argument of `app`'s commands (and its sub-apps') parsed by _ascii_number, unless
+    it names its own parser: set once, before the app runs."""
+    import inspect
+    import typing
+
+    from typer.models import ArgumentInfo, OptionInfo
+    infos = [i.callback for i in app.registered_commands if i.callback is not None]
+    if app.registered_callback is not None and app.registered_callback.callback is not None:
+        infos.append(app.registered_callback.callback)      # the chat itself: `tinychat [OPTIONS]`
+    for fn in infos:
+        hints = typing.get_type_hints(fn)
+        for name, p in inspect.signature(fn).parameters.items():
+            d = p.default
+            kind = _number_kind(hints.get(name))
+            if kind is not None and isinstance(d, (OptionInfo, ArgumentInfo)) and getattr(d, "parser", None) is None \
+                    and getattr(d, "click_type", None) is None:
+                d.parser = _ascii_number(kind)
+    for group in app.registered_groups:
+        strict_numbers(group.typer_instance)
+

@@ -104,3 +104,31 @@ def test_a_flag_given_a_number_not_in_ascii_digits_is_one_line_naming_the_flag(m
         cli.main()
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("tinychat: error: ") and flag in err, err
+
+
+def test_every_number_flag_takes_ascii_digits_only():
+    """strict_numbers covers every int / float option and argument, the chat's own and each command's: a new flag
+    cannot slip back to Python's int() / float(), which take any script's digits."""
+    import inspect
+    import typing
+
+    from typer.models import ArgumentInfo, OptionInfo
+
+    from tinychat.cli_common import _number_kind
+
+    def callbacks(a):
+        if a.registered_callback is not None and a.registered_callback.callback is not None:
+            yield a.registered_callback.callback
+        yield from (i.callback for i in a.registered_commands)
+        for g in a.registered_groups:
+            yield from callbacks(g.typer_instance)
+    seen = 0
+    for fn in callbacks(cli.app):
+        hints = typing.get_type_hints(fn)
+        for name, p in inspect.signature(fn).parameters.items():
+            if isinstance(p.default, (OptionInfo, ArgumentInfo)) and _number_kind(hints.get(name)) is not None:
+                seen += 1
+                assert p.default.parser is not None and p.default.parser("7") == 7, (fn.__name__, name)
+                with pytest.raises(Exception, match="ASCII digits"):
+                    p.default.parser("\uff17")                        # a fullwidth 7
+    assert seen >= 15
