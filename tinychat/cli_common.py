@@ -20,7 +20,8 @@ class UsageError(TinychatError):
 
 
 _QUANTS = "|".join(QUANT_CHOICES)
-MODEL_HELP = "Model folder, or the name of an imported model (default: the shipped model)."
+MODEL_HELP = ("Model folder, the name of an imported model, or the Hugging Face repo it was pulled from "
+              "(default: the shipped model).")
 
 
 def _model_arg(value: Optional[Path]) -> Optional[Path]:

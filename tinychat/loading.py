@@ -50,16 +50,33 @@ def default_model_path() -> Path | None:
 
 def model_path(model: str | Path | None) -> Path | None:
     """--model as given: an existing path wins; else the name of a model imported with `tinychat import`
-    (importer/store.py). A bare name that is neither is a LoadError that says where models come from; a path that
-    does not exist comes back unchanged, so the loaders' own "no such model folder" error speaks."""
-    from .importer.store import close_names, resolve
+    (importer/store.py); else a Hugging Face repo id, ORG/NAME[:QUANT], that `tinychat pull` imported (the one model
+    pulled from it). A bare name that is none of these is a LoadError that says where models come from, a repo id
+    never pulled one that says how to pull it; another path that does not exist comes back unchanged, so the
+    loaders' own "no such model folder" error speaks."""
+    from .importer.store import close_names, model_path as imported, pulled_as, resolve
     path = resolve(model)
     name = str(model)
-    if path is not None and not path.exists() and "/" not in name and os.sep not in name:
+    if path is None or path.exists():
+        return path
+    if "/" not in name and os.sep not in name:
         near = close_names(name)
         hint = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
         raise LoadError(f"no model folder or imported model named {name!r} ({hint}`tinychat models` lists the "
-                        f"imported ones; `tinychat import SRC` brings one)")
+                        f"imported ones; `tinychat pull ORG/NAME` or `tinychat import SRC` brings one)")
+    from .hub.ref import PullError, parse_ref
+    try:
+        ref = parse_ref(name)
+    except PullError:
+        return path
+    if ref.revision is None and not name.startswith(("./", "../")):
+        names = pulled_as(ref.repo, ref.quant)
+        if len(names) == 1:
+            return imported(names[0])
+        if names:
+            raise LoadError(f"{name}: pulled as {', '.join(names)}; give one of them to --model (or ORG/NAME:QUANT)")
+        raise LoadError(f"{name}: no such model folder, nor a model pulled from that Hugging Face repo "
+                        f"(`tinychat pull {name}` downloads and imports it)")
     return path
 
 

@@ -194,6 +194,32 @@ def test_a_mistyped_model_name_suggests_the_imported_ones_it_may_mean(tmp_path, 
         assert ".half" not in err
 
 
+def test_a_hugging_face_repo_id_opens_the_model_pulled_from_it_or_says_how_to_pull_it(tmp_path, capsys):
+    """`--model ORG/NAME[:QUANT]` as ollama / llama.cpp users type it: the imported model whose import.json says it
+    was pulled from that repo (case-insensitive; :QUANT picks among a GGUF repo's quants); several: one line naming
+    them; none: one line with the pull command."""
+    import json
+    import os
+    from pathlib import Path
+
+    from tinychat.loading import model_path
+    models = Path(os.environ["TINYCHAT_HOME"]) / "models"
+    for n, repo, quant in (("tiny", "org/tiny", None), ("tiny-Q8_0", "org/tiny-GGUF", "Q8_0"),
+                           ("tiny-Q4_K_M", "org/tiny-GGUF", "Q4_K_M"), ("local", None, None)):
+        (models / n).mkdir(parents=True)
+        (models / n / "config.json").write_text("{}")
+        meta = {"source": "x"} if repo is None else {"source": "x", "hub": {"repo": repo, "quant": quant}}
+        (models / n / "import.json").write_text(json.dumps(meta))
+    assert model_path("org/tiny") == models / "tiny" and model_path("ORG/Tiny") == models / "tiny"
+    assert model_path("org/tiny-GGUF:q4_k_m") == models / "tiny-Q4_K_M"
+    for typed, want in (("org/tiny-GGUF", "org/tiny-GGUF: pulled as tiny-Q4_K_M, tiny-Q8_0; give one"),
+                        ("org/other", "org/other: no such model folder, nor a model pulled from that Hugging Face "
+                                      "repo (`tinychat pull org/other` downloads and imports it)"),
+                        ("nothing-like-it", "`tinychat pull ORG/NAME` or `tinychat import SRC` brings one")):
+        code, err = _cli_main(["--model", typed, "--plain"], capsys)
+        assert code == 2 and want in err and err.count("\n") == 1, (typed, err)
+
+
 def test_a_missing_argument_is_named_as_help_shows_it(capsys):
     for args, msg in [(["sessions", "show"], "tinychat sessions show needs ID|PATH"),
                       (["sessions", "rename", "abc"], "tinychat sessions rename needs TITLE (see"),

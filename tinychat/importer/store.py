@@ -41,6 +41,25 @@ def resolve(model: str | Path | None) -> Path | None:
     return q if (q / "config.json").is_file() else p
 
 
+def pulled_as(repo: str, quant: str | None = None) -> list[str]:
+    """The names of the imported models `tinychat pull` took from the Hugging Face repo `repo` (import.json's hub
+    record; case-insensitive), only those of GGUF type `quant` when given: what `--model ORG/NAME[:QUANT]` opens."""
+    root = paths.models_dir()
+    if not root.is_dir():
+        return []
+    out = []
+    for d in _model_dirs(root):
+        try:
+            hub = json.loads((d / IMPORT_FILE).read_text(encoding="utf-8")).get("hub")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if not isinstance(hub, dict) or str(hub.get("repo", "")).lower() != repo.lower():
+            continue
+        if quant is None or str(hub.get("quant") or "").lower() == quant.lower():
+            out.append(d.name)
+    return out
+
+
 def _model_dirs(root: Path) -> list[Path]:
     """The imported model folders under root, by name (.NAME.importing: an import under way, not one)."""
     return [d for d in sorted(root.iterdir()) if not d.name.startswith(".") and (d / "config.json").is_file()]
