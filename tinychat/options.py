@@ -31,7 +31,7 @@ class EngineOptions:
                                         # "fp16" (half the memory and the bytes a step reads; sessions record
                                         # "+kv16" with the step), "fp32", or "auto": fp16 where the native step runs
                                         # (plan.kv_format); TinyAgentLM's ring cache and GPUs' bf16 stay as they are
-    head4: bool = True                  # --quant int8 / int4 llama-family models: the two-level head (two_level_head.py:
+    head4: bool = True                  # int4 and stored-int8 llama-family models: the two-level head (two_level_head.py:
                                         # every logit from an int4 copy of the head, the best RESCORE_K recomputed
                                         # from its int8 rows; sessions record "+h4"); False: the int8 head alone
 

@@ -212,7 +212,8 @@ def save_quantized(model, folder: Path, mode: str) -> None:
     h4 = head4_eligible(model, model.head)      # int8 and int4 alike; asked before quantize_cpu makes the head int8
     want = layout(model, mode, tied=inv is not None, gained=gained, mixed=mixed, h4=h4)
     groups = qkv_groups(model) if inv is not None or gained else []
-    quantize_cpu(model, mode, options=EngineOptions.from_env(head4=True))     # the copy stored whatever the env says
+    quantize_cpu(model, mode, options=EngineOptions.from_env(head4=True),      # the copy stored whatever the env
+                 int8_head4=True)                                               # says, int8 files' too
     if quant_mode(model) != mode:
         raise ValueError(f"this PyTorch build cannot make --quant {mode} weights (it runs {quant_mode(model)})")
     # clones: the q/k/v Linears' rows are views of the fused projection (safetensors refuses shared storage)

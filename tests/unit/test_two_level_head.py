@@ -24,7 +24,8 @@ TOKENS = torch.randint(0, 512, (1, 24), generator=torch.Generator().manual_seed(
 
 
 def _model(quant="int4", **kw):
-    return quantize_cpu(make_llama_model(vocab_size=V), quant, options=EngineOptions(**kw))
+    """A llama quantized as a stored file makes it: int8's copy too (quantize_cpu's int8_head4)."""
+    return quantize_cpu(make_llama_model(vocab_size=V), quant, options=EngineOptions(**kw), int8_head4=True)
 
 
 def _kernels():
@@ -51,6 +52,8 @@ def test_int8_and_int4_llama_models_get_the_copy_and_tinyagent_and_option_off_do
     assert torch.equal(head.q4weight, q) and torch.equal(head.q4scale, s)
     assert head4.nbytes(head) * 1.7 < head.qweight.numel()  # about half the int8 rows' bytes (plus fp16 scales)
     assert not head4.active(_model(quant, head4=False).head)
+    # quantized at start, an int8 model keeps its int8 head (the copy's scale search would cost every start)
+    assert head4.active(quantize_cpu(make_llama_model(vocab_size=V), quant).head) == (quant == "int4")
     from support import make_model
     assert not head4.active(quantize_cpu(make_model(), quant).head)      # TinyAgentLM keeps its int8 head
     assert not head4.active(quantize_cpu(make_llama_model(vocab_size=V), "bf16").head)

@@ -234,12 +234,15 @@ def quant_mode(model) -> str:
     return "none"
 
 
-def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | None = None):
+def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | None = None,
+                 int8_head4: bool = False):
     """In place. mode "int8": weight-only int8 Linear layers (Int8Linear, per-channel scales, bf16 activations).
     "int4": Int4Linear layers (groups of 32, fp16 scales), those int4_keeps_int8 names Int8Linear (engine/int4_rules.py:
     with norm gains, q/k/v on llama.cpp's use_more_bits layers too, the per-layer mix); a llama-family head also gets
-    its int4 copy (the two-level head, engine/two_level_head.py; head4_eligible) unless options.head4 is off, in "int8"
-    as in "int4".
+    its int4 copy (the two-level head, engine/two_level_head.py; head4_eligible) unless options.head4 is off; in "int8"
+    only with int8_head4 (what a stored int8 file is made with, once, at import: quant_files.save_quantized), since
+    the copy's scale search costs a start more than the rest of the quantization (SmolLM2-135M's head: ~5 s on 2
+    loaded Zen 4 vCPUs, against ~1.6 s for all its int8 rows).
     A model with norm gains kept apart (model.in_gains: a llama-family import) gets them as the int8 / int4 Linears'
     in_gain (linear_gain; the weights quantized with the gain divided out, the activations multiplied by it).
     "bf16": Linear weights stored in bf16 (BF16Linear). Embeddings, Engram tables, norms, RoPE and the KV cache stay
@@ -272,8 +275,8 @@ def quantize_cpu(model, mode: str, head: bool = True, options: EngineOptions | N
         c = Int8Linear if cls is Int4Linear and int4_keeps_int8(name, gained, n_layers) else cls
         g = {"in_gain": linear_gain(model, name)} if gained else {}
         q = c(mod, pbf, **kw, **g)
-        if (name == "head" and cls in (Int8Linear, Int4Linear) and opts.head4 and type(q) is Int8Linear
-                and head4_eligible(model, q)):
+        if (name == "head" and (cls is Int4Linear or (cls is Int8Linear and int8_head4)) and opts.head4
+                and type(q) is Int8Linear and head4_eligible(model, q)):
             q4 = Int4Linear(mod, mapped=mapped)     # the two-level head's int4 copy (two_level_head.py)
             q.register_buffer(Q4W, q4.qweight)
             q.register_buffer(Q4S, q4.scale)

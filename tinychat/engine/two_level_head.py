@@ -12,8 +12,10 @@ int8 head's at every scored position; perplexity 31.24 against the int8 head's 3
 values: 31.34 at k = 64, 32.03 at 16; the int4 copy alone 36.83).
 
 The copy is built by quantize_cpu (quant.py, from the full-precision head weights where the int8 rows are made) for
-an int8 or int4 llama-family model unless EngineOptions.head4 is off, and stored in stored-quantized files
-(quant_files.py: "head.q4weight" / "head.q4scale"; an older file without them runs the int8 head as before). At int8
+an int4 llama-family model unless EngineOptions.head4 is off, and for an int8 one where the stored file is made
+(`import --quant int8`; quantizing an fp32 import at start skips it: its scale search would cost each start
+seconds), and stored in stored-quantized files (quant_files.py: "head.q4weight" / "head.q4scale"; an older file
+without them runs the int8 head as before). At int8
 it costs SmolLM2-135M 26.00 -> 26.20 perplexity on the held text and gave the Qwen2.5-0.5B shape's decode 1.04x /
 1.33x at 1 / 2 threads (docs/benchmarks.md, "The two-level head for int8"). Sessions record "+h4"
 with the step (plan.step_name): another rounding of the tail's logits, so another step to replay on."""
