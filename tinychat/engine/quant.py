@@ -90,7 +90,9 @@ class Int8Linear(PackedLinear):
         r = 0
         for buf in _weight_blocks(self, lin, mapped):
             e = r + buf.size(0)
-            scale[r:e] = (torch.linalg.vector_norm(buf, float("inf"), dim=1) / 127.0).clamp_min(1e-12)
+            # max |w| per row, as max(amax, -amin): the same values as vector_norm(inf), ~5x faster on the CPU
+            top = torch.maximum(buf.amax(dim=1), buf.amin(dim=1).neg_())
+            scale[r:e] = (top / 127.0).clamp_min(1e-12)
             q[r:e] = buf.div_(scale[r:e].float()[:, None]).round_().clamp_(-127, 127)
             r = e
         self.register_buffer("qweight", q.contiguous())
