@@ -10,11 +10,12 @@ is there to see).
 
 When it tries:
 - the first trial comes after EARLY steps (a machine busy from the start shows in the first reply, not after 64
-  steps of it), and switches only for a trial twice as fast (EARLY_MARGIN: its base is two steps); a trial that loses doubles the wait before the next (from FIRST on), so a machine that stays busy
-  (or idle) pays almost nothing for the checking;
+  steps of it), lasts EARLY_TRIAL steps and switches only for a trial twice as fast (EARLY_MARGIN: its base is two
+  steps); a trial that loses doubles the wait before the next (from FIRST on), so a machine that stays busy (or
+  idle) pays almost nothing for the checking;
 - steps that stall (a window mean over STALL times its fastest step, or a recent mean over STALL times the best
-  mean this choice has shown) on more than one thread bring a trial of one forward, after `stall_wait` steps: 4, doubled by each stall trial that
-  loses (the machine is slower for both choices), back to 4 when a trial wins;
+  mean this choice has shown) on more than one thread bring a trial of one forward, after `stall_wait` steps: 4,
+  doubled by each stall trial that loses (the machine is slower for both choices), back to 4 when a trial wins;
 - a trial step over ABORT times the current choice's mean ends the trial there, lost: trying two threads on a
   machine where they collapse costs one or two stalled steps (~0.1-0.25 s each, measured), not eight.
 
@@ -28,6 +29,7 @@ from collections import deque
 class ThreadTuner:
     WINDOW = 32         # recent step times of the current choice, compared against a trial
     TRIAL = 8           # steps per trial of the other choice (after one unmeasured switch-over step)
+    EARLY_TRIAL = 4     # ... for the first trial, which only has to see a 2x difference (EARLY_MARGIN)
     EARLY = 2           # steps before the very first trial (a collapse is plain after two)
     EARLY_MARGIN = 0.5  # ... which switches only for a trial twice as fast (its base: two steps, the first paying
                         # its warm-up; a collapsed choice is 10-30x slower than the other)
@@ -102,10 +104,11 @@ class ThreadTuner:
         if len(self.trial_times) > 1 and seconds > self.ABORT * base:
             self._end_trial(won=False)                              # a collapse: no need to sit through 8 steps
             return
-        if len(self.trial_times) < self.TRIAL + 1:
+        steps = self.EARLY_TRIAL if self.trials == 0 else self.TRIAL
+        if len(self.trial_times) < steps + 1:
             return
-        trial = sum(self.trial_times[1:]) / self.TRIAL            # the first step pays the switch-over
-        self._note_best(min(self.trial, ceiling), self.trial_times[1:])
+        trial = sum(self.trial_times[1:]) / steps                  # the first step pays the switch-over
+        self._note_best(min(self.trial, ceiling), self.trial_times[1:])   # (TRIAL steps: the first trial's are not)
         margin = self.EARLY_MARGIN if self.trials == 0 else self.MARGIN
         self._end_trial(won=trial < margin * base)
 
