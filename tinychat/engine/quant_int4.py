@@ -13,31 +13,47 @@ from .prefill_policy import INT8_GEMM_CHUNK, _act_scratch, _grown, bf16_over_nat
 INT4_CANDIDATES = (-8.0, -8.5, -7.75, -7.5, -7.25, -7.0, -6.5, -6.0)   # d = (largest-magnitude value) / c
 
 
+QUANT_ROWS = 256        # rows quantized at a time: the search's temporaries stay in cache (4.6x faster on 4096 x 4096)
+
+
 def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w (N, K) -> (packed (N, Kp / 2) uint8, scales (N, Kp / 32) fp16), native_q4.h's layout (Kp: K rounded up to
     64, zero columns past K). Per group of 32: Q4_0's form, q = clamp(round(w / d), -8, 7) with d = m / c for m the
     group's value of largest magnitude (the first such), d stored in fp16 and q rounded against the stored value;
     c is the first of INT4_CANDIDATES (-8: Q4_0's own) with the least squared error (a search llama.cpp's Q4_K does
-    too; here it costs a few % of the loading time). Deterministic: the same bytes on every machine."""
+    too; here it costs a few % of the loading time). Deterministic: the same bytes on every machine. Row blocks of
+    QUANT_ROWS (each group's arithmetic is its own: the same bytes as the whole matrix at once)."""
+    if w.size(0) > QUANT_ROWS:
+        parts = [_quantize_int4(w[r:r + QUANT_ROWS]) for r in range(0, w.size(0), QUANT_ROWS)]
+        return torch.cat([p for p, _ in parts]), torch.cat([d for _, d in parts])
+    return _quantize_int4(w)
+
+
+def _q_of(g: torch.Tensor, df: torch.Tensor) -> torch.Tensor:
+    """q = clamp(round(g / d), -8, 7) per group, 0 where d is 0 (a group of zeros, or an fp16 underflow): g (N, G, 32),
+    df (N, G, 1) fp32 values of the stored fp16 scales."""
+    zero = df == 0
+    return (g / torch.where(zero, 1.0, df)).masked_fill_(zero, 0.0).round_().clamp_(-8, 7)
+
+
+def _quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     from .native import pad64
     N, K = w.shape
     Kp = pad64(K)
     g = torch.nn.functional.pad(w.float(), (0, Kp - K)).view(N, Kp // 32, 32)
     m = g.gather(-1, g.abs().argmax(dim=-1, keepdim=True))
-    best_q = best_d = best_e = None
-    for c in INT4_CANDIDATES:
+    best_d = best_e = None
+    for c in INT4_CANDIDATES:              # each candidate's squared error; only the best scale is kept (small)
         d = (m / c).clamp_(-65504.0, 65504.0).to(torch.float16)
         df = d.float()
-        q = torch.where(df != 0, g / torch.where(df != 0, df, 1.0), 0.0).round_().clamp_(-8, 7)
-        e = (q * df - g).square_().sum(-1, keepdim=True)
+        e = (_q_of(g, df).mul_(df).sub_(g)).square_().sum(-1, keepdim=True)
         if best_e is None:
-            best_q, best_d, best_e = q, d, e
+            best_d, best_e = d, e
         else:
-            better = e < best_e
-            best_q = torch.where(better, q, best_q)
+            better = e < best_e            # strict: the first candidate wins a tie
             best_d = torch.where(better, d, best_d)
             best_e = torch.minimum(e, best_e)
-    u = (best_q + 8).to(torch.uint8).view(N, Kp // 64, 2, 32)
+    u = (_q_of(g, best_d.float()) + 8).to(torch.uint8).view(N, Kp // 64, 2, 32)   # the q of the scale kept
     packed = (u[:, :, 0] | (u[:, :, 1] << 4)).reshape(N, Kp // 2)
     return packed.contiguous(), best_d.view(N, Kp // 32).contiguous()
 
