@@ -97,6 +97,7 @@ def _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup
     from .plan import decide
     total = 2 + warmup + repeats + len(prefill_lens)
     done = 0
+    threads = torch.get_num_threads()       # as set: the tuned step may leave torch's count lower (sync_torch)
 
     def tick(what):
         nonlocal done
@@ -195,11 +196,10 @@ def _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup
         "native": nat is not None,
         "int8_kernels": _int8_kernels(nat),   # which native int8 path ran (avx512-vnni, avx2-vnni, ...), else None
         "int8_prefill": _int8_prefill(model, prompt_len) if device == "cpu" else None,   # its prefill's GEMM
-        "threads": torch.get_num_threads() if device == "cpu" else None,
+        "threads": threads if device == "cpu" else None,
         # the int8 native step picks 1..threads by measurement unless pinned (--threads); its choice at the end
         "threads_auto": tuned,
-        "threads_used": (nat.tuner.choice or torch.get_num_threads()) if tuned else
-        (torch.get_num_threads() if device == "cpu" else None),
+        "threads_used": (nat.tuner.choice or threads) if tuned else (threads if device == "cpu" else None),
         "linear_params": linear_params,
         "params": sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers()),
         "prompt_len": prompt_len,

@@ -215,6 +215,7 @@ def test_settling_the_threads_before_the_first_turn_changes_no_token():
         a, b = plain.send("hello there"), settled.send("hello there")
         assert a.token_ids == b.token_ids and len(a.token_ids) > 3
         settled.decoder.cpu_step.nat.tuner = T.ThreadTuner()  # a fresh tuner on a cache holding a turn
+        torch.set_num_threads(2)                               # (the old one may have left torch at its choice)
         L = settled.cache.length(0)
         assert settled.settle_threads() > 0 and settled.cache.length(0) == L
         assert plain.send("and then").token_ids == settled.send("and then").token_ids
@@ -235,3 +236,23 @@ def test_slow_steps_on_one_thread_bring_no_trial_of_more():
     used = run(tu, busy_core, 3000)
     assert tu.choice == 1
     assert used[1000:].count(2) <= 10                       # a few regular trials (64, 128, ... steps apart)
+
+
+def test_the_torch_ops_between_steps_follow_the_steps_thread_count():
+    """sync_torch: a step on one thread of two leaves torch at one (the sampler's softmax and sort over the vocabulary
+    would otherwise stall at two-thread barriers), and the tuner still tunes below the two it had."""
+    import torch
+    was = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        tu = T.ThreadTuner()
+        assert tu.ceiling() == 2
+        tu.sync_torch(1, 2)
+        assert torch.get_num_threads() == 1 and tu.ceiling() == 2
+        tu.sync_torch(2, 2)
+        assert torch.get_num_threads() == 2 and tu.ceiling() == 2
+        tu.sync_torch(1, 2)
+        torch.set_num_threads(3)                               # set by hand since: that is the ceiling now
+        assert tu.ceiling() == 3
+    finally:
+        torch.set_num_threads(was)

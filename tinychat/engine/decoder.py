@@ -85,7 +85,7 @@ class Decoder:
         if cs is None or not self._fast:
             return None
         tuner = cs.nat.tuner if cs.nat is not None else cs.lean_tuner
-        ceiling = torch.get_num_threads()
+        ceiling = tuner.ceiling()
         if not tuner.auto or tuner.choice is None or tuner.choice >= ceiling:
             return None
         return tuner.choice if bulk_prefill_kernel(self.model, rows) == "native-gemm" else None
@@ -98,9 +98,11 @@ class Decoder:
         the prefill before it, at the thread count that does not stall. A no-op without a tuning CPU step, with one
         thread, or once the tuner has tried. Returns the steps run."""
         cs = self.cpu_step
-        if cs is None or not self._fast or torch.get_num_threads() <= 1:
+        if cs is None or not self._fast:
             return 0
         tuner = cs.nat.tuner if cs.nat is not None else cs.lean_tuner
+        if tuner.ceiling() <= 1:
+            return 0
         room = self.cache.max_len - self.cache.length(0) - 1
         if not tuner.auto or tuner.trials or room < 2:
             return 0

@@ -161,7 +161,7 @@ class _NativeLlama(_PointerView):
 def _decode_native_llama(model, cache: KVCache, tok: int, L: int, fs, nat: _NativeLlama):
     """The token tok at position L of row 0 through tc_llama_step; returns the logits (1, V), or None when the cache
     is one the kernel cannot read (the caller runs the PyTorch step then)."""
-    ceiling = torch.get_num_threads()
+    ceiling = nat.tuner.ceiling()
     c = model.cfg
     need = max(ceiling, 1) * (c.n_heads // c.n_kv_heads) * (cache.max_len + 1)    # a group's heads at once
     if nat.sc.numel() < need:
@@ -170,6 +170,7 @@ def _decode_native_llama(model, cache: KVCache, tok: int, L: int, fs, nat: _Nati
     if plan is None:
         return None
     nt = nat.tuner.threads(ceiling)
+    nat.tuner.sync_torch(nt, ceiling)                   # the sampler's torch ops at the step's count too
     t0 = time.perf_counter()
     nat.lib.tc_llama_step(plan, tok, L, nat.eps, model.cfg.logit_softcap, nt)
     nat.tuner.record(time.perf_counter() - t0, ceiling)

@@ -266,8 +266,9 @@ def _decode_native(model, cache: KVCache, tok: int, L: int, fs, nat: _NativeStep
     d, hid = c.d_model, c.mlp_hidden
     vnorm = torch.linalg.vector_norm
     lib, P = nat.lib, nat.p
-    ceiling = torch.get_num_threads()
+    ceiling = nat.tuner.ceiling()
     nt = nat.tuner.threads(ceiling)
+    nat.tuner.sync_torch(nt, ceiling)                        # the sampler's torch ops at the step's count too
     t0 = time.perf_counter()
     inv = fs.inv_sqrt_d
     native_attn = nat.attn_ok(cache, model)
