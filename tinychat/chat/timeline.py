@@ -60,15 +60,14 @@ class CacheTimeline:
             raise ChatError(f"token id {max(ids) if max(ids) >= 0 else min(ids)} is outside the model's vocabulary "
                             f"(0..{vocab - 1})")
         x = torch.tensor([ids], dtype=torch.long, device=self.cache.gk.device)
-        nt = self.decoder.prefill_threads(len(ids))     # fewer threads where the step measured a busy machine
-        if nt is None:
-            return append(self.model, self.cache, x, [len(ids)], pad_shapes=self.pad_shapes)
-        was = torch.get_num_threads()
-        torch.set_num_threads(nt)
+        nt, was = self.decoder.prefill_threads(len(ids)), torch.get_num_threads()   # the step's measured count
+        if nt is not None:
+            torch.set_num_threads(nt)
         try:
             return append(self.model, self.cache, x, [len(ids)], pad_shapes=self.pad_shapes)
         finally:
-            torch.set_num_threads(was)
+            if nt is not None:
+                torch.set_num_threads(was)
 
     def length(self) -> int:
         return int(self.cache.lens_cpu[0])

@@ -76,19 +76,25 @@ class Decoder:
     def fast(self, on: bool) -> None:
         self._fast = bool(on)
 
-    def prefill_threads(self, rows: int) -> int | None:
-        """The thread count a prefill of `rows` tokens on this decoder's cache should run at, or None (torch's, as
-        set): the decode step's tuner's choice (engine/threads.py) where it left the ceiling, i.e. measured that
-        another process holds a core (the prefill's GEMMs would stall at every barrier as the step's did), and only
-        where the prefill runs the native GEMM, whose bits do not depend on the thread count (so replays stay exact)."""
+    def _tuner(self):
+        """The thread tuner of this decoder's fast CPU step (engine/threads.py), or None."""
         cs = self.cpu_step
         if cs is None or not self._fast:
             return None
-        tuner = cs.nat.tuner if cs.nat is not None else cs.lean_tuner
-        ceiling = tuner.ceiling()
-        if not tuner.auto or tuner.choice is None or tuner.choice >= ceiling:
+        return cs.nat.tuner if cs.nat is not None else cs.lean_tuner
+
+    def prefill_threads(self, rows: int) -> int | None:
+        """The thread count a prefill of `rows` tokens on this decoder's cache should run at, or None (torch's, as it
+        is): the decode step's tuner's choice (engine/threads.py) where the prefill runs the native GEMM, whose bits
+        do not depend on the thread count (so replays stay exact); other GEMMs at the count the tuner tunes below,
+        undoing what its steps left torch at (ThreadTuner.sync_torch)."""
+        tuner = self._tuner()
+        if tuner is None or not tuner.auto:
             return None
-        return tuner.choice if bulk_prefill_kernel(self.model, rows) == "native-gemm" else None
+        ceiling = tuner.ceiling()
+        if bulk_prefill_kernel(self.model, rows) != "native-gemm":
+            return ceiling if torch.get_num_threads() != ceiling else None
+        return tuner.choice if tuner.choice is not None and tuner.choice < ceiling else None
 
     @torch.no_grad()
     def settle_threads(self, budget_s: float = 1.0) -> int:
@@ -97,14 +103,9 @@ class Decoder:
         budget_s has passed: a chat on a machine whose other processes hold a core then starts its first reply, and
         the prefill before it, at the thread count that does not stall. A no-op without a tuning CPU step, with one
         thread, or once the tuner has tried. Returns the steps run."""
-        cs = self.cpu_step
-        if cs is None or not self._fast:
-            return 0
-        tuner = cs.nat.tuner if cs.nat is not None else cs.lean_tuner
-        if tuner.ceiling() <= 1:
-            return 0
+        tuner = self._tuner()
         room = self.cache.max_len - self.cache.length(0) - 1
-        if not tuner.auto or tuner.trials or room < 2:
+        if tuner is None or not tuner.auto or tuner.trials or tuner.ceiling() <= 1 or room < 2:
             return 0
         import time
         mark = self.cache.mark()
