@@ -36,6 +36,10 @@ Two layouts (VERSION_KEY):
   Linear in its own format: q/k/v (fused) int8 on llama.cpp's use_more_bits layers (engine/int4_rules.py's
   int4_more_bits, the config's n_layers), int4 elsewhere. An int8 file of such a model is still written as "3" (the
   mix changes nothing there); a version-3 int4 file loads as it did (q/k/v int4 on every layer).
+Every int4 tensor (an int4 Linear's, the head's copy below) is in native_q4_layout.h's grouped layout (rows by groups
+of four in super-blocks: engine/int4_layout.py) where the metadata says INT4_LAYOUT_KEY = INT4_LAYOUT; a file without
+it (an older tinychat's) holds them plain and they are converted at load (a copy, not mapped: import it again to map
+it).
 An int4 file of a llama-family model (any layout) also holds the int8 head's int4 copy, H4_KEYS
 (engine/two_level_head.py's two-level head: uint8 (V, pad64(d) / 2) and fp16 (V, pad64(d) / 32), quantized from
 the full-precision head as quantize_cpu makes it); a file without them (an older tinychat's) loads and runs the int8
@@ -55,6 +59,8 @@ TIED_KEY = "embed.inv_gain"    # version 2: the (d,) fp32 factors of the embeddi
 QKV = "w_qkv"                  # version 2: ATTN.w_qkv.* per attention, its q/k/v Linears' rows fused (engine/fused.py)
 MODES = ("int8", "int4")
 H4_KEYS = ("head.q4weight", "head.q4scale")     # int4 llama files: the head's int4 copy (engine/two_level_head.py)
+INT4_LAYOUT_KEY = "tinychat_int4_layout"        # the int4 tensors' byte layout: INT4_LAYOUT, or plain where absent
+INT4_LAYOUT = "grouped"
 WEIGHTS_FILE = "model.safetensors"
 _HEADER_MAX = 64 << 20        # a safetensors header larger than this is not one tinychat wrote
 
@@ -233,7 +239,7 @@ def save_quantized(model, folder: Path, mode: str) -> None:
         bad = sorted(set(got.items()) ^ set(want.items()))[:2]
         raise ValueError(f"internal error: the {mode} tensors are not the stored layout ({bad})")
     version = "4" if mixed else "3" if gained else "2" if inv is not None else "1"
-    meta = {"format": "pt", FORMAT_KEY: mode, VERSION_KEY: version}
+    meta = {"format": "pt", FORMAT_KEY: mode, VERSION_KEY: version, INT4_LAYOUT_KEY: INT4_LAYOUT}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / WEIGHTS_FILE, lambda tmp: save_file(sd, str(tmp), metadata=meta))
@@ -316,6 +322,8 @@ def load_quantized(folder: Path, check_finite: bool = True):
         sd = load_file(str(wpath))          # memory-mapped
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{wpath}: unreadable safetensors file ({str(e).splitlines()[0][:120]})") from None
+    if (header.get("__metadata__") or {}).get(INT4_LAYOUT_KEY) != INT4_LAYOUT:
+        _regroup_int4(sd)
     mapped = MappedWeights()
     groups = qkv_groups(model) if fused_file else []
     fused_in_file = {n for _, _, names in groups for n in names.values()}
@@ -354,12 +362,22 @@ def load_quantized(folder: Path, check_finite: bool = True):
     return model.eval()
 
 
+def _regroup_int4(sd: dict) -> None:
+    """An older file's plain int4 tensors (uint8 packed rows and their fp16 scales) in the grouped layout, in sd."""
+    import torch
+
+    from .engine.int4_layout import grouped
+    for k in [k for k, v in sd.items() if v.dtype == torch.uint8 and k.endswith((".qweight", ".q4weight"))]:
+        sk = k.removesuffix("weight") + "scale" if k.endswith(".q4weight") else k.removesuffix("qweight") + "scale"
+        sd[k], sd[sk] = grouped(sd[k], sd[sk])
+
+
 def _fused_from_file(model, sd: dict, mode: str, groups, gained: bool = False, n_layers: int | None = None) -> None:
     """Versions 2 to 4: model.fused_qkv, one quant Linear per attention holding the file's ATTN.w_qkv tensors as they lie
     (taken out of sd), and its q/k/v Linears made of views of their rows (engine/fused.py's piece_rows; a copy only
     for a piece whose rows split around another's), their tensors put in sd under their own names: what quantize_cpu
     leaves, with no copy of the mapped rows."""
-    from .engine.fused import piece_runs, piece_rows
+    from .engine.fused import piece_packed, piece_rows, piece_runs
     fused = []
     for attn, pieces, names in groups:
         first = pieces[0][0]
@@ -368,7 +386,7 @@ def _fused_from_file(model, sd: dict, mode: str, groups, gained: bool = False, n
         f = cls.from_packed(sd.pop(f"{attn}.{QKV}.qweight"), sd.pop(f"{attn}.{QKV}.scale"),
                             sd.pop(f"{attn}.{QKV}.bias", None), first.in_features, in_gain=gain)
         for lin, runs in piece_runs(pieces).items():
-            parts = {leaf: piece_rows(getattr(f, leaf), lin, runs) for leaf in ("qweight", "scale")}
+            parts = dict(zip(("qweight", "scale"), piece_packed(f, lin, runs)))
             bias = None if f.bias is None else piece_rows(f.bias.detach(), lin, runs)
             q = cls.from_packed(parts["qweight"], parts["scale"], bias, lin.in_features, in_gain=f.in_gain)
             q.in_gain = f.in_gain                    # the fused Linear's own tensor, shared

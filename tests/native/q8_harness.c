@@ -106,9 +106,29 @@ static int check_gemm(int64_t M, int64_t N, int64_t K) {
 /* int4 weights (native_q4.h's layout: random nibbles, random fp16 group scales of both signs, subnormal ones
    included) against float64 math on the rounded activations: the GEMV (4-row groups and remainder rows) and the GEMM
    (remainders in every dimension, with and without a bias), and the GEMM's rows equal to the GEMV's. */
-static double w4(const uint8_t *q, int64_t Kp, int64_t n, int64_t k) {
-    uint8_t b = q[n * (Kp / 2) + (k / 64) * 32 + (k % 32)];
-    return (double)((k % 64 < 32 ? b & 15 : b >> 4) - 8);
+/* Weight (n, k) and its group's scale in native_q4_layout.h's grouped layout, written here from its description
+   (apart from tc4_row): rows 4g..4g+3 interleaved by super-blocks of 512 columns, then 64-column tail chunks; the
+   last N % 4 rows plain. */
+static double w4(const uint8_t *q, int64_t N, int64_t Kp, int64_t n, int64_t k) {
+    int64_t nsb = Kp / 512, r = n % 4, base = (n - r) * (Kp / 2), byte;
+    int high;
+    if (n >= N / 4 * 4) {
+        byte = n * (Kp / 2) + (k / 64) * 32 + k % 32, high = k % 64 >= 32;
+    } else if (k < 512 * nsb) {
+        int64_t l = (k % 512) / 32, s = (k % 32) / 4;
+        byte = base + 1024 * (k / 512) + 128 * s + 32 * r + 4 * (l % 8) + k % 4, high = l >= 8;
+    } else {
+        int64_t c = (k - 512 * nsb) / 64, j = (k - 512 * nsb) % 64;
+        byte = base + 1024 * nsb + 128 * c + 32 * r + j % 32, high = j >= 32;
+    }
+    return (double)((high ? q[byte] >> 4 : q[byte] & 15) - 8);
+}
+
+static uint16_t s4(const uint16_t *ws, int64_t N, int64_t Kp, int64_t n, int64_t k) {
+    int64_t nsb = Kp / 512, r = n % 4, base = (n - r) * (Kp / 32), tg = (Kp - 512 * nsb) / 32, G = k / 32;
+    if (n >= N / 4 * 4) return ws[n * (Kp / 32) + G];
+    if (G < 16 * nsb) return ws[base + 64 * (G / 16) + 16 * r + G % 16];
+    return ws[base + 64 * nsb + r * tg + G - 16 * nsb];
 }
 
 /* The nearest bf16 to f by comparing its two neighbours (ties: the even one), apart from the kernel's rounding. */
@@ -130,6 +150,7 @@ static int check4(int64_t M, int64_t N, int64_t K) {
     float *b = malloc(N * sizeof(float)), *x = malloc(M * K * sizeof(float)), *y = malloc(M * N * sizeof(float));
     float *yv = malloc(N * sizeof(float));
     void *buf = malloc(tc_gemm4_act_bytes(M, K, 1)), *one = malloc(tc_act_bytes(K));
+    int8_t *tmp = malloc(tc4_ref_bytes(K));
     for (int64_t i = 0; i < N * Kp / 2; i++) q[i] = (uint8_t)next();
     for (int64_t i = 0; i < N * (Kp / 32); i++)
         ws[i] = (uint16_t)((next() & 0x8000) | (i % 13 == 7 ? (next() & 0x3ff) : 0x3000 | (next() & 0x7ff)));
@@ -140,15 +161,15 @@ static int check4(int64_t M, int64_t N, int64_t K) {
         tc_gemm4_1(x, buf, q, ws, with_bias ? b : NULL, y, M, N, K);
         double mx = 0.0, err = 0.0, verr = 0.0, rerr = 0.0;
         for (int64_t m = 0; m < M; m++) {
-            tc_act8 a = tc_quant8(x + m * K, one, K);
+            tc_act8 a = tc_quant4(x + m * K, one, K, 1);
             for (int64_t n = 0; n < N; n++) yv[n] = 2.0f;
             gemv4_rows(&a, q, ws, yv, N, K, 1);
             for (int64_t n = 0; n < N; n++) {
                 double r = 0.0;
                 for (int64_t k = 0; k < K; k++)
-                    r += w4(q, Kp, n, k) * tc_h2f_ref(ws[n * (Kp / 32) + k / 32]) * a.q[k] * a.s[(k / TC_QB) * (TC_QB / 4)];
+                    r += w4(q, N, Kp, n, k) * tc_h2f_ref(s4(ws, N, Kp, n, k)) * a.q[k] * a.s[(k / TC_QB) * (TC_QB / 4)];
                 double rb = r + (with_bias ? b[n] : 0.0), g = y[m * N + n], v = yv[n] - 2.0f + (with_bias ? b[n] : 0.f);
-                float rf = tc4_dot_ref(&a, q + n * (Kp / 2), ws + n * (Kp / 32), K);
+                float rf = tc4_dot_ref(&a, q, ws, N, K, n, tmp);
                 mx = fabs(rb) > mx ? fabs(rb) : mx;
                 err = fabs(g - rb) > err ? fabs(g - rb) : err;
                 verr = fabs(g - v) > verr ? fabs(g - v) : verr;
@@ -164,12 +185,12 @@ static int check4(int64_t M, int64_t N, int64_t K) {
     uint16_t *wb = malloc(K * 2);                       /* the rows as bf16 (prefill's bf16 GEMMs): bit for bit */
     int64_t bad = 0;
     for (int64_t n = 0; n < N; n++) {
-        tc4_dequant_bf16_row(q, ws, n, K, wb);
+        tc4_dequant_bf16_row(q, ws, N, n, K, wb, tmp);
         for (int64_t k = 0; k < K; k++)
-            bad += wb[k] != bf16_ref((float)(w4(q, Kp, n, k) * tc_h2f_ref(ws[n * (Kp / 32) + k / 32])));
+            bad += wb[k] != bf16_ref((float)(w4(q, N, Kp, n, k) * tc_h2f_ref(s4(ws, N, Kp, n, k))));
     }
     if (bad) printf("int4 N=%ld K=%ld: %ld bf16 weights off\n", (long)N, (long)K, (long)bad), fails++;
-    free(q), free(ws), free(b), free(x), free(y), free(yv), free(buf), free(one), free(wb);
+    free(q), free(ws), free(b), free(x), free(y), free(yv), free(buf), free(one), free(wb), free(tmp);
     return fails;
 }
 

@@ -70,12 +70,22 @@ def piece_rows(t: torch.Tensor, lin, runs) -> torch.Tensor:
     return t[rows] if rows is not None else torch.cat([t[o:o + b - a] for a, b, o in sorted(runs)])
 
 
+def piece_packed(f, lin, runs) -> tuple[torch.Tensor, torch.Tensor]:
+    """lin's (qweight, scale) rows of the fused quant Linear f: views where they lie as one run that f's format can
+    view (views_ok), else a copy of its runs in its own row order (f's _cat_rows)."""
+    rows = contiguous_run(lin, runs)
+    if rows is not None and f.views_ok(rows.start, rows.stop):
+        return f.qweight[rows], f.scale[rows]
+    return f._cat_rows([(f, o, o + b - a) for a, b, o in sorted(runs)])
+
+
 def _share_rows(fused, pieces) -> None:
     """Point each piece Linear's per-row tensors (weights, scales, bias) at the fused Linear's rows, where all of the
     piece's rows lie in the fused weight as one in-order run: the same values, held once."""
     for lin, runs in piece_runs(pieces).items():
         rows = contiguous_run(lin, runs)
-        if rows is None:
+        views_ok = getattr(fused, "views_ok", None)        # the packed Linears' (int4: whole row groups only)
+        if rows is None or (views_ok is not None and not views_ok(rows.start, rows.stop)):
             continue                                       # its rows split around another piece's: keep the copy
         for name, t in [*lin.named_buffers(recurse=False), *lin.named_parameters(recurse=False)]:
             if name == "in_gain":                          # per column, not per row: the fused one is the same

@@ -84,7 +84,7 @@ void tc_gemm(const float *x, void *buf, const int8_t *q, const float *s, const f
 /* The int4 GEMV (native_q4.h): y (+)= W4 x; xq: tc_act_bytes(K) of scratch. */
 void tc_gemv4(const float *x, void *xq, const uint8_t *q, const uint16_t *ws, float *y, int64_t N, int64_t K, int acc,
               int nt) {
-    tc_act8 a = tc_quant8(x, xq, K);
+    tc_act8 a = tc_quant4(x, xq, K, 1);
 #pragma omp parallel num_threads(threads_for(N * K, nt))
     gemv4_rows(&a, q, ws, y, N, K, acc);
 }
@@ -97,8 +97,15 @@ void tc_gemm4(const float *x, void *buf, const uint8_t *q, const uint16_t *ws, c
 
 /* The int4 rows [0, N) as bf16 (o: N x K; native_q4.h's tc4_dequant_bf16_row), for prefill's bf16 GEMMs. */
 void tc_dequant4_bf16(const uint8_t *q, const uint16_t *ws, uint16_t *o, int64_t N, int64_t K, int nt) {
-#pragma omp parallel for schedule(static) num_threads(threads_for(N * K, nt))
-    for (int64_t n = 0; n < N; n++) tc4_dequant_bf16_row(q, ws, n, K, o + n * K);
+#pragma omp parallel num_threads(threads_for(N * K, nt))
+    {
+        int8_t *tmp = (int8_t *)malloc((size_t)tc4_ref_bytes(K));
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t n = 0; n < N; n++) tc4_dequant_bf16_row(q, ws, N, n, K, o + n * K, tmp);
+        free(tmp);
+    }
 }
 
 /* h = x / (|x| * inv) = x * sqrt(d) / |x| (rms_norm without epsilon, as _decode_fast computes it) */
@@ -113,7 +120,7 @@ static void rms(const float *x, float *h, int64_t d, float inv) {
 void tc_norm_gemv(const float *x, float *h, void *xq, float inv, const void *q, const void *s, float *y,
                   int64_t N, int64_t d, int fmt, int nt) {
     rms(x, h, d, inv);
-    tc_act8 a = tc_quant8(h, xq, d);
+    tc_act8 a = tc_quant4(h, xq, d, fmt);
 #pragma omp parallel num_threads(threads_for(N * d, nt))
     gemv_fmt(fmt, &a, q, s, y, N, d, 0);
 }
@@ -125,7 +132,7 @@ void tc_tail(float *x, float *h, void *xq, float inv, const float *y_attn, int64
              const void *wo_q, const void *wo_s, const void *up_q, const void *up_s,
              const void *dn_q, const void *dn_s, float *u, int64_t hidden, int64_t d,
              const void *wq_q, const void *wq_s, float *qkv, int64_t nq, int fmt, int nt) {
-    tc_act8 a = tc_quant8(y_attn, xq, dv);
+    tc_act8 a = tc_quant4(y_attn, xq, dv, fmt);
 #pragma omp parallel num_threads(threads_for(hidden * d, nt))
     {
         gemv_fmt(TC_FMT(fmt, TC_F_WO), &a, wo_q, wo_s, x, d, dv, 1);
@@ -133,7 +140,7 @@ void tc_tail(float *x, float *h, void *xq, float inv, const float *y_attn, int64
 #pragma omp single
         {
             rms(x, h, d, inv);
-            a = tc_quant8(h, xq, d);
+            a = tc_quant4(h, xq, d, fmt);
         }
         gemv_fmt(TC_FMT(fmt, TC_F_UP), &a, up_q, up_s, u, hidden, d, 0);
 #pragma omp barrier
@@ -143,7 +150,7 @@ void tc_tail(float *x, float *h, void *xq, float inv, const float *y_attn, int64
                 float v = u[i] > 0.f ? u[i] : 0.f;
                 u[i] = v * v;
             }
-            a = tc_quant8(u, xq, hidden);
+            a = tc_quant4(u, xq, hidden, fmt);
         }
         gemv_fmt(TC_FMT(fmt, TC_F_DN), &a, dn_q, dn_s, x, d, hidden, 1);
         if (nq > 0) {
@@ -151,7 +158,7 @@ void tc_tail(float *x, float *h, void *xq, float inv, const float *y_attn, int64
 #pragma omp single
             {
                 rms(x, h, d, inv);
-                a = tc_quant8(h, xq, d);
+                a = tc_quant4(h, xq, d, fmt);
             }
             gemv_fmt(TC_FMT(fmt, TC_F_QKV), &a, wq_q, wq_s, qkv, nq, d, 0);
         }

@@ -42,11 +42,12 @@ INT8_STEP_VERSION = 6   # the native step's rounding's version: bump it when the
                         # prefill's included (it fills the KV cache a later turn or a restore reads), and give those
                         # paths the new number in KERNEL_PATHS. What each version changed: docs/benchmarks.md,
                         # "Int8 step versions".
-INT4_STEP_VERSION = 3   # the native int4 step's rounding (native_q4.h: Q4_0-style groups of 32 with fp16 scales, the
+INT4_STEP_VERSION = 4   # the native int4 step's rounding (native_q4.h: Q4_0-style groups of 32 with fp16 scales, the
                         # int8 activations of the int8 step): sessions record "native-int4-v<N>@<path>". 2: the
                         # llama step multiplies the norm output by the fused matrices' input gains (issue #34). 3:
                         # a model with gains keeps q/k/v int8 on llama.cpp's use_more_bits layers (int4_rules.py's
-                        # int4_more_bits: per-layer formats, native_llama.h's LTAB_FMT column)
+                        # int4_more_bits: per-layer formats, native_llama.h's LTAB_FMT column). 4: rows by groups
+                        # of four in super-blocks of 512 columns (native_q4_layout.h): the fp32 sums' order changed
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,8 @@ _tried = False
 why_not: str | None = None     # why the kernels are off (None while on or not tried yet)
 
 SOURCES = {n: Path(__file__).with_name(n).read_text(encoding="utf-8")
-           for n in ("native.c", "native_simd.h", "native_q8.h", "native_gemm.h", "native_q4.h", "native_attn.h",
-                     "native_attn_kv.h", "native_f16.h", "native_llama.h")}
+           for n in ("native.c", "native_simd.h", "native_q8.h", "native_gemm.h", "native_q4.h", "native_q4_layout.h",
+                     "native_attn.h", "native_attn_kv.h", "native_f16.h", "native_llama.h")}
 SOURCE = SOURCES["native.c"]    # the kernels (C), beside this file; included: native_simd.h (the SIMD level and
                                 # kernel path, decided once), native_q8.h (the int8 GEMV), native_gemm.h (prefill's
                                 # int8 GEMM), native_attn.h (per-head attention; native_attn_kv.h its K/V readers, for
@@ -255,19 +256,22 @@ def pad64(k: int) -> int:
 
 
 def unpack4(packed: torch.Tensor, K: int) -> torch.Tensor:
-    """native_q4.h's packed rows (N, Kp / 2) uint8 as int8 values q (N, K) in -8..7 (u - 8; per 64-column chunk byte
-    j: column j in the low nibble, column j + 32 in the high one)."""
-    N = packed.size(0)
-    b = packed.view(N, -1, 32)
-    u = torch.stack([b & 15, b >> 4], dim=2).view(N, -1)        # (N, Kp): chunk-wise [low 32 | high 32]
+    """An int4 matrix's packed rows (N, Kp / 2) uint8 (native_q4_layout.h's grouped layout) as int8 values q (N, K)
+    in -8..7 (u - 8)."""
+    from .int4_layout import plain, unpack_plain
+    u = unpack_plain(plain(packed, None)[0])
     return (u[:, :K].to(torch.int16) - 8).to(torch.int8)
+
+
+def scales4(scales: torch.Tensor, packed: torch.Tensor, K: int) -> torch.Tensor:
+    """An int4 matrix's fp16 group scales per column (N, K), in column order."""
+    from .int4_layout import plain
+    return plain(packed, scales)[1].repeat_interleave(Q4G, dim=1)[:, :K]
 
 
 def dequant4_ref(packed: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tensor:
     """The int4 weights (N, K) in float64: q * the group's fp16 scale (exact)."""
-    q = unpack4(packed, K).double()
-    s = scales.double().repeat_interleave(Q4G, dim=1)[:, :K]
-    return q * s
+    return unpack4(packed, K).double() * scales4(scales, packed, K).double()
 
 
 def gemm4_ref(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
@@ -335,7 +339,7 @@ def dequant4_bf16(lib, packed: torch.Tensor, scales: torch.Tensor, K: int, nt: i
 
 
 def random_int4(N: int, K: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random int4 rows in native_q4.h's layout (any nibbles; fp16 scales of both signs), for the tests."""
+    """Random int4 rows (any nibbles, any layout; fp16 scales of both signs), for the tests."""
     Kp = pad64(K)
     packed = torch.randint(0, 256, (N, Kp // 2), dtype=torch.uint8, generator=g)
     scales = ((torch.rand(N, Kp // Q4G, generator=g) + 0.5) * (torch.randint(0, 2, (N, Kp // Q4G), generator=g) * 2

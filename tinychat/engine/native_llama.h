@@ -93,7 +93,7 @@ static void llama_tail(const int64_t *t, const int64_t *next, float *x, float *h
     const void *wo_q = (const void *)t[4], *up_q = (const void *)t[6], *dn_q = (const void *)t[8];
     const void *wo_s = (const void *)t[5], *up_s = (const void *)t[7], *dn_s = (const void *)t[9];
     int64_t nq = next ? next[2] : 0;
-    tc_act8 a = tc_quant8(y, xq, dv);
+    tc_act8 a = tc_quant4(y, xq, dv, fmt);
 #pragma omp parallel num_threads(threads_for(2 * hidden * d, nt))
     {
         gemv_fmt(TC_FMT(fmt, TC_F_WO), &a, wo_q, wo_s, x, d, dv, 1);
@@ -101,14 +101,14 @@ static void llama_tail(const int64_t *t, const int64_t *next, float *x, float *h
 #pragma omp single
         {
             rms_eps(x, h, d, eps, (const float *)t[11]);
-            a = tc_quant8(h, xq, d);
+            a = tc_quant4(h, xq, d, fmt);
         }
         gemv_fmt(TC_FMT(fmt, TC_F_UP), &a, up_q, up_s, u, 2 * hidden, d, 0);
 #pragma omp barrier
 #pragma omp single
         {
             swiglu(u, hidden);
-            a = tc_quant8(u, xq, hidden);
+            a = tc_quant4(u, xq, hidden, fmt);
         }
         gemv_fmt(TC_FMT(fmt, TC_F_DN), &a, dn_q, dn_s, x, d, hidden, 1);
         if (nq > 0) {
@@ -116,7 +116,7 @@ static void llama_tail(const int64_t *t, const int64_t *next, float *x, float *h
 #pragma omp single
             {
                 rms_eps(x, h, d, eps, (const float *)next[10]);
-                a = tc_quant8(h, xq, d);
+                a = tc_quant4(h, xq, d, nfmt);
             }
             gemv_fmt(TC_FMT(nfmt, TC_F_QKV), &a, (const void *)next[0], (const void *)next[1], qkv, nq, d, 0);
         }
@@ -129,7 +129,7 @@ static void llama_tail(const int64_t *t, const int64_t *next, float *x, float *h
 static void llama_norm_gemv(const float *x, float *h, void *xq, float eps, const float *g, const void *q,
                             const void *s, const float *b, float *y, int64_t N, int64_t d, int fmt, int nt) {
     rms_eps(x, h, d, eps, g);
-    tc_act8 a = tc_quant8(h, xq, d);
+    tc_act8 a = tc_quant4(h, xq, d, fmt);
 #pragma omp parallel num_threads(threads_for(N * d, nt))
     gemv_fmt(fmt, &a, q, s, y, N, d, 0);
     if (b)

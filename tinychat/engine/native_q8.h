@@ -8,7 +8,8 @@
    The activation vector is quantized once per call into a scratch of tc_act_bytes(K) (tc_act8):
      q: int8, K rounded up to 64, zero past K;
      s: fp32 per 4 columns (lane j = sx[j / 8]: the layout of a dot-product register's int32 lanes);
-     c: int32 per 4 columns, -128 * (xq[4j] + ... + xq[4j + 3]) (the GEMM's correction, native_gemm.h).
+     c: int32 per 4 columns, -128 * (xq[4j] + ... + xq[4j + 3]) (the GEMM's correction, native_gemm.h);
+     r, gc, gs: the int4 GEMV's super-block copies (native_q4_layout.h's tc_act_sb; set only where it runs).
    The dot products, by the level native_simd.h decides (TC_512, TC_256, TC_NEON or none):
      TC_512       vpdpbusd zmm, 64 multiply-adds an instruction. vpdpbusd multiplies unsigned by signed bytes, so
                   the GEMV feeds it |xq| against q with xq's sign (a masked negate; both within +-127, so exact);
@@ -29,17 +30,20 @@ typedef struct {
     int8_t *q;
     float *s;
     int32_t *c;
+    int8_t *r;
+    int32_t *gc;
+    float *gs;
 } tc_act8;
 
 static inline int64_t tc_pad64(int64_t K) { return (K + 63) & ~(int64_t)63; }
 
-/* bytes of activation scratch for K columns (64 of them spare for alignment) */
-int64_t tc_act_bytes(int64_t K) { return 3 * tc_pad64(K) + 64; }
+/* bytes of activation scratch for K columns (64 of them spare for alignment): q, s, c, then tc_act_sb's copies */
+int64_t tc_act_bytes(int64_t K) { return 4 * tc_pad64(K) + 2 * ((tc_pad64(K) / 8 + 63) & ~(int64_t)63) + 64; }
 
 static inline tc_act8 tc_act_view(void *buf, int64_t K) {
     int64_t Kp = tc_pad64(K);
     int8_t *b = (int8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
-    tc_act8 a = {b, (float *)(b + Kp), (int32_t *)(b + 2 * Kp)};
+    tc_act8 a = {b, (float *)(b + Kp), (int32_t *)(b + 2 * Kp), NULL, NULL, NULL};
     return a;
 }
 

@@ -89,17 +89,29 @@ class PackedLinear(torch.nn.Module):
         first = pieces[0][0]
         out = cls.__new__(cls)
         torch.nn.Module.__init__(out)
-        q = torch.cat([lin.qweight[a:b] for lin, a, b in pieces]).contiguous()
+        q, s = cls._cat_rows(pieces)
         out.in_features, out.out_features, out.prefill_bf16 = first.in_features, q.size(0), first.prefill_bf16
         out.native = getattr(first, "native", True)
         out.register_buffer("qweight", q)
-        out.register_buffer("scale", torch.cat([lin.scale[a:b] for lin, a, b in pieces]).contiguous())
+        out.register_buffer("scale", s)
         out.bias = _rows_bias(pieces)
         gains = [getattr(lin, "in_gain", None) for lin, _, _ in pieces]
         if any((g is None) != (gains[0] is None) or (g is not None and not torch.equal(g, gains[0])) for g in gains):
             raise ValueError("from_rows: the pieces have different input gains")
         _set_gain(out, gains[0])
         return out
+
+    def views_ok(self, a: int, b: int) -> bool:
+        """Whether rows [a, b) of qweight and scale, as views, are a matrix of this format (per-row formats: always;
+        Int4Linear's grouped layout overrides it)."""
+        return True
+
+    @staticmethod
+    def _cat_rows(pieces) -> tuple[torch.Tensor, torch.Tensor]:
+        """The qweight and scale rows (lin, start, end) of the pieces, concatenated (one row of either per output
+        row; Int4Linear's grouped layout overrides it)."""
+        return (torch.cat([lin.qweight[a:b] for lin, a, b in pieces]).contiguous(),
+                torch.cat([lin.scale[a:b] for lin, a, b in pieces]).contiguous())
 
 
 def _drop_read_pages(lin) -> None:

@@ -1,5 +1,5 @@
-"""`--quant int4`'s Linear: quantize_int4 (w (N, K) -> native_q4.h's packed layout: groups of 32 columns with one
-fp16 scale, ~4.5 bits a weight) and Int4Linear, which runs them on the native kernels (its bf16 prefill GEMMs
+"""`--quant int4`'s Linear: quantize_int4 (w (N, K) -> native_q4_layout.h's packed layout: groups of 32 columns with
+one fp16 scale, ~4.5 bits a weight, rows by groups of four: engine/int4_layout.py) and Int4Linear, which runs them on the native kernels (its bf16 prefill GEMMs
 dequantize BF16_BLOCK bytes of rows at a time). Which Linears get it is engine/int4_rules.py's rule, quantize_cpu
 (engine/quant.py) applies it."""
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..mapped import MappedWeights
+from .int4_layout import aligned, cat, grouped, rows
 from .packed_linear import PackedLinear, _gained, _set_gain, _weight_blocks
 from .prefill_policy import INT8_GEMM_CHUNK, _act_scratch, _grown, bf16_over_native
 
@@ -17,16 +18,14 @@ QUANT_ROWS = 256        # rows quantized at a time: the search's temporaries sta
 
 
 def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w (N, K) -> (packed (N, Kp / 2) uint8, scales (N, Kp / 32) fp16), native_q4.h's layout (Kp: K rounded up to
-    64, zero columns past K). Per group of 32: Q4_0's form, q = clamp(round(w / d), -8, 7) with d = m / c for m the
+    """w (N, K) -> (packed (N, Kp / 2) uint8, scales (N, Kp / 32) fp16), native_q4_layout.h's grouped layout (Kp: K
+    rounded up to 64, zero columns past K). Per group of 32: Q4_0's form, q = clamp(round(w / d), -8, 7) with d = m / c for m the
     group's value of largest magnitude (the first such), d stored in fp16 and q rounded against the stored value;
     c is the first of INT4_CANDIDATES (-8: Q4_0's own) with the least squared error (a search llama.cpp's Q4_K does
     too; here it costs a few % of the loading time). Deterministic: the same bytes on every machine. Row blocks of
     QUANT_ROWS (each group's arithmetic is its own: the same bytes as the whole matrix at once)."""
-    if w.size(0) > QUANT_ROWS:
-        parts = [_quantize_int4(w[r:r + QUANT_ROWS]) for r in range(0, w.size(0), QUANT_ROWS)]
-        return torch.cat([p for p, _ in parts]), torch.cat([d for _, d in parts])
-    return _quantize_int4(w)
+    parts = [_quantize_int4(w[r:r + QUANT_ROWS]) for r in range(0, w.size(0), QUANT_ROWS)] or [_quantize_int4(w)]
+    return grouped(torch.cat([p for p, _ in parts]), torch.cat([d for _, d in parts]))
 
 
 def _q_of(g: torch.Tensor, df: torch.Tensor) -> torch.Tensor:
@@ -37,6 +36,7 @@ def _q_of(g: torch.Tensor, df: torch.Tensor) -> torch.Tensor:
 
 
 def _quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_int4 of w, in the plain layout (engine/int4_layout.py)."""
     from .native import pad64
     N, K = w.shape
     Kp = pad64(K)
@@ -75,20 +75,30 @@ class Int4Linear(PackedLinear):
         _set_gain(self, in_gain)
         parts, ss = [], []
         for buf in _weight_blocks(self, lin, mapped):
-            p, s = quantize_int4(buf)
+            p, s = _quantize_int4(buf)
             parts.append(p)
             ss.append(s)
-        self.register_buffer("qweight", torch.cat(parts).contiguous())
-        self.register_buffer("scale", torch.cat(ss).contiguous())
+        q, sc = grouped(torch.cat(parts), torch.cat(ss))
+        self.register_buffer("qweight", q)
+        self.register_buffer("scale", sc)
         self.bias = None if lin.bias is None else torch.nn.Parameter(lin.bias.detach().float(), requires_grad=False)
         self.prefill_bf16 = prefill_bf16
         self.native = bool(native)
 
+    def views_ok(self, a: int, b: int) -> bool:
+        """Rows [a, b) as views keep the grouped layout where they keep whole row groups (engine/int4_layout.py)."""
+        return aligned(a, b, self.out_features)
+
+    @staticmethod
+    def _cat_rows(pieces) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pieces' rows in the grouped layout (engine/int4_layout.py: views where they keep whole row groups)."""
+        return cat([rows(lin.qweight, lin.scale, a, b) for lin, a, b in pieces])
+
     @property
     def weight(self):   # dequantized fp32 copy (N, K), the input gain folded back in
-        from .native import unpack4
+        from .native import scales4, unpack4
         q = unpack4(self.qweight, self.in_features).float()
-        w = q * self.scale.float().repeat_interleave(32, dim=1)[:, :self.in_features]
+        w = q * scales4(self.scale, self.qweight, self.in_features).float()
         return w if self.in_gain is None else w * self.in_gain[None, :]
 
     def mm(self, xb):
@@ -138,10 +148,11 @@ class Int4Linear(PackedLinear):
         K, N = self.in_features, self.out_features
         xb = x2.to(torch.bfloat16)
         y = torch.empty(x2.size(0), N)
-        rb = max(1, BF16_BLOCK // (2 * K))
+        rb = max(4, BF16_BLOCK // (2 * K) // 4 * 4)      # whole row groups: views of the grouped layout
         for r0 in range(0, N, rb):
             r1 = min(N, r0 + rb)
-            w = native.dequant4_bf16(lib, self.qweight[r0:r1], self.scale[r0:r1], K, nt, out=_bf16_rows(r1 - r0, K))
+            q, sc = rows(self.qweight, self.scale, r0, r1)
+            w = native.dequant4_bf16(lib, q, sc, K, nt, out=_bf16_rows(r1 - r0, K))
             y[:, r0:r1] = torch.nn.functional.linear(xb, w)
         return y if self.bias is None else y.add_(self.bias.float())
 

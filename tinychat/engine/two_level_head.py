@@ -70,9 +70,9 @@ def naive_logits(head, h: torch.Tensor, k: int = RESCORE_K) -> torch.Tensor:
     """The reference two-level logits in float64: the copy's dequantized weights against h (fp32 activations: the
     kernels round them to int8, so their scan differs by that rounding), the k best of those recomputed from the int8
     rows. A test helper."""
-    from .native import unpack4
+    from .native import dequant4_ref
     d = head.in_features
-    w4 = unpack4(getattr(head, Q4W), d).double() * getattr(head, Q4S).double().repeat_interleave(32, dim=1)[:, :d]
+    w4 = dequant4_ref(getattr(head, Q4W), getattr(head, Q4S), d)
     h2 = h.reshape(-1, d).double()
     lg = h2 @ w4.T
     ids = lg.topk(min(k, lg.size(-1)), dim=-1).indices
