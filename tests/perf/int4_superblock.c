@@ -1,6 +1,8 @@
 /* A prototype int4 GEMV layout for issue #34 (AVX-512 VNNI only; not part of the package): super-blocks of 512
    columns whose nibbles land in int32 lanes by group, the 4 rows of a row group interleaved into one stream, against
    native_q4.h's gemv4_rows on the Llama-3.2-1B shape's 16 layers (each distinct: nothing stays in cache).
+   Kept as the record of that measurement: the package now stores int4 this way (native_q4_layout.h, the scales in
+   their own array), so this file builds against the tree before it (git worktree add /tmp/t 697fe14).
 
        gcc -O3 -march=native -ffp-contract=off -fopenmp -Itinychat/engine -o /tmp/sb tests/perf/int4_superblock.c -lm
        /tmp/sb check                                  # against tc4_dot_ref on a 64 x 2048 matrix (max relative error)

@@ -19,7 +19,7 @@
    groups, a register. A lane's int32 dot is exact on every path; it is scaled by ws * sx (one fp32 product) and
    summed in fp32, so the paths differ only by summation order (the tests bound it against a float64 reference of
    the same rounding). The row groups' one stream is what makes the GEMV read at the plain-read rate on Zen 4
-   (docs/benchmarks.md, "int4 on Zen 4"; no software prefetch: it slowed the stream there).
+   (docs/benchmarks.md, "The grouped int4 layout"; no software prefetch: it slowed the stream there).
 
    Prefill (tc_gemm4_jobs): a row tile's int4 rows are unpacked to int8 (q, in -8..7) and packed into the int8 GEMM's
    super-block layout (native_gemm.h's tc_gemm_pack), their group scales spread over the same lanes; the int8 GEMM's

@@ -4,7 +4,7 @@
    A matrix of N rows and K columns, Kp = tc_pad64(K) (zero columns past K), u = q + 8 in 0..15, two to a byte; its
    scales: one fp16 per group of 32 columns. Rows go by groups of four: rows 4g .. 4g + 3 take the bytes (and the
    scales) rows 4g .. 4g + 3 take in a plain row-major array, 2 * Kp bytes and Kp / 8 scales, but interleaved so a
-   GEMV reads one stream of both (docs/benchmarks.md, "int4 on Zen 4"). A row slice starting and ending at
+   GEMV reads one stream of both (docs/benchmarks.md, "The grouped int4 layout"). A row slice starting and ending at
    multiples of four (or at N) is a matrix of the same layout. Within a group, for nsb = Kp / 512 super-blocks and a
    tail of T = Kp - 512 * nsb columns (0 .. 448, whole chunks of 64):
      super-block b (columns 512b .. 512b + 511, its groups of 32: G = 16b + l, l = 0 .. 15), 1,024 bytes at 1024b:
