@@ -166,6 +166,8 @@ class OpenSession(Job):
         new = self.backend.open(self.session_ref)
         if self.current is not None and new is not self.current:
             self.current.close()            # its session's lock: another process may open it now
+        if new is not self.current:
+            new.settle_threads()            # a new chat's step measures its thread count, as the first one's did
         note = f"session {new.session.id}: {new.session.title or 'untitled'} ({plural(new.session.n_turns, 'turn')})" \
             if self.session_ref else ""
         post(ChatOpened(new, note, new.status()))
@@ -183,6 +185,7 @@ class SwitchModel(Job):
         if self.current is not None:
             self.current.close()            # its session's lock (a failed switch keeps it open but unlocked)
         new = self.backend.switch(self.where, self.session_ref)
+        new.settle_threads()
         note = f"switched to {new.model_name or 'the model'} · session {new.session.id}: " \
                f"{new.session.title or 'untitled'} ({plural(new.session.n_turns, 'turn')})"
         post(ChatOpened(new, note, new.status(), self.backend.token_strings()))
