@@ -117,3 +117,24 @@ def test_an_int4_file_of_an_older_tinychat_plain_layout_loads_as_the_same_model(
     assert sorted(old) == sorted(new)
     for k, v in new.items():
         assert torch.equal(old[k], v), k
+
+
+def test_a_stored_int4_models_identity_is_the_one_an_older_tinychat_gave_it(tmp_path, monkeypatch):
+    """Sessions tie themselves to the identity: hashing the int4 tensors in the plain layout keeps those recorded
+    before the grouped layout on their model."""
+    from tinychat import identity
+    from tinychat.importer.run import import_model
+    cfg = VARIANTS["llama-tied"]
+    folder = import_model(write_hf(tmp_path / "hf", cfg, _weights(cfg, qk_std=0.15)), name="p", quant="int4")
+    m = load_quantized(folder)
+    now = identity.model_identity(m)
+    n4 = 0
+    for mod in m.modules():                         # the tensors as a tinychat before the grouped layout held them
+        if type(mod) is Int4Linear:
+            q, s = L.plain(mod.qweight, mod.scale)
+            mod.register_buffer("qweight", q)
+            mod.register_buffer("scale", s)
+            n4 += 1
+    assert n4 > 2
+    monkeypatch.setattr(identity, "_plain_int4", lambda sd, k, t: t)    # ... and hashed them as they lay
+    assert identity.model_identity(m) == now
