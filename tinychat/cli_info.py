@@ -46,10 +46,14 @@ def _prefill(mode: str) -> str:
     return f"native {mode} GEMM" if kernel == "native-gemm" else PREFILL_KERNELS[kernel]
 
 
-def info(model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="PATH|NAME", help=MODEL_HELP, callback=_model_arg),
+def info(name: Optional[Path] = typer.Argument(None, metavar="MODEL", show_default=False, help="The model, as --model takes it (`tinychat info smollm2`).", callback=_model_arg),
+         model: Optional[Path] = typer.Option(None, "--model", "-m", metavar="PATH|NAME", help=MODEL_HELP, callback=_model_arg),
          config: Optional[str] = typer.Option(None, "--config", metavar="tiny|demo|full", help="A named size with random weights: tiny, demo, full."),
          json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Model summary: parameters, layers, and the KV-cache size per token next to a standard GQA cache."""
+    if name is not None and model is not None and Path(name) != Path(model):
+        raise typer.BadParameter("give the model once: as MODEL or as --model", param_hint="MODEL")
+    model = model if model is not None else name
     m, desc = load_model_for(model, config)
     c = m.cfg
     family = "TinyAgentLM" if c.is_tinyagent else "llama family"

@@ -88,3 +88,16 @@ sys.stdout.f.write(repr(seen))
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.stdout.strip() == "{'torch': False, 'device': 'auto', 'temperature': 0.5, 'rc': 0}", p.stdout + p.stderr
+
+
+def test_info_takes_the_model_as_an_argument_as_well_as_by_model(tmp_path):
+    from support import make_model
+    folder = tmp_path / "m"
+    make_model().save_pretrained(folder)
+    by_arg = CliRunner().invoke(app, ["info", str(folder), "--json"])
+    by_opt = CliRunner().invoke(app, ["info", "--model", str(folder), "--json"])
+    assert by_arg.exit_code == by_opt.exit_code == 0, by_arg.output
+    assert json.loads(by_arg.output) == json.loads(by_opt.output)
+    assert json.loads(by_arg.output)["model"] != json.loads(CliRunner().invoke(app, ["info", "--json"]).output)["model"]
+    both = CliRunner().invoke(app, ["info", str(folder), "--model", str(tmp_path)])
+    assert both.exit_code == 2 and "give the model once" in both.output
