@@ -91,12 +91,13 @@ def test_fusing_rows_that_split_a_row_group_copies_them_into_the_layout():
     assert torch.allclose(ref, x.double() @ w.double().T, rtol=0.05, atol=0.05 * float(ref.abs().max()))
 
 
-@pytest.mark.parametrize("variant", ["llama-tied", "qwen2-bias-untied"])
-def test_an_int4_file_of_an_older_tinychat_plain_layout_loads_as_the_same_model(tmp_path, variant):
+@pytest.mark.parametrize("variant,mode", [("llama-tied", "int4"), ("qwen2-bias-untied", "int4"), ("llama-tied", "int8")])
+def test_an_int4_file_of_an_older_tinychat_plain_layout_loads_as_the_same_model(tmp_path, variant, mode):
+    """int8 files too: their head's two-level int4 copy."""
     from tinychat.importer.run import import_model
     cfg = VARIANTS[variant]
     src = write_hf(tmp_path / "hf", cfg, _weights(cfg, qk_std=0.15))
-    folder = import_model(src, name="packed", quant="int4")
+    folder = import_model(src, name="packed", quant=mode)
     path = folder / "model.safetensors"
     with safe_open(str(path), "pt") as f:
         meta = dict(f.metadata())
@@ -109,7 +110,7 @@ def test_an_int4_file_of_an_older_tinychat_plain_layout_loads_as_the_same_model(
         sk = k.removesuffix("q4weight") + "q4scale" if k.endswith("q4weight") else k.removesuffix("qweight") + "scale"
         sd[k], sd[sk] = L.plain(sd[k], sd[sk])
         n4 += 1
-    assert n4 > 2
+    assert n4 > 2 if mode == "int4" else n4 == 1
     del meta[INT4_LAYOUT_KEY]
     path.unlink()
     save_file(sd, str(path), metadata=meta)               # what a tinychat before the grouped layout wrote
