@@ -152,6 +152,8 @@ def models_(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", h
     for r in rows:
         params = f"{r['params'] / 1e6:.0f}M params" if r.get("params") else "?"
         stored = f"  stored {r['quant']}" if r.get("quant") else ""
+        if r.get("older_layout"):
+            stored += " (an older layout, converted at every start: import it again)"
         typer.echo(safe_line(f"{r['name']}  {params}  {human_bytes(r['disk_bytes'])} on disk{stored}  {r['format']}  "
                              f"from {r['source']}"))
     if rows:

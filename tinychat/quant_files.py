@@ -89,6 +89,17 @@ def stored_mode(folder: Path) -> str | None:
     return str(meta[FORMAT_KEY])
 
 
+def older_int4_layout(folder: Path) -> bool:
+    """Whether the folder's stored file holds int4 tensors (an int4 file's Linears, or any file's H4_KEYS head copy)
+    in the plain layout of a tinychat before the grouped one: converted at every load (a copy, not mapped) until the
+    model is imported again. Reads the header only."""
+    header = read_header(Path(folder) / WEIGHTS_FILE) or {}
+    meta = header.get("__metadata__")
+    if not isinstance(meta, dict) or FORMAT_KEY not in meta or meta.get(INT4_LAYOUT_KEY) == INT4_LAYOUT:
+        return False
+    return meta.get(FORMAT_KEY) == "int4" or H4_KEYS[0] in header
+
+
 def _linear_class(name: str, mode: str, gained: bool = False, n_layers: int | None = None):
     """The quant Linear class quantize_cpu(mode) gives the Linear at module path name (gained: a model with input
     gains, layouts 3 and 4; n_layers: its layer count where the file holds int4's per-layer mix, layout 4)."""

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from tinychat.engine import int4_layout as L
 from tinychat.engine import native
 from tinychat.engine.quant_int4 import Int4Linear, _quantize_int4, quantize_int4
-from tinychat.quant_files import INT4_LAYOUT_KEY, load_quantized
+from tinychat.quant_files import INT4_LAYOUT_KEY, load_quantized, older_int4_layout
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_llama_import import VARIANTS, _weights, write_hf  # noqa: E402
@@ -101,7 +101,7 @@ def test_an_int4_file_of_an_older_tinychat_plain_layout_loads_as_the_same_model(
     path = folder / "model.safetensors"
     with safe_open(str(path), "pt") as f:
         meta = dict(f.metadata())
-    assert meta[INT4_LAYOUT_KEY] == "grouped"
+    assert meta[INT4_LAYOUT_KEY] == "grouped" and not older_int4_layout(folder)
     new = load_quantized(folder).state_dict()
     new = {k: v.clone() for k, v in new.items()}
     sd = {k: v.clone() for k, v in load_file(str(path)).items()}
@@ -114,6 +114,7 @@ def test_an_int4_file_of_an_older_tinychat_plain_layout_loads_as_the_same_model(
     del meta[INT4_LAYOUT_KEY]
     path.unlink()
     save_file(sd, str(path), metadata=meta)               # what a tinychat before the grouped layout wrote
+    assert older_int4_layout(folder)                      # `tinychat models` says so (import it again)
     old = load_quantized(folder).state_dict()
     assert sorted(old) == sorted(new)
     for k, v in new.items():

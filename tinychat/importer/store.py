@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import paths
 from .errors import ImportRefused
-from ..quant_files import stored_mode
+from ..quant_files import older_int4_layout, stored_mode
 from .lock import acquire, sweep
 
 IMPORT_FILE = "import.json"      # where the model came from, its chat format and stop tokens
@@ -82,7 +82,8 @@ def close_names(name: str, limit: int = 3) -> list[str]:
 
 def list_models() -> list[dict]:
     """[{name, path, source, format, params, quant, bytes, disk_bytes}] for every imported model folder, by name.
-    quant: the mode its weights are stored in (quant_files.stored_mode: "int8", "int4"), None for full precision. bytes:
+    quant: the mode its weights are stored in (quant_files.stored_mode: "int8", "int4"), None for full precision;
+    older_layout: its int4 tensors are in an older tinychat's layout, converted at every load (import it again). bytes:
     the files' sizes; disk_bytes: what they take on the disk (allocated blocks, as du counts them). Leftovers of
     killed imports are swept first (lock.sweep)."""
     root = paths.models_dir()
@@ -103,7 +104,7 @@ def list_models() -> list[dict]:
         out.append({"name": d.name, "path": str(d), "source": str(meta.get("source", "?")),
                     "format": str(fmt.get("format", "?")) if isinstance(fmt, dict) else "?",
                     "params": meta.get("params") if isinstance(meta.get("params"), int) else None,
-                    "quant": stored_mode(d),
+                    "quant": stored_mode(d), "older_layout": older_int4_layout(d),
                     "bytes": size, "disk_bytes": disk})
     return out
 
