@@ -32,15 +32,24 @@ def pack_plain(u: torch.Tensor) -> torch.Tensor:
     return (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(N, -1).contiguous()
 
 
+def _geometry(packed: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """(bytes a row, padded columns Kp, row groups, whole super-blocks, tail columns) of a packed matrix."""
+    N, half = packed.shape
+    Kp = 2 * half
+    return half, Kp, N // 4, Kp // SB, Kp - SB * (Kp // SB)
+
+
+def _as_is(packed: torch.Tensor, scales: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A matrix of fewer than four rows: plain in both layouts."""
+    return packed.contiguous(), None if scales is None else scales.contiguous()
+
+
 def grouped(packed: torch.Tensor, scales: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Plain (packed (N, Kp / 2) uint8, scales (N, Kp / 32) fp16 or None) -> the grouped layout, the same shapes
     (None for no scales)."""
-    N, half = packed.shape
-    Kp = 2 * half
-    ng, nsb = N // 4, Kp // SB
-    T = Kp - SB * nsb
+    half, Kp, ng, nsb, T = _geometry(packed)
     if ng == 0:
-        return packed.contiguous(), None if scales is None else scales.contiguous()
+        return _as_is(packed, scales)
     u = unpack_plain(packed[:4 * ng]).view(ng, 4, Kp)
     v = u[:, :, :SB * nsb].reshape(ng, 4, nsb, 16, 8, 4)               # g r b l s j
     sb = (v[:, :, :, :8] | (v[:, :, :, 8:] << 4)).permute(0, 2, 4, 1, 3, 5).reshape(ng, nsb * 1024)
@@ -58,12 +67,9 @@ def grouped(packed: torch.Tensor, scales: torch.Tensor | None) -> tuple[torch.Te
 
 def plain(packed: torch.Tensor, scales: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The grouped layout -> plain (grouped's inverse), the same shapes."""
-    N, half = packed.shape
-    Kp = 2 * half
-    ng, nsb = N // 4, Kp // SB
-    T = Kp - SB * nsb
+    half, Kp, ng, nsb, T = _geometry(packed)
     if ng == 0:
-        return packed.contiguous(), None if scales is None else scales.contiguous()
+        return _as_is(packed, scales)
     g = packed[:4 * ng].reshape(ng, 2 * Kp)
     sb = g[:, :nsb * 1024].reshape(ng, nsb, 8, 4, 8, 4)                 # g b s r l' j
     lo, hi = sb & 15, sb >> 4
