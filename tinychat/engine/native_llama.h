@@ -80,7 +80,7 @@ typedef struct {
     int64_t drop;                                  /* 0, or the drop table (native.c's tc_drop): n_layers + 1 rows */
     int64_t kv16;                                  /* 1: gk / gv hold fp16 bits (uint16), else fp32 */
     int64_t head4_q, head4_s;                      /* the two-level head (engine/two_level_head.py): the head's
-                                                      int4 copy (native_q4.h's layout) scanned for every logit, then
+                                                      int4 copy (native_q4_layout.h) scanned for every logit, then
                                                       the rescore_k best recomputed from the int8 rows; 0: int8 */
 } tc_lplan;
 enum { TC_EMB_F32 = 0, TC_EMB_BF16 = 1, TC_EMB_Q8 = 2 };

@@ -57,7 +57,7 @@ class _PointerView:
 
     def _ptrs(self, lin) -> tuple[int, int, int]:
         """(int8 weights, fp32 scales, rows) of an Int8Linear (the fused QKV: out_features 1); of an Int4Linear
-        (packed int4 weights, fp16 group scales, rows: native_q4.h's layout)."""
+        (packed int4 weights, fp16 group scales, rows: native_q4_layout.h)."""
         if type(lin) is Int4Linear:
             return lin.qweight.data_ptr(), lin.scale.data_ptr(), lin.qweight.size(0)
         s = lin.scale.float().contiguous()

@@ -60,7 +60,7 @@ def _quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class Int4Linear(PackedLinear):
     """Weight-only int4 Linear (`--quant int4`): rows quantized in groups of 32 columns with one fp16 scale each
-    (quantize_int4; native_q4.h's packed layout: ~4.5 bits a weight, half of int8's bytes a token). Runs on the
+    (quantize_int4; native_q4_layout.h's packed layout: ~4.5 bits a weight, half of int8's bytes a token). Runs on the
     native kernels: decode in the native steps (native_q4.h's GEMV on the int8 step's activation rounding), prefill on
     the int4 GEMM (tc_gemm4: the same rounding per token), or, as Int8Linear's (prefill_bf16 True, or None on AMX
     machines: tile multiplies beat any AVX-512 int4 GEMM), on oneDNN's bf16 GEMM, the rows dequantized to bf16

@@ -1,6 +1,6 @@
 """The two-level head of `--quant int8` and `--quant int4` llama-family models (issue #34): the int8 head (an
 Int8Linear, a tied model's embedding rows too: head_embed.py) carries an int4 copy of its weights, `q4weight` / `q4scale` (quantize_int4's
-format, native_q4.h's layout: about half the int8 rows' bytes). A step scans all V logits with the copy (the int4
+format, native_q4_layout.h: about half the int8 rows' bytes). A step scans all V logits with the copy (the int4
 GEMV / GEMM, int8 activations), then recomputes the RESCORE_K best of them exactly from the int8 rows against the
 fp32 hidden state (append.rescore_top; native_llama.h's rescore in the native step). Greedy and the sampler's nucleus
 see the int8 head's exact logits for every candidate that matters; only the tail, far below the top, keeps int4
