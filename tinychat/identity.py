@@ -35,11 +35,12 @@ def model_identity(model, check_finite: bool = True) -> str:
     h = hashlib.sha256(json.dumps(model.cfg.to_dict(), sort_keys=True).encode())
     mapped = MappedWeights()              # weights still in the mapped file: its pages go back once hashed
     sd = model.state_dict()
+    plain = _plain_int4(sd)
     for k, t in sorted(sd.items()):
         if k.endswith(DERIVED):
             continue
         h.update(k.encode())
-        v = _plain_int4(sd, k, t.detach().cpu()).contiguous()
+        v = plain.get(k, t).detach().cpu().contiguous()
         floating = v.is_floating_point()
         widen = floating and v.dtype != torch.float32                # Linear weights kept as stored (bf16) hash
         for block in mapped.blocks(v):                                # as the fp32 values they load as; in parts,
@@ -56,18 +57,16 @@ def model_identity(model, check_finite: bool = True) -> str:
     return h.hexdigest()
 
 
-def _plain_int4(sd: dict, k: str, t: torch.Tensor) -> torch.Tensor:
-    """t, or for an int4 Linear's packed weight or scales (a uint8 P.qweight and its P.scale) the same tensor in the
-    plain row-major layout (engine/int4_layout.py): the identity of a stored int4 file does not depend on the byte
+def _plain_int4(sd: dict) -> dict:
+    """{key: tensor} of sd's int4 matrices (engine/int4_layout.py's int4_pairs, the head's derived copy left out) in the
+    plain row-major layout, each pair converted once: the identity of a stored int4 file does not depend on the byte
     layout a tinychat holds it in, so sessions recorded before the grouped layout still belong to their model."""
-    base = k.removesuffix("qweight") if k.endswith(".qweight") else k.removesuffix("scale") if k.endswith(".scale") \
-        else None
-    q = sd.get(f"{base}qweight") if base is not None else None
-    if q is None or q.dtype != torch.uint8 or f"{base}scale" not in sd:
-        return t
-    from .engine.int4_layout import plain
-    pq, ps = plain(q.detach().cpu(), sd[f"{base}scale"].detach().cpu())
-    return pq if k.endswith(".qweight") else ps
+    from .engine.int4_layout import int4_pairs, plain
+    out = {}
+    for k, sk in int4_pairs(sd):
+        if not k.endswith(DERIVED):
+            out[k], out[sk] = plain(sd[k].detach().cpu(), sd[sk].detach().cpu())
+    return out
 
 
 def other_model(sess, name: str, identity: str) -> str | None:

@@ -375,11 +375,8 @@ def load_quantized(folder: Path, check_finite: bool = True):
 
 def _regroup_int4(sd: dict) -> None:
     """An older file's plain int4 tensors (uint8 packed rows and their fp16 scales) in the grouped layout, in sd."""
-    import torch
-
-    from .engine.int4_layout import grouped
-    for k in [k for k, v in sd.items() if v.dtype == torch.uint8 and k.endswith((".qweight", ".q4weight"))]:
-        sk = k.removesuffix("weight") + "scale" if k.endswith(".q4weight") else k.removesuffix("qweight") + "scale"
+    from .engine.int4_layout import grouped, int4_pairs
+    for k, sk in int4_pairs(sd):
         sd[k], sd[sk] = grouped(sd[k], sd[sk])
 
 

@@ -54,7 +54,7 @@ def grouped(w: torch.Tensor, bits: int, symmetric: bool, g: int = 32) -> torch.T
 
 def main() -> int:
     from perplexity import _default_model
-    from tinychat.engine.native import unpack4
+    from tinychat.engine.native import dequant4_ref
     from tinychat.engine.quant_int4 import quantize_int4
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=None)
@@ -72,8 +72,7 @@ def main() -> int:
     print(f"{len(t)} scored tokens; fp32 head ppl {ppl(ref):.3f}; int8 head ppl {ppl(l8):.3f}, top-1 as fp32 "
           f"{(l8.argmax(-1) == top).float().mean():.4f}")
     p4, s4 = quantize_int4(w32.float())
-    scans = {"int4 g32 (shipped)": h @ (unpack4(p4, w.shape[1]).double()
-                                        * s4.double().repeat_interleave(32, dim=1)[:, :w.shape[1]]).T}
+    scans = {"int4 g32 (shipped)": h @ dequant4_ref(p4, s4, w.shape[1]).T}
     for bits, sym, g in ((3, False, 32), (3, True, 32), (2, False, 16), (2, False, 32), (2, True, 32)):
         scans[f"{bits}-bit {'sym' if sym else 'asym'} g{g}"] = h @ grouped(w, bits, sym, g).T
     for name, scan in scans.items():

@@ -138,5 +138,5 @@ def test_a_stored_int4_models_identity_is_the_one_an_older_tinychat_gave_it(tmp_
             mod.register_buffer("scale", s)
             n4 += 1
     assert n4 > 2
-    monkeypatch.setattr(identity, "_plain_int4", lambda sd, k, t: t)    # ... and hashed them as they lay
+    monkeypatch.setattr(identity, "_plain_int4", lambda sd: {})         # ... and hashed them as they lay
     assert identity.model_identity(m) == now

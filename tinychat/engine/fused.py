@@ -82,9 +82,9 @@ def piece_packed(f, lin, runs) -> tuple[torch.Tensor, torch.Tensor]:
 def _share_rows(fused, pieces) -> None:
     """Point each piece Linear's per-row tensors (weights, scales, bias) at the fused Linear's rows, where all of the
     piece's rows lie in the fused weight as one in-order run: the same values, held once."""
+    views_ok = getattr(fused, "views_ok", None)            # the packed Linears' (int4: whole row groups only)
     for lin, runs in piece_runs(pieces).items():
         rows = contiguous_run(lin, runs)
-        views_ok = getattr(fused, "views_ok", None)        # the packed Linears' (int4: whole row groups only)
         if rows is None or (views_ok is not None and not views_ok(rows.start, rows.stop)):
             continue                                       # its rows split around another piece's: keep the copy
         for name, t in [*lin.named_buffers(recurse=False), *lin.named_parameters(recurse=False)]:

@@ -109,3 +109,17 @@ def cat(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, t
         return torch.cat([p for p, _ in parts]).contiguous(), torch.cat([s for _, s in parts]).contiguous()
     flat = [plain(p, s) for p, s in parts]
     return grouped(torch.cat([p for p, _ in flat]), torch.cat([s for _, s in flat]))
+
+
+def int4_pairs(sd: dict) -> list[tuple[str, str]]:
+    """(packed key, scales key) of every int4 matrix in a state dict: a uint8 P.qweight with P.scale (an Int4Linear),
+    a uint8 P.q4weight with P.q4scale (the two-level head's copy)."""
+    out = []
+    for k, v in sd.items():
+        if v.dtype != torch.uint8:
+            continue
+        sk = k.removesuffix("q4weight") + "q4scale" if k.endswith(".q4weight") else \
+            k.removesuffix("qweight") + "scale" if k.endswith(".qweight") else None
+        if sk in sd:
+            out.append((k, sk))
+    return out

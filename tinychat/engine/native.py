@@ -263,15 +263,17 @@ def unpack4(packed: torch.Tensor, K: int) -> torch.Tensor:
     return (u[:, :K].to(torch.int16) - 8).to(torch.int8)
 
 
-def scales4(scales: torch.Tensor, packed: torch.Tensor, K: int) -> torch.Tensor:
-    """An int4 matrix's fp16 group scales per column (N, K), in column order."""
-    from .int4_layout import plain
-    return plain(packed, scales)[1].repeat_interleave(Q4G, dim=1)[:, :K]
+def dequant4(packed: torch.Tensor, scales: torch.Tensor, K: int, dtype=torch.float32) -> torch.Tensor:
+    """An int4 matrix's weights (N, K) in dtype: q * the group's fp16 scale (exact in fp32 and wider: |q| <= 8)."""
+    from .int4_layout import plain, unpack_plain
+    pq, ps = plain(packed, scales)                       # one conversion for both
+    q = unpack_plain(pq)[:, :K].to(dtype) - 8
+    return q * ps.to(dtype).repeat_interleave(Q4G, dim=1)[:, :K]
 
 
 def dequant4_ref(packed: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tensor:
-    """The int4 weights (N, K) in float64: q * the group's fp16 scale (exact)."""
-    return unpack4(packed, K).double() * scales4(scales, packed, K).double()
+    """The int4 weights (N, K) in float64 (dequant4's, exact)."""
+    return dequant4(packed, scales, K, torch.float64)
 
 
 def gemm4_ref(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,

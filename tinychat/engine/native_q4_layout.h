@@ -39,17 +39,21 @@ static inline tc4_geo tc4_geometry(int64_t K) {
     return g;
 }
 
+/* A 64-column chunk's 32 bytes (byte j: column j in the low nibble, column j + 32 in the high one) as 64 values q;
+   a super-block step's bytes split the same way give its 64 values in a register's order (lane l: group l). */
+static inline void tc4_chunk_vals(const uint8_t *b, int8_t *o) {
+    for (int j = 0; j < 32; j++) {                 /* contiguous: the compiler vectorizes the nibble split */
+        o[j] = (int8_t)((b[j] & 15) - 8);
+        o[32 + j] = (int8_t)((b[j] >> 4) - 8);
+    }
+}
+
 /* Row n's values q (u - 8, Kp of them) into o and, where sc is not NULL, its Kp / 32 group scales (fp16 bits) into
    sc: the layout's one reader that every path can share (the reference dot, the prefill's unpack, the bf16 rows). */
 static void tc4_row(const uint8_t *q, const uint16_t *ws, int64_t N, int64_t K, int64_t n, int8_t *o, uint16_t *sc) {
     tc4_geo g = tc4_geometry(K);
     if (n >= N / 4 * 4) {                          /* a plain row */
-        const uint8_t *p = q + n * g.rb;
-        for (int64_t c = 0; c < g.Kp; c += 64)
-            for (int j = 0; j < 32; j++) {
-                o[c + j] = (int8_t)((p[c / 2 + j] & 15) - 8);
-                o[c + 32 + j] = (int8_t)((p[c / 2 + j] >> 4) - 8);
-            }
+        for (int64_t c = 0; c < g.Kp; c += 64) tc4_chunk_vals(q + n * g.rb + c / 2, o + c);
         if (sc) memcpy(sc, ws + n * g.rs, (size_t)g.rs * 2);
         return;
     }
@@ -57,33 +61,21 @@ static void tc4_row(const uint8_t *q, const uint16_t *ws, int64_t N, int64_t K, 
     const uint8_t *p = q + n0 * g.rb;
     const uint16_t *s = ws + n0 * g.rs;
     for (int64_t b = 0; b < g.nsb; b++) {
-        const uint8_t *w = p + 1024 * b + 32 * r;
-        int8_t *ob = o + TC_SB * b;
-        int8_t t[8][64];                           /* step s: 4 columns of each group l at 4l (a register's order) */
-        for (int st = 0; st < 8; st++)             /* contiguous: the compiler vectorizes the nibble split */
-            for (int m = 0; m < 32; m++) {
-                uint8_t v = w[128 * st + m];
-                t[st][m] = (int8_t)((v & 15) - 8);
-                t[st][32 + m] = (int8_t)((v >> 4) - 8);
-            }
+        int8_t steps[8][64];                       /* step st: 4 columns of each group l at 4l */
+        for (int st = 0; st < 8; st++) tc4_chunk_vals(p + 1024 * b + 128 * st + 32 * r, steps[st]);
         for (int l = 0; l < 16; l++)               /* then transposed by 4-byte lanes into column order */
-            for (int st = 0; st < 8; st++) memcpy(ob + 32 * l + 4 * st, &t[st][4 * l], 4);
+            for (int st = 0; st < 8; st++) memcpy(o + TC_SB * b + 32 * l + 4 * st, &steps[st][4 * l], 4);
         if (sc) memcpy(sc + 16 * b, s + 64 * b + 16 * r, 32);
     }
-    const uint8_t *t = p + 1024 * g.nsb + 32 * r;
     for (int64_t c = 0; c < g.tg / 2; c++)
-        for (int j = 0; j < 32; j++) {
-            int64_t col = TC_SB * g.nsb + 64 * c;
-            o[col + j] = (int8_t)((t[128 * c + j] & 15) - 8);
-            o[col + 32 + j] = (int8_t)((t[128 * c + j] >> 4) - 8);
-        }
+        tc4_chunk_vals(p + 1024 * g.nsb + 128 * c + 32 * r, o + TC_SB * g.nsb + 64 * c);
     if (sc) memcpy(sc + 16 * g.nsb, s + 64 * g.nsb + r * g.tg, (size_t)g.tg * 2);
 }
 
 /* The super-block copies of a's activations (K columns; a from tc_quant8 into a tc_act_bytes scratch, which counts
    them: r (Kp bytes) after c, then gc and gs (Kp / 32 each, 64-byte aligned)). */
 static void tc_act_sb(tc_act8 *a, int64_t K) {
-    int64_t Kp = tc_pad64(K), nsb = Kp / TC_SB, ng = Kp / 32, gb = (Kp / 8 + 63) & ~(int64_t)63;
+    int64_t Kp = tc_pad64(K), nsb = Kp / TC_SB, ng = Kp / 32, gb = tc_act_group_bytes(Kp);
     int8_t *base = (int8_t *)a->c + Kp;            /* after c: Kp bytes (Kp / 4 int32) */
     a->r = base;
     a->gc = (int32_t *)(base + Kp);

@@ -37,8 +37,12 @@ typedef struct {
 
 static inline int64_t tc_pad64(int64_t K) { return (K + 63) & ~(int64_t)63; }
 
-/* bytes of activation scratch for K columns (64 of them spare for alignment): q, s, c, then tc_act_sb's copies */
-int64_t tc_act_bytes(int64_t K) { return 4 * tc_pad64(K) + 2 * ((tc_pad64(K) / 8 + 63) & ~(int64_t)63) + 64; }
+/* bytes of one of tc_act_sb's per-group arrays (Kp / 32 int32 or fp32), rounded up to 64 */
+static inline int64_t tc_act_group_bytes(int64_t Kp) { return (Kp / 8 + 63) & ~(int64_t)63; }
+
+/* bytes of activation scratch for K columns (64 of them spare for alignment): q, s, c, then tc_act_sb's copies (r:
+   Kp bytes, gc and gs) */
+int64_t tc_act_bytes(int64_t K) { return 4 * tc_pad64(K) + 2 * tc_act_group_bytes(tc_pad64(K)) + 64; }
 
 static inline tc_act8 tc_act_view(void *buf, int64_t K) {
     int64_t Kp = tc_pad64(K);

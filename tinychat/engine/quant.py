@@ -114,12 +114,16 @@ class Int8Linear(PackedLinear):
         y = torch.ops.aten._weight_int8pack_mm(xb, self._aligned_qweight(), self.scale)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
+    def _qweight_aligned(self) -> bool:
+        """Whether qweight's first byte is 64-byte aligned, as torch's int8 kernel needs it."""
+        return self.qweight.data_ptr() % 64 == 0
+
     def _aligned_qweight(self) -> torch.Tensor:
         """qweight where its first byte is 64-byte aligned, else an aligned copy made once: torch's int8 kernel
         faults on a misaligned weight of many rows (a stored file's mapped tensor can lie at any offset; a (2048,
         2048) weight 8 bytes off crashed the process)."""
         q = self.qweight
-        if q.data_ptr() % 64 == 0:
+        if self._qweight_aligned():
             return q
         cached = self.__dict__.get("_aligned")
         if cached is None or cached[0] is not q:
@@ -138,7 +142,7 @@ class Int8Linear(PackedLinear):
         """Which kernel forward() runs for `rows` rows (of a CPU tensor, unless cpu is False): "native-gemm",
         "bf16-gemm", "fp32-gemm" or "int8-gemv"."""
         bf16 = resolve_prefill_bf16(self.prefill_bf16) and rows > INT8_GEMV_ROWS_BF16
-        few = rows <= INT8_GEMM_ROWS and self.qweight.data_ptr() % 64 == 0   # torch's kernel (aligned weights only)
+        few = rows <= INT8_GEMM_ROWS and self._qweight_aligned()    # torch's kernel (on aligned weights only)
         if cpu and not few and not bf16_over_native(self.prefill_bf16, rows) and self.gemm_lib() is not None:
             return "native-gemm"
         if bf16:

@@ -1,7 +1,7 @@
 """`--quant int4`'s Linear: quantize_int4 (w (N, K) -> native_q4_layout.h's packed layout: groups of 32 columns with
-one fp16 scale, ~4.5 bits a weight, rows by groups of four: engine/int4_layout.py) and Int4Linear, which runs them on the native kernels (its bf16 prefill GEMMs
-dequantize BF16_BLOCK bytes of rows at a time). Which Linears get it is engine/int4_rules.py's rule, quantize_cpu
-(engine/quant.py) applies it."""
+one fp16 scale, ~4.5 bits a weight, rows by groups of four: engine/int4_layout.py) and Int4Linear, which runs them on
+the native kernels (its bf16 prefill GEMMs dequantize BF16_BLOCK bytes of rows at a time). Which Linears get it is
+engine/int4_rules.py's rule, quantize_cpu (engine/quant.py) applies it."""
 from __future__ import annotations
 
 import torch
@@ -19,11 +19,11 @@ QUANT_ROWS = 256        # rows quantized at a time: the search's temporaries sta
 
 def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w (N, K) -> (packed (N, Kp / 2) uint8, scales (N, Kp / 32) fp16), native_q4_layout.h's grouped layout (Kp: K
-    rounded up to 64, zero columns past K). Per group of 32: Q4_0's form, q = clamp(round(w / d), -8, 7) with d = m / c for m the
-    group's value of largest magnitude (the first such), d stored in fp16 and q rounded against the stored value;
-    c is the first of INT4_CANDIDATES (-8: Q4_0's own) with the least squared error (a search llama.cpp's Q4_K does
-    too; here it costs a few % of the loading time). Deterministic: the same bytes on every machine. Row blocks of
-    QUANT_ROWS (each group's arithmetic is its own: the same bytes as the whole matrix at once)."""
+    rounded up to 64, zero columns past K). Per group of 32: Q4_0's form, q = clamp(round(w / d), -8, 7) with d = m / c
+    for m the group's value of largest magnitude (the first such), d stored in fp16 and q rounded against the stored
+    value; c is the first of INT4_CANDIDATES (-8: Q4_0's own) with the least squared error (a search llama.cpp's
+    Q4_K does too; here it costs a few % of the loading time). Deterministic: the same bytes on every machine. Row
+    blocks of QUANT_ROWS (each group's arithmetic is its own: the same bytes as the whole matrix at once)."""
     parts = [_quantize_int4(w[r:r + QUANT_ROWS]) for r in range(0, w.size(0), QUANT_ROWS)] or [_quantize_int4(w)]
     return grouped(torch.cat([p for p, _ in parts]), torch.cat([d for _, d in parts]))
 
@@ -96,9 +96,8 @@ class Int4Linear(PackedLinear):
 
     @property
     def weight(self):   # dequantized fp32 copy (N, K), the input gain folded back in
-        from .native import scales4, unpack4
-        q = unpack4(self.qweight, self.in_features).float()
-        w = q * scales4(self.scale, self.qweight, self.in_features).float()
+        from .native import dequant4
+        w = dequant4(self.qweight, self.scale, self.in_features)
         return w if self.in_gain is None else w * self.in_gain[None, :]
 
     def mm(self, xb):
