@@ -33,24 +33,35 @@ def cpu_flags() -> set[str]:
 def build_and_run(harness: str, cc: str, flags, tmp_path: Path, runner=(), warnings=()) -> str:
     """Compile tests/native/<harness> with cc for flags (warnings are errors, less those in `warnings`), run it (under
     runner: qemu), assert it built and ended "ok", and return the kernel path it printed."""
+    return build_and_run_out(harness, cc, flags, tmp_path, runner, warnings).split()[0]
+
+
+def build_and_run_out(harness: str, cc: str, flags, tmp_path: Path, runner=(), warnings=()) -> str:
+    """build_and_run, returning all the harness printed."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     exe = tmp_path / "h"
     r = subprocess.run([cc, "-O2", *flags, "-ffp-contract=off", "-Wall", "-Werror", *warnings, f"-I{ENGINE}",
                         str(HARNESSES / harness), "-o", str(exe), "-lm"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     r = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-2000:]
-    return r.stdout.split()[0]
+    return r.stdout
 
 
 def run_x86(harness: str, flags, needs: set[str], tmp_path: Path, warnings=()) -> str:
     """build_and_run natively with gcc (or cc) for an x86-64 level; skips off x86-64 or where this CPU lacks a flag
     of `needs`."""
+    return run_x86_out(harness, flags, needs, tmp_path, warnings).split()[0]
+
+
+def run_x86_out(harness: str, flags, needs: set[str], tmp_path: Path, warnings=()) -> str:
+    """run_x86, returning all the harness printed."""
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None or platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("no C compiler / not x86-64")
     if not needs <= cpu_flags():
         pytest.skip(f"this CPU lacks {sorted(needs - cpu_flags())}")
-    return build_and_run(harness, cc, flags, tmp_path, warnings=warnings)
+    return build_and_run_out(harness, cc, flags, tmp_path, warnings=warnings)
 
 
 def run_aarch64(harness: str, flags, tmp_path: Path, warnings=()) -> str:

@@ -6,6 +6,14 @@
 #include "native_q4.h"
 #include "harness.h"
 
+/* FNV-1a over the bits of every GEMM output, printed before "ok": builds that must agree bit for bit (K slabs or
+   one pass: tests/unit/test_native_q8_targets.py) print the same. */
+static uint64_t gemm_bits = 1469598103934665603ULL;
+static void hash_out(const float *y, int64_t n) {
+    const unsigned char *p = (const unsigned char *)y;
+    for (int64_t i = 0; i < n * 4; i++) gemm_bits = (gemm_bits ^ p[i]) * 1099511628211ULL;
+}
+
 static int check(int64_t N, int64_t K, int spiky) {
     int8_t *q = malloc(N * K);
     float *s = malloc(N * sizeof(float)), *x = malloc(K * sizeof(float)), *y = malloc(N * sizeof(float));
@@ -79,6 +87,7 @@ static int check_gemm(int64_t M, int64_t N, int64_t K) {
     int fails = 0;
     for (int with_bias = 0; with_bias < 2; with_bias++) {
         tc_gemm1(x, buf, q, s, with_bias ? b : NULL, y, M, N, K);
+        hash_out(y, M * N);
         double mx = 0.0, err = 0.0, verr = 0.0;
         for (int64_t m = 0; m < M; m++) {
             tc_act8 a = tc_quant8(x + m * K, one, K);
@@ -159,6 +168,7 @@ static int check4(int64_t M, int64_t N, int64_t K) {
     int fails = 0;
     for (int with_bias = 0; with_bias < 2; with_bias++) {
         tc_gemm4_1(x, buf, q, ws, with_bias ? b : NULL, y, M, N, K);
+        hash_out(y, M * N);
         double mx = 0.0, err = 0.0, verr = 0.0, rerr = 0.0;
         for (int64_t m = 0; m < M; m++) {
             tc_act8 a = tc_quant4(x + m * K, one, K, 1);
@@ -216,11 +226,13 @@ int main(void) {
     free(buf);
     static const int64_t gshapes[][3] = {{1, 1, 1}, {5, 7, 19}, {67, 37, 80}, {130, 9, 768}, {3, 5, 3328},
                                          {200, 12, 33}, {64, 4, 64}, {9, 13, 100}, {11, 7, 576}, {6, 9, 300},
-                                         {13, 5, 1100}, {7, 6, 520}, {5, 8, 256}, {3, 3, 255}, {9, 7, 1536}};
+                                         {13, 5, 1100}, {7, 6, 520}, {5, 8, 256}, {3, 3, 255}, {9, 7, 1536},
+                                         {70, 9, 4864}, {5, 4, 5000}};   /* K slabs on every path */
     for (unsigned i = 0; i < sizeof gshapes / sizeof gshapes[0]; i++)
         fails += check_gemm(gshapes[i][0], gshapes[i][1], gshapes[i][2]);
     for (unsigned i = 0; i < sizeof gshapes / sizeof gshapes[0]; i++)
         fails += check4(gshapes[i][0], gshapes[i][1], gshapes[i][2]);
+    printf("gemm bits %016llx\n", (unsigned long long)gemm_bits);
     printf(fails ? "FAILED %d\n" : "ok\n", fails);
     return fails != 0;
 }

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from native_harness import AARCH64, ENGINE, run_aarch64, run_x86
+from native_harness import AARCH64, ENGINE, run_aarch64, run_x86, run_x86_out
 
 HARNESS = "q8_harness.c"
 
@@ -24,6 +24,18 @@ X86 = [(["-march=x86-64-v4", "-mavx512vnni"], "avx512-vnni", {"avx512_vnni", "av
 @pytest.mark.parametrize("flags,path,needs", X86, ids=[p + ("-evex" if "-mavx512vl" in f else "") for f, p, _ in X86])
 def test_x86_kernel_paths_match_the_float64_reference(flags, path, needs, tmp_path):
     assert run_x86(HARNESS, flags, needs, tmp_path) == path
+
+
+@pytest.mark.parametrize("flags,needs", [(["-march=native"], set()), (["-march=x86-64-v3"], {"avx2", "fma"})],
+                         ids=["native", "avx2"])
+def test_the_gemm_by_k_slabs_gives_the_bits_of_one_pass(flags, needs, tmp_path):
+    """Past TC_SLAB super-blocks the GEMM runs K in slabs, its float accumulators kept between them (native_gemm.h's
+    tc_chunk_run): every int8 and int4 GEMM output of the harness (K up to 5,000) has the bits of a build whose slab
+    holds any K, so sessions prefilled before keep replaying exactly."""
+    slabs = run_x86_out(HARNESS, flags, needs, tmp_path / "slabs")
+    one = run_x86_out(HARNESS, [*flags, "-DTC_SLAB_BYTES=1073741824"], needs, tmp_path / "one")
+    bits = [line for line in slabs.splitlines() if line.startswith("gemm bits")]
+    assert len(bits) == 1 and bits[0] in one.splitlines()
 
 
 @pytest.mark.parametrize("flags,path", AARCH64, ids=[p for _, p in AARCH64])

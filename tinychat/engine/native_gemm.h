@@ -16,9 +16,10 @@
    registers; the columns past that keep the GEMV's layout (a float step per register). The tokens are stored so once
    per call (tc_gemm_quant: a slot of tc_gemm_slot_bytes(K) each); the weights of a TC_GR-row tile are transposed so
    (tc_gemm_pack: shuffles, VNNI: as q ^ 0x80) into a per-thread buffer once per tile and run against all of the
-   thread's tokens while that buffer stays in L1; a tile's TC_GR x TC_GT float registers are summed across lanes in
-   one reduction tree (tc_hsum8x). On x86 that beats the GEMV's layout at every level, least on plain AVX2 (still
-   two multiplies a block; docs/benchmarks.md, "The int8 prefill GEMM by super-blocks").
+   thread's tokens while that buffer stays in L1 (a longer K by slabs of TC_SLAB super-blocks: tc_chunk_run); a
+   tile's TC_GR x TC_GT float registers are summed across lanes in one reduction tree (tc_hsum8x). On x86 that beats
+   the GEMV's layout at every level, least on plain AVX2 (still two multiplies a block; docs/benchmarks.md, "The int8
+   prefill GEMM by super-blocks").
    NEON (sdot, or vmull + pairwise adds without the dot-product extension) is checked under qemu only: its speed
    on ARM hardware is not measured yet. Scalar: each (row, token) pair through the GEMV's one-row dot.
 
@@ -67,8 +68,14 @@
 /* K's split (columns): nsb super-blocks, then (TC_HALF) hsb = 0 or 1 half super-block of 256 columns, then the
    rest (< 256 or < TC_SBC columns) in the GEMV's layout, rounded up to whole registers: rp bytes. Bytes: slot, a
    token's; pack, a row tile's. */
+#ifndef TC_SLAB_BYTES
+#define TC_SLAB_BYTES 16384                        /* a row tile's packed bytes a token tile runs at a time */
+#endif
+#define TC_SLAB (TC_SLAB_BYTES / (TC_GR * TC_SBC)) /* super-blocks of a K slab: 4 on AVX-512, 16 on AVX2 */
+/* a chunk's token tiles' float accumulators between slabs (a chunk: at most TC_GM + TC_GT - 1 tokens) */
+#define TC_FB_BYTES (((TC_GM + TC_GT - 1) / TC_GT + 1) * TC_GR * TC_GT * TC_VB)
 typedef struct {
-    int64_t nsb, hsb, r0, rp, slot, pack;
+    int64_t nsb, hsb, r0, rp, slot, tile, pack;
 } tc_geo;
 
 static inline tc_geo tc_gemm_geo(int64_t K) {
@@ -78,7 +85,8 @@ static inline tc_geo tc_gemm_geo(int64_t K) {
     g.r0 = g.nsb * TC_SBC + g.hsb * 8 * TC_QB;
     g.rp = (K - g.r0 + TC_VB - 1) / TC_VB * TC_VB;
     g.slot = (g.nsb * 40 * TC_L + g.hsb * 320 + 3 * g.rp + 63) & ~(int64_t)63;
-    g.pack = (TC_GR * (g.r0 + g.rp) + 63) & ~(int64_t)63;
+    g.tile = (TC_GR * (g.r0 + g.rp) + 63) & ~(int64_t)63;
+    g.pack = g.tile + (g.nsb > TC_SLAB ? TC_FB_BYTES : 0);
     return g;
 }
 /* A token's slot: per super-block of L lanes (L = TC_L; 8 for the half one) 8 step registers (lane l of step j:
@@ -86,7 +94,8 @@ static inline tc_geo tc_gemm_geo(int64_t K) {
    the rest: rp bytes of int8, rp / 4 fp32 lane scales, rp / 4 int32 lane corrections (native_q8.h's tc_act8). */
 static inline int64_t tc_gemm_slot_bytes(int64_t K) { return tc_gemm_geo(K).slot; }
 /* A row tile's packed weights: per super-block, per step, per row one register of the slots' order; then per
-   rest step, per row, one register of the row's columns (zero past K). VNNI builds store q ^ 0x80 (unsigned). */
+   rest step, per row, one register of the row's columns (zero past K). VNNI builds store q ^ 0x80 (unsigned). Past
+   more than TC_SLAB super-blocks, then the float accumulators of a chunk's token tiles (TC_FB_BYTES, tc_chunk_run). */
 static inline int64_t tc_gemm_pack_bytes(int64_t K) { return tc_gemm_geo(K).pack; }
 #else
 #ifndef TC_GR
@@ -355,17 +364,12 @@ static inline __attribute__((always_inline)) void tc_sb_dots(const int8_t *w, co
         for (int t = 0; t < TC_GT; t++) acc[r][t] = c[r][t];
 }
 
-/* out[r][t] = sum_b sx[t, b] * dot(xq[t, b], q[r, b]) for a packed row tile (pk) and TC_GT token slots (a[t]).
-   wl (NULL: none): per row (nwl floats apart) a weight scale per lane of the layout, multiplied into the block
-   scales (native_q4.h's int4 rows: one scale per block). Inlined into each caller, so the int8 GEMM's copy has no
-   trace of it. */
-static inline __attribute__((always_inline)) void tc_tile_w(const int8_t *pk, const int8_t *const a[TC_GT], int64_t K,
-                                                            float out[TC_GR][TC_GT], const float *wl, int64_t nwl) {
-    tc_geo g = tc_gemm_geo(K);
-    tc_vf f[TC_GR][TC_GT];
-    for (int r = 0; r < TC_GR; r++)
-        for (int t = 0; t < TC_GT; t++) f[r][t] = TC_VZERO();
-    for (int64_t sb = 0; sb < g.nsb; sb++) {           /* 8 integer steps, then one float step */
+/* Super-blocks [sb0, sb1) of out's sums (tc_tile_w) onto the float accumulators f: 8 integer steps, then one float
+   step each. */
+static inline __attribute__((always_inline)) void tc_tile_sbs(const int8_t *pk, const int8_t *const a[TC_GT],
+                                                              int64_t sb0, int64_t sb1, tc_vf f[TC_GR][TC_GT],
+                                                              const float *wl, int64_t nwl) {
+    for (int64_t sb = sb0; sb < sb1; sb++) {
         tc_vi acc[TC_GR][TC_GT];
         tc_sb_dots(pk + sb * 8 * TC_GR * TC_VB, a, sb * 40 * TC_L, acc);
         for (int t = 0; t < TC_GT; t++) {
@@ -374,6 +378,14 @@ static inline __attribute__((always_inline)) void tc_tile_w(const int8_t *pk, co
                 f[r][t] = TC_FMA(acc[r][t], wl ? TC_MUL(sv, TC_LDSU(wl + r * nwl + sb * TC_L)) : sv, f[r][t]);
         }
     }
+}
+
+/* The columns past the whole super-blocks (the half super-block, then the GEMV layout's registers) onto f, then f's
+   lane sums into out (tc_tile_w's end). */
+static inline __attribute__((always_inline)) void tc_tile_end(const int8_t *pk, const int8_t *const a[TC_GT], int64_t K,
+                                                              tc_vf f[TC_GR][TC_GT], float out[TC_GR][TC_GT],
+                                                              const float *wl, int64_t nwl) {
+    tc_geo g = tc_gemm_geo(K);
     const int8_t *w = pk + g.nsb * 8 * TC_GR * TC_VB;
 #if TC_HALF
     if (g.hsb) {                                       /* the half super-block, on 256-bit registers */
@@ -426,8 +438,71 @@ static inline __attribute__((always_inline)) void tc_tile_w(const int8_t *pk, co
 #endif
 }
 
-static inline void tc_tile(const int8_t *pk, const int8_t *const a[TC_GT], int64_t K, float out[TC_GR][TC_GT]) {
-    tc_tile_w(pk, a, K, out, NULL, 0);
+/* out[r][t] = sum_b sx[t, b] * dot(xq[t, b], q[r, b]) for a packed row tile (pk) and TC_GT token slots (a[t]).
+   wl (NULL: none): per row (nwl floats apart) a weight scale per lane of the layout, multiplied into the block
+   scales (native_q4.h's int4 rows: one scale per block). Inlined into each caller, so the int8 GEMM's copy has no
+   trace of it. */
+static inline __attribute__((always_inline)) void tc_tile_w(const int8_t *pk, const int8_t *const a[TC_GT], int64_t K,
+                                                            float out[TC_GR][TC_GT], const float *wl, int64_t nwl) {
+    tc_vf f[TC_GR][TC_GT];
+    for (int r = 0; r < TC_GR; r++)
+        for (int t = 0; t < TC_GT; t++) f[r][t] = TC_VZERO();
+    tc_tile_sbs(pk, a, 0, tc_gemm_geo(K).nsb, f, wl, nwl);
+    tc_tile_end(pk, a, K, f, out, wl, nwl);
+}
+
+/* A tile's outputs, rows n0 .. and tokens m .. (those below N and m1), into y: times the row scales s (NULL: none),
+   plus bias (NULL: none). */
+static inline __attribute__((always_inline)) void tc_tile_store(float out[TC_GR][TC_GT], const float *s,
+                                                                const float *bias, float *y, int64_t N, int64_t n0,
+                                                                int64_t m, int64_t m1) {
+#if defined(TC_512) && TC_GR == 8 && TC_GT == 1
+    if (s && n0 + 8 <= N) {                            /* a whole tile: scale (+ bias) and store at once */
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(s + n0), _mm256_loadu_ps(&out[0][0]));
+        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n0));
+        _mm256_storeu_ps(y + m * N + n0, v);
+        return;
+    }
+#endif
+    for (int t = 0; t < TC_GT && m + t < m1; t++)
+        for (int r = 0; r < TC_GR && n0 + r < N; r++) {
+            int64_t n = n0 + r;
+            float v = s ? s[n] * out[r][t] : out[r][t];
+            y[(m + t) * N + n] = bias ? v + bias[n] : v;
+        }
+}
+
+/* A packed row tile (pk, rows n0 ..) against one chunk's tokens [m0, m1) (slots slot0 + stride * m; the last tile
+   repeats token m1 - 1), outputs stored as tc_tile_store. Past TC_SLAB super-blocks the tile's packed bytes outgrow
+   L1 (8 rows of 4,864 columns: 39 KB), so K runs in slabs of TC_SLAB super-blocks, every token tile through one
+   slab before the next, the float accumulators kept between slabs at pk + tile: the same operations in the same
+   order as one pass (the same bits), the slab's weights read from L1. */
+static inline __attribute__((always_inline)) void tc_chunk_run(const int8_t *pk, const int8_t *slot0, int64_t stride,
+                                                               int64_t K, int64_t m0, int64_t m1, const float *wl,
+                                                               int64_t nwl, const float *s, const float *bias,
+                                                               float *y, int64_t N, int64_t n0) {
+    tc_geo g = tc_gemm_geo(K);
+    int64_t ns = g.nsb > TC_SLAB ? (g.nsb + TC_SLAB - 1) / TC_SLAB : 1;
+    tc_vf *fb = (tc_vf *)(void *)(pk + g.tile);        /* (tiles, TC_GR, TC_GT) registers */
+    for (int64_t i = 0; i < ns; i++) {
+        int64_t s0 = i * TC_SLAB, s1 = i == ns - 1 ? g.nsb : s0 + TC_SLAB;
+        for (int64_t m = m0, ti = 0; m < m1; m += TC_GT, ti++) {
+            const int8_t *a[TC_GT];
+            for (int t = 0; t < TC_GT; t++) a[t] = slot0 + stride * (m + t < m1 ? m + t : m1 - 1);
+            tc_vf f[TC_GR][TC_GT], *fk = fb + ti * TC_GR * TC_GT;
+            for (int r = 0; r < TC_GR; r++)
+                for (int t = 0; t < TC_GT; t++) f[r][t] = i ? fk[r * TC_GT + t] : TC_VZERO();
+            tc_tile_sbs(pk, a, s0, s1, f, wl, nwl);
+            if (i < ns - 1) {
+                for (int r = 0; r < TC_GR; r++)
+                    for (int t = 0; t < TC_GT; t++) fk[r * TC_GT + t] = f[r][t];
+                continue;
+            }
+            float out[TC_GR][TC_GT];
+            tc_tile_end(pk, a, K, f, out, wl, nwl);
+            tc_tile_store(out, s, bias, y, N, n0, m, m1);
+        }
+    }
 }
 #define TC_PACKED 1
 #else
@@ -480,24 +555,15 @@ static void tc_gemm_jobs(void *buf, int8_t *pk, const int8_t *q, const float *s,
         for (int r = 0; r < TC_GR; r++) rows[r] = q + (n0 + r < N ? n0 + r : N - 1) * K;   /* past N: the last row */
 #if TC_PACKED
         tc_gemm_pack(rows, K, pk);
-#endif
+        for (int64_t c = cs; c <= ce && c * gm < M; c++)
+            tc_chunk_run(pk, slot0, stride, K, c * gm, (c + 1) * gm < M ? (c + 1) * gm : M, NULL, 0, s, bias, y, N, n0);
+#else
         for (int64_t m = cs * gm; m < M && m < (ce + 1) * gm; m += TC_GT) {
             int64_t m1 = (m / gm + 1) * gm < M ? (m / gm + 1) * gm : M;    /* the end of m's chunk */
             const int8_t *a[TC_GT];
             for (int t = 0; t < TC_GT; t++) a[t] = slot0 + stride * (m + t < m1 ? m + t : m1 - 1);
             float out[TC_GR][TC_GT];
-#if TC_PACKED
-            tc_tile(pk, a, K, out);
-#else
             tc_tile(rows, a, K, out);
-#endif
-#if defined(TC_512) && TC_GR == 8 && TC_GT == 1
-            if (n0 + 8 <= N) {                                 /* a whole tile: scale (+ bias) and store at once */
-                __m256 v = _mm256_mul_ps(_mm256_loadu_ps(s + n0), _mm256_loadu_ps(&out[0][0]));
-                if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n0));
-                _mm256_storeu_ps(y + m * N + n0, v);
-            } else
-#endif
             for (int t = 0; t < TC_GT && m + t < m1; t++)
                 for (int r = 0; r < TC_GR && n0 + r < N; r++) {
                     int64_t n = n0 + r;
@@ -506,6 +572,7 @@ static void tc_gemm_jobs(void *buf, int8_t *pk, const int8_t *q, const float *s,
                 }
             if (m + TC_GT >= m1) m = m1 - TC_GT;              /* the next chunk starts at m1 */
         }
+#endif
     }
 }
 

@@ -418,17 +418,16 @@ static void tc_gemm4_jobs(void *buf, int8_t *pk, int8_t *ex, const uint8_t *q, c
         }
 #if TC_PACKED
         tc_gemm_pack(rows, K, pk);
+        for (int64_t c = cs; c <= ce && c * gm < M; c++)
+            tc_chunk_run(pk, slot0, stride, K, c * gm, (c + 1) * gm < M ? (c + 1) * gm : M, wl, nwl, NULL, bias, y, N,
+                         n0);
 #else
         (void)rows;
-#endif
         for (int64_t m = cs * gm; m < M && m < (ce + 1) * gm; m += TC_GT) {
             int64_t m1 = (m / gm + 1) * gm < M ? (m / gm + 1) * gm : M;
             const int8_t *a[TC_GT];
             for (int t = 0; t < TC_GT; t++) a[t] = slot0 + stride * (m + t < m1 ? m + t : m1 - 1);
             float out[TC_GR][TC_GT];
-#if TC_PACKED
-            tc_tile_w(pk, a, K, out, wl, nwl);
-#else
             for (int t = 0; t < TC_GT; t++) {
                 tc_act8 v = tc_act_view((void *)a[t], K);
                 for (int r = 0; r < TC_GR; r++) {
@@ -436,7 +435,6 @@ static void tc_gemm4_jobs(void *buf, int8_t *pk, int8_t *ex, const uint8_t *q, c
                     out[r][t] = tc4_dot_ref(&v, q, ws, N, K, n, tmp);
                 }
             }
-#endif
             for (int t = 0; t < TC_GT && m + t < m1; t++)
                 for (int r = 0; r < TC_GR && n0 + r < N; r++) {
                     int64_t n = n0 + r;
@@ -444,6 +442,7 @@ static void tc_gemm4_jobs(void *buf, int8_t *pk, int8_t *ex, const uint8_t *q, c
                 }
             if (m + TC_GT >= m1) m = m1 - TC_GT;
         }
+#endif
     }
 }
 
