@@ -34,11 +34,14 @@ class EngineOptions:
     head4: bool = True                  # int4 and stored-int8 llama-family models: the two-level head (two_level_head.py:
                                         # every logit from an int4 copy of the head, the best RESCORE_K recomputed
                                         # from its int8 rows; sessions record "+h4"); False: the int8 head alone
+    huge_pages: bool = True             # int8 / int4 CPU models: the weights a decode step streams copied into one
+                                        # anonymous mapping on transparent huge pages (engine/weight_arena.py) where
+                                        # the kernel has them, unless pages drop per layer; False: left where loaded
 
     ENV = {"native": "TINYCHAT_NATIVE", "step_in_c": "TINYCHAT_STEP_IN_C",
            "prefill_bf16": "TINYCHAT_PREFILL_BF16", "pad_shapes": "TINYCHAT_PAD_SHAPES",
            "tune_threads": "TINYCHAT_TUNE_THREADS", "drop_pages": "TINYCHAT_DROP_PAGES",
-           "kv_cache": "TINYCHAT_KV_CACHE", "head4": "TINYCHAT_HEAD4"}
+           "kv_cache": "TINYCHAT_KV_CACHE", "head4": "TINYCHAT_HEAD4", "huge_pages": "TINYCHAT_HUGE_PAGES"}
     KV_CACHES = ("auto", "fp16", "fp32")
 
     def __post_init__(self):

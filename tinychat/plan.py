@@ -34,6 +34,8 @@ class ExecutionPlan:
                                         # resolved); None: not decided (fp32 on the CPU, bf16 on GPUs)
     head4: bool = False                 # the two-level int4 head runs (engine/two_level_head.py: an int8 / int4
                                         # llama-family model whose head carries its int4 copy; sessions record "+h4")
+    huge_pages: int = 0                 # bytes of streamed weights on the huge-page arena (engine/weight_arena.py;
+                                        # 0: left where they were loaded)
 
     def kv_dtype(self):
         """The torch dtype of the chat's KV cache: kv_cache's, else fp32 on the CPU and bf16 on GPUs."""
@@ -129,10 +131,16 @@ def decide(model, quant: str | None = None, device: str = "cpu", options: Engine
             path = native.kernel_path()
             version = native.INT4_STEP_VERSION if want == "int4" else native.step_version(path)
         prefill = bulk_prefill_kernel(model)
+    h4 = want in ("int8", "int4") and dev == "cpu" and head4.active(getattr(model, "head", None))
+    arena = 0
+    if want in ("int8", "int4") and dev == "cpu" and options.huge_pages and not drop:
+        from .engine import weight_arena
+        if weight_arena.available():
+            arena = weight_arena.place(model, head4=h4)
     return ExecutionPlan(quant=want, device=str(torch.device(device)), options=options, graph=graph, kernel_path=path,
                          step_version=version, prefill_gemm=prefill, threads=torch.get_num_threads(),
                          quant_why=quant_why, drop_pages=drop, kv_cache=kv_format(model, want, dev, options, path),
-                         head4=want in ("int8", "int4") and dev == "cpu" and head4.active(getattr(model, "head", None)))
+                         head4=h4, huge_pages=arena)
 
 
 def kv_format(model, mode: str, dev: str, options: EngineOptions, path: str | None) -> str | None:
