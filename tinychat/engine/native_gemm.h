@@ -364,8 +364,10 @@ static inline __attribute__((always_inline)) void tc_sb_dots(const int8_t *w, co
         for (int t = 0; t < TC_GT; t++) acc[r][t] = c[r][t];
 }
 
-/* Super-blocks [sb0, sb1) of out's sums (tc_tile_w) onto the float accumulators f: 8 integer steps, then one float
-   step each. */
+/* A packed row tile (pk) against TC_GT token slots (a[t]): f[r][t]'s lanes gather sum_b sx[t, b] * dot(xq[t, b],
+   q[r, b]) over the blocks of super-blocks [sb0, sb1), 8 integer steps, then one float step each. wl (NULL: none):
+   per row (nwl floats apart) a weight scale per lane of the layout, multiplied into the block scales (native_q4.h's
+   int4 rows: one scale per block). Inlined into each caller, so the int8 GEMM's copy has no trace of it. */
 static inline __attribute__((always_inline)) void tc_tile_sbs(const int8_t *pk, const int8_t *const a[TC_GT],
                                                               int64_t sb0, int64_t sb1, tc_vf f[TC_GR][TC_GT],
                                                               const float *wl, int64_t nwl) {
@@ -381,7 +383,7 @@ static inline __attribute__((always_inline)) void tc_tile_sbs(const int8_t *pk, 
 }
 
 /* The columns past the whole super-blocks (the half super-block, then the GEMV layout's registers) onto f, then f's
-   lane sums into out (tc_tile_w's end). */
+   lane sums into out[r][t]. */
 static inline __attribute__((always_inline)) void tc_tile_end(const int8_t *pk, const int8_t *const a[TC_GT], int64_t K,
                                                               tc_vf f[TC_GR][TC_GT], float out[TC_GR][TC_GT],
                                                               const float *wl, int64_t nwl) {
@@ -436,19 +438,6 @@ static inline __attribute__((always_inline)) void tc_tile_end(const int8_t *pk, 
     for (int r = 0; r < TC_GR; r++)
         for (int t = 0; t < TC_GT; t++) out[r][t] = TC_HSUM(f[r][t]);
 #endif
-}
-
-/* out[r][t] = sum_b sx[t, b] * dot(xq[t, b], q[r, b]) for a packed row tile (pk) and TC_GT token slots (a[t]).
-   wl (NULL: none): per row (nwl floats apart) a weight scale per lane of the layout, multiplied into the block
-   scales (native_q4.h's int4 rows: one scale per block). Inlined into each caller, so the int8 GEMM's copy has no
-   trace of it. */
-static inline __attribute__((always_inline)) void tc_tile_w(const int8_t *pk, const int8_t *const a[TC_GT], int64_t K,
-                                                            float out[TC_GR][TC_GT], const float *wl, int64_t nwl) {
-    tc_vf f[TC_GR][TC_GT];
-    for (int r = 0; r < TC_GR; r++)
-        for (int t = 0; t < TC_GT; t++) f[r][t] = TC_VZERO();
-    tc_tile_sbs(pk, a, 0, tc_gemm_geo(K).nsb, f, wl, nwl);
-    tc_tile_end(pk, a, K, f, out, wl, nwl);
 }
 
 /* A tile's outputs, rows n0 .. and tokens m .. (those below N and m1), into y: times the row scales s (NULL: none),
