@@ -106,8 +106,7 @@ def chat(ctx: typer.Context,
         import torch
         torch.set_num_threads(threads)
         tune = {"tune_threads": False}     # an explicit count is used as given (no thread tuning)
-    from .options import EngineOptions
-    options = EngineOptions.from_env(**tune)
+    options = engine_options(tune, one_shot=reader is not None)
     if session is not None:
         model = model_for_session(model, session)
     if not plain and interactive:   # torch and the model load on the app's worker, behind the window
@@ -165,6 +164,18 @@ def _session_for_auto(quant: str, ref: str | None):
         return session_files.load(ref)
     except session_files.SessionError:
         return None
+
+
+def engine_options(tune: dict, one_shot: bool, env=None):
+    """The chat's EngineOptions: the environment's, then tune. A one-shot (-p / -f) leaves its weights where they load
+    (huge_pages off) unless TINYCHAT_HUGE_PAGES says otherwise: copying them onto huge pages costs about as much as
+    decoding ~180 tokens saves (docs/benchmarks.md, "Weights on huge pages"), and a one-shot's start is its speed."""
+    from .options import EngineOptions
+    env = os.environ if env is None else env
+    kw = dict(tune)
+    if one_shot and EngineOptions.ENV["huge_pages"] not in env:
+        kw["huge_pages"] = False
+    return EngineOptions.from_env(env, **kw)
 
 
 def _message_reader(prompt: str | None, path: Path | None):

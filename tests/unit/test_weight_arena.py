@@ -83,3 +83,12 @@ def test_the_plan_places_the_weights_unless_the_option_is_off(monkeypatch):
     assert EngineOptions.from_env({"TINYCHAT_HUGE_PAGES": "0"}).huge_pages is False
     monkeypatch.setattr(weight_arena, "available", lambda: False)
     assert decide(make_llama_model(vocab_size=4096), "int4", "cpu", EngineOptions()).huge_pages == 0
+
+
+def test_a_one_shot_leaves_its_weights_where_they_load_unless_told():
+    from tinychat.cli import engine_options
+    assert engine_options({}, one_shot=False, env={}).huge_pages is True          # the app, plain chats, serve
+    assert engine_options({}, one_shot=True, env={}).huge_pages is False          # -p / -f: the start is the speed
+    assert engine_options({}, one_shot=True, env={"TINYCHAT_HUGE_PAGES": "1"}).huge_pages is True
+    assert engine_options({}, one_shot=False, env={"TINYCHAT_HUGE_PAGES": "0"}).huge_pages is False
+    assert engine_options({"tune_threads": False}, one_shot=True, env={}).tune_threads is False
