@@ -197,6 +197,7 @@ def _run(model_path, config, quant, device, prompt_len, gen_len, repeats, warmup
         "int8_kernels": _int8_kernels(nat),   # which native int8 path ran (avx512-vnni, avx2-vnni, ...), else None
         "int8_prefill": _int8_prefill(model, prompt_len) if device == "cpu" else None,   # its prefill's GEMM
         "threads": threads if device == "cpu" else None,
+        "huge_pages_mb": (plan.huge_pages >> 20) if plan is not None else 0,   # streamed weights on huge pages
         # the int8 native step picks 1..threads by measurement unless pinned (--threads); its choice at the end
         "threads_auto": tuned,
         "threads_used": (nat.tuner.choice or threads) if tuned else (threads if device == "cpu" else None),
@@ -261,5 +262,7 @@ def render_table(result: dict):
         t.add_row("native kernels", r["int8_kernels"])
     if r.get("int8_prefill"):
         t.add_row("prefill GEMM", r["int8_prefill"])
+    if r.get("huge_pages_mb"):
+        t.add_row("weights on huge pages", f"{r['huge_pages_mb']:,} MB")
     t.add_row("medians over", plural(r["repeats"], "repeat"))
     return t

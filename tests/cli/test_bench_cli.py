@@ -46,3 +46,20 @@ def test_bench_runs_int4_on_the_native_step_where_the_kernels_build():
     assert res["quant"] == "int4" and res["decode_tok_s"] > 0
     if native.load() is not None:
         assert res["int8_kernels"] == native.kernel_path() and res["int8_prefill"] == "native-gemm"
+
+
+def test_bench_says_how_much_of_the_weights_it_ran_from_huge_pages(monkeypatch):
+    from tinychat.engine import weight_arena
+    monkeypatch.setattr(weight_arena, "available", lambda: True)
+    args = ["bench", "--config", "demo", "--quant", "int8", "--repeats", "1", "--gen-len", "2", "--prompt-len", "4",
+            "--threads", "1"]
+    r = CliRunner().invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    on = json.loads(r.stdout)["huge_pages_mb"]
+    assert on >= 15                                    # the demo size's int8 Linears (~22 MB)
+    monkeypatch.setenv("TINYCHAT_HUGE_PAGES", "0")
+    r = CliRunner().invoke(app, [*args, "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["huge_pages_mb"] == 0
+    monkeypatch.delenv("TINYCHAT_HUGE_PAGES")
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0 and "weights on huge pages" in r.output and f"{on:,} MB" in r.output

@@ -99,7 +99,10 @@ def place(model, head4: bool, min_bytes: int | None = None) -> int:
     if total < (MIN_BYTES if min_bytes is None else min_bytes) or total == 0:
         return getattr(model, "weight_arena_bytes", 0)
     mm = mmap.mmap(-1, total + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    mm.madvise(mmap.MADV_HUGEPAGE)          # before the first write: the faults then take whole 2 MB pages
+    try:
+        mm.madvise(mmap.MADV_HUGEPAGE)      # before the first write: the faults then take whole 2 MB pages
+    except OSError:                         # refused (a kernel without THP): 4 KB pages, the same bytes
+        pass
     arena = torch.frombuffer(mm, dtype=torch.uint8)   # holds mm for as long as its storage lives
     ast = arena.untyped_storage()
     off = -arena.data_ptr() % HUGE          # (arena bytes) the first storage on a huge page boundary
