@@ -91,8 +91,7 @@ def _in_arena(model, st: torch.UntypedStorage) -> bool:
 def place(model, head4: bool, min_bytes: int | None = None) -> int:
     """Move the model's streamed weights (streamed()) into a new huge-page arena; returns the bytes of the model's
     weights on arenas, this call's and earlier ones' (0: none; less than min_bytes, default MIN_BYTES, to move stays
-    put). An arena lives
-    as long as any tensor on it (model.weight_arenas lists them)."""
+    put). An arena lives as long as any tensor on it (model.weight_arenas lists them)."""
     from ..mapped import MappedWeights
     groups = [(st, ts) for st, ts in streamed(model, head4) if not _in_arena(model, st)]
     total = sum(-(-st.nbytes() // ALIGN) * ALIGN for st, _ in groups)
