@@ -79,21 +79,22 @@ def read_header(wpath: Path) -> dict | None:
     return header if isinstance(header, dict) else None
 
 
-def stored_mode(folder: Path) -> str | None:
+def stored_mode(folder: Path, header: dict | None = None) -> str | None:
     """The quant mode the model folder's weights are stored in (FORMAT_KEY: "int8", "int4", or what a newer tinychat
-    wrote), or None for full-precision weights (or no readable weights file: the loader reports it)."""
-    header = read_header(Path(folder) / WEIGHTS_FILE)
+    wrote), or None for full-precision weights (or no readable weights file: the loader reports it). header: the
+    file's, where the caller has read it already (read_header)."""
+    header = read_header(Path(folder) / WEIGHTS_FILE) if header is None else header
     meta = (header or {}).get("__metadata__")
     if not isinstance(meta, dict) or FORMAT_KEY not in meta:
         return None
     return str(meta[FORMAT_KEY])
 
 
-def older_int4_layout(folder: Path) -> bool:
+def older_int4_layout(folder: Path, header: dict | None = None) -> bool:
     """Whether the folder's stored file holds int4 tensors (an int4 file's Linears, or any file's H4_KEYS head copy)
     in the plain layout of a tinychat before the grouped one: converted at every load (a copy, not mapped) until the
-    model is imported again. Reads the header only."""
-    header = read_header(Path(folder) / WEIGHTS_FILE) or {}
+    model is imported again. Reads the header only (header: as stored_mode takes it)."""
+    header = (read_header(Path(folder) / WEIGHTS_FILE) if header is None else header) or {}
     meta = header.get("__metadata__")
     if not isinstance(meta, dict) or FORMAT_KEY not in meta or meta.get(INT4_LAYOUT_KEY) == INT4_LAYOUT:
         return False

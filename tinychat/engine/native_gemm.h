@@ -119,6 +119,27 @@ static inline int8_t *tc_gemm_slot(void *buf, int64_t K, int64_t m, int nt) {
     return tc_gemm_base(buf) + nt * tc_gemm_pack_bytes(K) + tc_gemm_slot_bytes(K) * m;
 }
 
+/* A tile's outputs, rows n0 .. and tokens m .. (those below N and m1), into y: times the row scales s (NULL: none),
+   plus bias (NULL: none). */
+static inline __attribute__((always_inline)) void tc_tile_store(float out[TC_GR][TC_GT], const float *s,
+                                                                const float *bias, float *y, int64_t N, int64_t n0,
+                                                                int64_t m, int64_t m1) {
+#if defined(TC_512) && TC_GR == 8 && TC_GT == 1
+    if (s && n0 + 8 <= N) {                            /* a whole tile: scale (+ bias) and store at once */
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(s + n0), _mm256_loadu_ps(&out[0][0]));
+        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n0));
+        _mm256_storeu_ps(y + m * N + n0, v);
+        return;
+    }
+#endif
+    for (int t = 0; t < TC_GT && m + t < m1; t++)
+        for (int r = 0; r < TC_GR && n0 + r < N; r++) {
+            int64_t n = n0 + r;
+            float v = s ? s[n] * out[r][t] : out[r][t];
+            y[(m + t) * N + n] = bias ? v + bias[n] : v;
+        }
+}
+
 #if defined(TC_512) || defined(TC_256) || defined(TC_NEON)
 #if defined(TC_512)
 typedef __m512 tc_vf;
@@ -440,27 +461,6 @@ static inline __attribute__((always_inline)) void tc_tile_end(const int8_t *pk, 
 #endif
 }
 
-/* A tile's outputs, rows n0 .. and tokens m .. (those below N and m1), into y: times the row scales s (NULL: none),
-   plus bias (NULL: none). */
-static inline __attribute__((always_inline)) void tc_tile_store(float out[TC_GR][TC_GT], const float *s,
-                                                                const float *bias, float *y, int64_t N, int64_t n0,
-                                                                int64_t m, int64_t m1) {
-#if defined(TC_512) && TC_GR == 8 && TC_GT == 1
-    if (s && n0 + 8 <= N) {                            /* a whole tile: scale (+ bias) and store at once */
-        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(s + n0), _mm256_loadu_ps(&out[0][0]));
-        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n0));
-        _mm256_storeu_ps(y + m * N + n0, v);
-        return;
-    }
-#endif
-    for (int t = 0; t < TC_GT && m + t < m1; t++)
-        for (int r = 0; r < TC_GR && n0 + r < N; r++) {
-            int64_t n = n0 + r;
-            float v = s ? s[n] * out[r][t] : out[r][t];
-            y[(m + t) * N + n] = bias ? v + bias[n] : v;
-        }
-}
-
 /* A packed row tile (pk, rows n0 ..) against one chunk's tokens [m0, m1) (slots slot0 + stride * m; the last tile
    repeats token m1 - 1), outputs stored as tc_tile_store. Past TC_SLAB super-blocks the tile's packed bytes outgrow
    L1 (8 rows of 4,864 columns: 39 KB), so K runs in slabs of TC_SLAB super-blocks, every token tile through one
@@ -553,12 +553,7 @@ static void tc_gemm_jobs(void *buf, int8_t *pk, const int8_t *q, const float *s,
             for (int t = 0; t < TC_GT; t++) a[t] = slot0 + stride * (m + t < m1 ? m + t : m1 - 1);
             float out[TC_GR][TC_GT];
             tc_tile(rows, a, K, out);
-            for (int t = 0; t < TC_GT && m + t < m1; t++)
-                for (int r = 0; r < TC_GR && n0 + r < N; r++) {
-                    int64_t n = n0 + r;
-                    float v = s[n] * out[r][t];
-                    y[(m + t) * N + n] = bias ? v + bias[n] : v;
-                }
+            tc_tile_store(out, s, bias, y, N, n0, m, m1);
             if (m + TC_GT >= m1) m = m1 - TC_GT;              /* the next chunk starts at m1 */
         }
 #endif

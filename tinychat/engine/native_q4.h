@@ -435,11 +435,7 @@ static void tc_gemm4_jobs(void *buf, int8_t *pk, int8_t *ex, const uint8_t *q, c
                     out[r][t] = tc4_dot_ref(&v, q, ws, N, K, n, tmp);
                 }
             }
-            for (int t = 0; t < TC_GT && m + t < m1; t++)
-                for (int r = 0; r < TC_GR && n0 + r < N; r++) {
-                    int64_t n = n0 + r;
-                    y[(m + t) * N + n] = bias ? out[r][t] + bias[n] : out[r][t];
-                }
+            tc_tile_store(out, NULL, bias, y, N, n0, m, m1);
             if (m + TC_GT >= m1) m = m1 - TC_GT;
         }
 #endif

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import paths
 from .errors import ImportRefused
-from ..quant_files import older_int4_layout, stored_mode
+from ..quant_files import WEIGHTS_FILE, older_int4_layout, read_header, stored_mode
 from .lock import acquire, sweep
 
 IMPORT_FILE = "import.json"      # where the model came from, its chat format and stop tokens
@@ -101,10 +101,11 @@ def list_models() -> list[dict]:
             meta = {}
         fmt = meta.get("chat_format")
         size, disk = folder_size(d)
+        header = read_header(d / WEIGHTS_FILE) or {}       # read once for both of its facts
         out.append({"name": d.name, "path": str(d), "source": str(meta.get("source", "?")),
                     "format": str(fmt.get("format", "?")) if isinstance(fmt, dict) else "?",
                     "params": meta.get("params") if isinstance(meta.get("params"), int) else None,
-                    "quant": stored_mode(d), "older_layout": older_int4_layout(d),
+                    "quant": stored_mode(d, header), "older_layout": older_int4_layout(d, header),
                     "bytes": size, "disk_bytes": disk})
     return out
 
