@@ -127,6 +127,7 @@ def chat(ctx: typer.Context,
     from .textin import lf
     prompt = lf(reader(chat_.input_limit()))   # CRLF / CR line breaks as LF, as everywhere text comes in
     repl.interactive = False                # one reply on stdout, notices on stderr
+    repl.show_notice()
     r = repl.turn(lambda on_token, on_reply: chat_.send(prompt, on_token=on_token, on_reply=on_reply))
     raise typer.Exit(0 if r is not None and not repl.errors else 2)
 

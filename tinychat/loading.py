@@ -279,6 +279,7 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
     kw = dict(model_name=rt.name, model_hash=rt.identity, autosave=autosave)
     model = (rt.defaults if settings is None else None) or ModelDefaults()
     overrides = dict(overrides or {})
+    small = small_int4_note(rt.model, quant, quant_why)    # counted before decide() quantizes the model
     if session_ref is None:
         st, sources = resolve(model, None, overrides, base=settings)
         own = rt.tokenizer.chat.default_system
@@ -308,7 +309,23 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
                 chat.close()
                 raise
     chat.sources = sources
+    chat.notice = "; ".join(filter(None, [chat.notice, small])) or None
     return chat
+
+
+SMALL_INT4 = 300_000_000      # parameters below which 4-bit weights cost a model much of its quality
+
+
+def small_int4_note(model, quant: str, quant_why: str | None) -> str | None:
+    """One line when `--quant int4` was asked by hand of a model under SMALL_INT4 parameters (SmolLM2-135M: top-1
+    agreement with fp32 0.64, greedy answers that drift; int8 0.92), else None."""
+    if quant != "int4" or quant_why is not None:
+        return None
+    from .quant_files import param_counts
+    if param_counts(model)[0] >= SMALL_INT4:
+        return None
+    return (f"4-bit weights cost a model this small (under {SMALL_INT4 // 10**6}M parameters) much of its quality; "
+            "--quant int8 keeps it")
 
 
 def open_replay_chat(rt: Runtime, sess, device: str, options=None):

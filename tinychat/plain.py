@@ -42,7 +42,7 @@ class PlainREPL:
             st = self.chat.status()
             mode = f"{st['mode']} (--quant auto: {st['auto']})" if st.get("auto") else st["mode"]
             self.note(f"tinychat · {st['model']} · {mode} · session {st['session']} · /help for commands")
-        self._restore_notice()
+        self.show_notice()
         _replace_bad_bytes(self.stdin)
         queued: list[str] = []              # the rest of a read that held lone CRs (each one ends a line too)
         while True:
@@ -90,7 +90,8 @@ class PlainREPL:
             self.turn(lambda on_token, on_reply: self.chat.send(line, on_token=on_token, on_reply=on_reply))
         return 0 if self.interactive or not self.errors else 2
 
-    def _restore_notice(self) -> None:
+    def show_notice(self) -> None:
+        """The chat's one line from opening it (a restore's snapshot not used, 4-bit weights on a small model), on stderr."""
         if getattr(self.chat, "notice", None):
             self.note(f"note: {self.chat.notice}")
 
@@ -283,7 +284,7 @@ class PlainREPL:
         if old is not self.chat:
             old.close()             # its session's lock: another process may open it now
         self.note(f"continuing session {self.chat.session.id} ({plural(self.chat.session.n_turns, 'turn')})")
-        self._restore_notice()
+        self.show_notice()
 
     @PLAIN_HANDLERS("/set")
     def _set(self, args: list[str]) -> None:

@@ -256,3 +256,25 @@ def test_a_library_load_error_is_a_one_line_exit_2(model_dir, tmp_path, capsys):
         load_runtime(bare)
     code, err = _cli_main(["--model", bare, "--plain"], capsys)
     assert code == 2 and "no tokenizer.json" in err and err.count("\n") == 1, err
+
+
+def test_int4_asked_of_a_small_model_says_once_what_it_costs(model_dir):
+    # a one-shot's reply stays alone on stdout; the note (a model under 300M parameters loses much at 4 bits) on
+    # stderr, for int4 asked by hand only
+    note = "4-bit weights cost a model this small"
+    for quant, noted in (("int4", True), ("int8", False)):
+        r = _run(["--model", model_dir, "-p", "hello there", "--max-new", "4", "--quant", quant, "--no-save"])
+        assert r.exit_code == 0, r.output
+        assert (note in r.stderr) is noted and note not in r.stdout
+        assert r.stderr.count(note) == (1 if noted else 0)
+
+
+def test_the_int4_note_is_for_small_models_and_modes_asked_by_hand(monkeypatch):
+    from support import make_chat_model
+    from tinychat import loading
+    m = make_chat_model()
+    assert loading.small_int4_note(m, "int4", None)
+    assert loading.small_int4_note(m, "int4", "the model is stored int4") is None     # --quant auto took it
+    assert loading.small_int4_note(m, "int8", None) is None
+    monkeypatch.setattr(loading, "SMALL_INT4", 1000)                                    # a model above the line
+    assert loading.small_int4_note(m, "int4", None) is None
