@@ -227,7 +227,8 @@ int main(void) {
     static const int64_t gshapes[][3] = {{1, 1, 1}, {5, 7, 19}, {67, 37, 80}, {130, 9, 768}, {3, 5, 3328},
                                          {200, 12, 33}, {64, 4, 64}, {9, 13, 100}, {11, 7, 576}, {6, 9, 300},
                                          {13, 5, 1100}, {7, 6, 520}, {5, 8, 256}, {3, 3, 255}, {9, 7, 1536},
-                                         {70, 9, 4864}, {5, 4, 5000}};   /* K slabs on every path */
+                                         {70, 9, 4864}, {5, 4, 5000},    /* K slabs on every path */
+                                         {9, 5, 384}, {7, 9, 896}, {5, 6, 960}};  /* rests padded */
     for (unsigned i = 0; i < sizeof gshapes / sizeof gshapes[0]; i++)
         fails += check_gemm(gshapes[i][0], gshapes[i][1], gshapes[i][2]);
     for (unsigned i = 0; i < sizeof gshapes / sizeof gshapes[0]; i++)

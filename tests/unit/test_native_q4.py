@@ -67,6 +67,20 @@ def test_int4_gemm_and_gemv_equal_the_float64_reference_of_their_rounding(M, N, 
 
 
 @needs_kernels
+@pytest.mark.parametrize("M,N,K", [(200, 37, 896), (130, 24, 384), (67, 8, 1100)])
+def test_the_int4_gemm_gives_the_same_bits_on_any_number_of_threads(M, N, K):
+    # the threads split the row tiles (each unpacked by one thread), a run's ends falling inside a tile's chunks
+    # on some counts; K = 384, 896, 1,100 are zero-padded past their super-blocks on the VNNI paths
+    packed, scales = native.random_int4(N, K, G)
+    x = torch.randn(M, K, generator=G)
+    b = torch.randn(N, generator=G)
+    one = native.gemm4(lib, x, packed, scales, b, 1)
+    assert _rel(one, native.gemm4_ref(x, packed, scales, b)) < 1e-5
+    for nt in (2, 3, 5):
+        assert torch.equal(native.gemm4(lib, x, packed, scales, b, nt), one)
+
+
+@needs_kernels
 def test_an_int4_linear_runs_its_rows_on_the_kernels_and_fuses_rows_exactly():
     lins = [torch.nn.Linear(96, n, bias=True) for n in (40, 24)]
     q = [Int4Linear(lin, prefill_bf16=False) for lin in lins]

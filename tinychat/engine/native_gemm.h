@@ -23,12 +23,14 @@
    NEON (sdot, or vmull + pairwise adds without the dot-product extension) is checked under qemu only: its speed
    on ARM hardware is not measured yet. Scalar: each (row, token) pair through the GEMV's one-row dot.
 
-   Work split: jobs are (chunk of <= TC_GM tokens, row tile) pairs, split over threads in contiguous runs (whole
-   chunks per thread when there are several, row tiles of one chunk otherwise); a thread runs its row tiles in
-   order, each against every chunk of its run. Chunks are of equal size (tc_gemm_chunk), their count a multiple of
-   the threads: 200 tokens on 2 threads are 4 chunks of 50, not 64, 64, 64, 8. Each output is the same whatever
-   the chunking and threads: a register tile's tokens never mix, and the summation order is fixed by K alone. Row
-   and token remainders run the full tile on a repeated row / token and store only the real ones. */
+   Work split: jobs are (chunk of <= TC_GM tokens, row tile) pairs, split over threads in contiguous runs; a thread
+   runs its row tiles in order, each packed once and run against every chunk of its run. The int8 GEMM orders the
+   jobs chunk-major (whole chunks per thread when there are several, row tiles of one chunk otherwise; chunks of
+   equal size, their count a multiple of the threads: 200 tokens on 2 threads are 4 chunks of 50, not 64, 64, 64,
+   8); the int4 one row-major (tc_job_chunks: whole row tiles per thread, so each tile is unpacked and packed by
+   one thread, not by every thread for its own tokens). Each output is the same whatever the chunking, order and
+   threads: a register tile's tokens never mix, and the summation order is fixed by K alone. Row and token
+   remainders run the full tile on a repeated row / token and store only the real ones. */
 #ifndef TC_NATIVE_GEMM_H
 #define TC_NATIVE_GEMM_H
 #include "native_q8.h"
@@ -74,6 +76,20 @@
 #define TC_SLAB (TC_SLAB_BYTES / (TC_GR * TC_SBC)) /* super-blocks of a K slab: 4 on AVX-512, 16 on AVX2 */
 /* a chunk's token tiles' float accumulators between slabs (a chunk: at most TC_GM + TC_GT - 1 tokens) */
 #define TC_FB_BYTES (((TC_GM + TC_GT - 1) / TC_GT + 1) * TC_GR * TC_GT * TC_VB)
+/* The most columns left past the super-blocks in the GEMV's layout: a longer rest is zero-padded up to the next half or
+   whole super-block instead. A rest register pays a float step per row and token where a super-block pays one per 8
+   dots: on VNNI a super-block of zeros costs less than 128 such columns (200 tokens x 2,048 rows, 1 thread, Zen 4:
+   K = 384 2.3 -> 1.7 ms padded to 512, 896 3.4 -> 3.25 ms, 960 3.9 -> 3.25 ms); without VNNI (two multiplies a
+   step) only past 128 (896 padded: 6.8 -> 7.1 ms; 960: 7.4 -> 7.1 ms). NEON: not measured on hardware, not padded. */
+#ifndef TC_REST_MAX
+#if defined(TC_NEON)
+#define TC_REST_MAX TC_SBC
+#elif defined(TC_512) || defined(TC_256_VNNI)
+#define TC_REST_MAX 64
+#else
+#define TC_REST_MAX 128
+#endif
+#endif
 typedef struct {
     int64_t nsb, hsb, r0, rp, slot, tile, pack;
 } tc_geo;
@@ -82,8 +98,14 @@ static inline tc_geo tc_gemm_geo(int64_t K) {
     tc_geo g;
     g.nsb = K / TC_SBC;
     g.hsb = TC_HALF && K - g.nsb * TC_SBC >= 8 * TC_QB;
+    if (K - g.nsb * TC_SBC - g.hsb * 8 * TC_QB > TC_REST_MAX) {   /* padded: r0 may pass K (zeros there) */
+        if (TC_HALF && !g.hsb)
+            g.hsb = 1;
+        else
+            g.nsb++, g.hsb = 0;
+    }
     g.r0 = g.nsb * TC_SBC + g.hsb * 8 * TC_QB;
-    g.rp = (K - g.r0 + TC_VB - 1) / TC_VB * TC_VB;
+    g.rp = K > g.r0 ? (K - g.r0 + TC_VB - 1) / TC_VB * TC_VB : 0;
     g.slot = (g.nsb * 40 * TC_L + g.hsb * 320 + 3 * g.rp + 63) & ~(int64_t)63;
     g.tile = (TC_GR * (g.r0 + g.rp) + 63) & ~(int64_t)63;
     g.pack = g.tile + (g.nsb > TC_SLAB ? TC_FB_BYTES : 0);
@@ -221,7 +243,11 @@ static void tc_gemm_quant(const float *x, void *buf, int64_t m, int64_t K, int n
     int8_t t[3 * 64 + 64] __attribute__((aligned(64)));
     const float *xm = x + m * K;
     for (int64_t b0 = 0; b0 < g.r0; b0 += 64) {
-        tc_act8 a = tc_quant8(xm + b0, t, 64);
+        tc_act8 a = tc_act_view(t, 64);
+        if (K - b0 > 0)
+            a = tc_quant8(xm + b0, t, K - b0 < 64 ? K - b0 : 64);          /* zero past K */
+        else
+            memset(t, 0, sizeof t);                                         /* padding: q, scales, corrections 0 */
         for (int h = 0; h < 2; h++) {
             int64_t b = b0 / TC_QB + h;                   /* the block */
             int32_t c = 0;
@@ -302,18 +328,27 @@ static inline void tc_pack16(const int8_t *p, int8_t *o) {
 #endif
 #endif
 
+/* Row r's columns [k, k + n) at p, or (passing K) a copy zero-padded to n in z. */
+static inline const int8_t *tc_cols(const int8_t *row, int64_t K, int64_t k, int64_t n, int8_t *z) {
+    if (k + n <= K) return row + k;
+    memset(z, 0, (size_t)n);
+    if (K > k) memcpy(z, row + k, (size_t)(K - k));
+    return z;
+}
+
 /* A row tile's weights (rows[r], K bytes each) into pk, in the slots' order (VNNI: q ^ 0x80, unsigned). */
 static void tc_gemm_pack(const int8_t *const rows[TC_GR], int64_t K, int8_t *pk) {
     tc_geo g = tc_gemm_geo(K);
-    int8_t tmp[8 * 64] __attribute__((aligned(64)));
+    int8_t tmp[8 * 64] __attribute__((aligned(64))), z[TC_SBC];
     for (int64_t sb = 0; sb < g.nsb; sb++)
         for (int r = 0; r < TC_GR; r++) {
+            const int8_t *p = tc_cols(rows[r], K, sb * TC_SBC, TC_SBC, z);
 #if defined(TC_512)
-            tc_pack16(rows[r] + sb * TC_SBC, tmp);
+            tc_pack16(p, tmp);
 #elif defined(TC_256)
-            tc_pack8(rows[r] + sb * TC_SBC, tmp);
+            tc_pack8(p, tmp);
 #else
-            tc_pack4(rows[r] + sb * TC_SBC, tmp);
+            tc_pack4(p, tmp);
 #endif
             for (int j = 0; j < 8; j++) memcpy(pk + ((sb * 8 + j) * TC_GR + r) * TC_VB, tmp + j * TC_VB, TC_VB);
         }
@@ -321,7 +356,7 @@ static void tc_gemm_pack(const int8_t *const rows[TC_GR], int64_t K, int8_t *pk)
 #if TC_HALF
     if (g.hsb)
         for (int r = 0; r < TC_GR; r++) {
-            tc_pack8(rows[r] + g.nsb * TC_SBC, tmp);
+            tc_pack8(tc_cols(rows[r], K, g.nsb * TC_SBC, 8 * TC_QB, z), tmp);
             for (int j = 0; j < 8; j++) memcpy(ph + (j * TC_GR + r) * 32, tmp + 32 * j, 32);
         }
 #endif
@@ -525,19 +560,34 @@ static inline int64_t tc_gemm_njobs(int64_t M, int64_t N, int64_t gm) {
     return ((M + gm - 1) / gm) * ((N + TC_GR - 1) / TC_GR);
 }
 
+/* Row tile rt's chunks [*cs, *ce] among jobs [j0, j1) of nc chunks x nrt row tiles, in either order: chunk-major
+   (job j: chunk j / nrt, row tile j % nrt; a thread's run is whole chunks, each row tile packed by every thread) or
+   row-major (by_rows; job j: row tile j / nc, chunk j % nc; a thread's run is whole row tiles, each packed by one
+   thread, every thread reading every token). Empty: *cs > *ce. */
+static inline void tc_job_chunks(int64_t j0, int64_t j1, int64_t rt, int64_t nrt, int64_t nc, int by_rows,
+                                 int64_t *cs, int64_t *ce) {
+    if (by_rows) {
+        int64_t a = rt * nc > j0 ? rt * nc : j0, b = (rt + 1) * nc < j1 ? (rt + 1) * nc : j1;
+        *cs = a - rt * nc, *ce = b - 1 - rt * nc;
+    } else {
+        int64_t c0 = j0 / nrt, c1 = (j1 - 1) / nrt;
+        *cs = c0 * nrt + rt >= j0 ? c0 : c0 + 1, *ce = c1 * nrt + rt < j1 ? c1 : c1 - 1;
+    }
+}
+
 /* Jobs [j0, j1) of the (chunk of gm tokens, row tile) grid (job j: chunk j / nrt, row tile j % nrt), row tile by
    row tile: each tile's weights packed once (into pk, this thread's tc_gemm_pack_bytes(K)), then run against its
    jobs' chunks. */
 static void tc_gemm_jobs(void *buf, int8_t *pk, const int8_t *q, const float *s, const float *bias, float *y,
-                         int64_t M, int64_t N, int64_t K, int64_t gm, int nt, int64_t j0, int64_t j1) {
-    int64_t nrt = (N + TC_GR - 1) / TC_GR;
+                         int64_t M, int64_t N, int64_t K, int64_t gm, int nt, int by_rows, int64_t j0, int64_t j1) {
+    int64_t nrt = (N + TC_GR - 1) / TC_GR, nc = (M + gm - 1) / gm;
     if (j0 >= j1) return;
-    int64_t c0 = j0 / nrt, c1 = (j1 - 1) / nrt;            /* the chunks this run touches */
     const int8_t *slot0 = tc_gemm_slot(buf, K, 0, nt);     /* token m's slot: slot0 + m * stride */
     int64_t stride = tc_gemm_slot_bytes(K);
     (void)pk;
     for (int64_t rt = 0; rt < nrt; rt++) {
-        int64_t cs = c0 * nrt + rt >= j0 ? c0 : c0 + 1, ce = c1 * nrt + rt < j1 ? c1 : c1 - 1;
+        int64_t cs, ce;
+        tc_job_chunks(j0, j1, rt, nrt, nc, by_rows, &cs, &ce);
         if (cs > ce) continue;
         int64_t n0 = rt * TC_GR;
         const int8_t *rows[TC_GR];
@@ -566,7 +616,7 @@ void tc_gemm1(const float *x, void *buf, const int8_t *q, const float *s, const 
               int64_t N, int64_t K) {
     for (int64_t m = 0; m < M; m++) tc_gemm_quant(x, buf, m, K, 1);
     int64_t gm = tc_gemm_chunk(M, 1);
-    tc_gemm_jobs(buf, tc_gemm_base(buf), q, s, bias, y, M, N, K, gm, 1, 0, tc_gemm_njobs(M, N, gm));
+    tc_gemm_jobs(buf, tc_gemm_base(buf), q, s, bias, y, M, N, K, gm, 1, 0, 0, tc_gemm_njobs(M, N, gm));
 }
 
 /* The reference GEMM (one thread, per token tc_quant8 and per row tc_dot_ref), for the tests; buf: tc_act_bytes(K). */

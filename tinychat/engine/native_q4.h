@@ -385,7 +385,7 @@ static void tc4_unpack(const uint8_t *q, const uint16_t *ws, int64_t N, int64_t 
 #if TC_PACKED
     tc_geo g = tc_gemm_geo(K);
     int64_t nb = g.nsb * TC_L + g.hsb * 8, i = 0;
-    for (; i < nb; i++) wl[i] = tc_h2f(sc[i]);
+    for (; i < nb; i++) wl[i] = i < Kp / TC_Q4G ? tc_h2f(sc[i]) : 0.f;     /* past Kp: the GEMM's zero padding */
     for (int64_t j = 0; j < g.rp / 4; j++) {
         int64_t b = (g.r0 + 4 * j) / TC_Q4G;
         wl[i + j] = b < Kp / TC_Q4G ? tc_h2f(sc[b]) : 0.f;
@@ -398,17 +398,18 @@ static void tc4_unpack(const uint8_t *q, const uint16_t *ws, int64_t N, int64_t 
 /* The int4 GEMM's jobs [j0, j1), as tc_gemm_jobs: each row tile unpacked (ex: this thread's tc4_extra_bytes) and
    packed once, then run against its chunks' tokens; y = out (+ bias): the scales are in the lanes. */
 static void tc_gemm4_jobs(void *buf, int8_t *pk, int8_t *ex, const uint8_t *q, const uint16_t *ws, const float *bias,
-                          float *y, int64_t M, int64_t N, int64_t K, int64_t gm, int nt, int64_t j0, int64_t j1) {
-    int64_t nrt = (N + TC_GR - 1) / TC_GR, Kp = tc_pad64(K), nwl = tc4_wl_floats(K);
+                          float *y, int64_t M, int64_t N, int64_t K, int64_t gm, int nt, int by_rows, int64_t j0,
+                          int64_t j1) {
+    int64_t nrt = (N + TC_GR - 1) / TC_GR, nc = (M + gm - 1) / gm, Kp = tc_pad64(K), nwl = tc4_wl_floats(K);
     if (j0 >= j1) return;
-    int64_t c0 = j0 / nrt, c1 = (j1 - 1) / nrt;
     const int8_t *slot0 = tc_gemm_slot(buf, K, 0, nt);
     int64_t stride = tc_gemm_slot_bytes(K);
     float *wl = (float *)(ex + TC_GR * Kp);
     int8_t *tmp = (int8_t *)(wl + TC_GR * nwl);           /* tc4_ref_bytes(K): a row's values and scales */
     (void)pk, (void)wl, (void)nwl;
     for (int64_t rt = 0; rt < nrt; rt++) {
-        int64_t cs = c0 * nrt + rt >= j0 ? c0 : c0 + 1, ce = c1 * nrt + rt < j1 ? c1 : c1 - 1;
+        int64_t cs, ce;
+        tc_job_chunks(j0, j1, rt, nrt, nc, by_rows, &cs, &ce);
         if (cs > ce) continue;
         int64_t n0 = rt * TC_GR;
         const int8_t *rows[TC_GR];
@@ -448,7 +449,7 @@ void tc_gemm4_1(const float *x, void *buf, const uint8_t *q, const uint16_t *ws,
     for (int64_t m = 0; m < M; m++) tc_gemm_quant(x, buf, m, K, 1);
     int64_t gm = tc_gemm_chunk(M, 1);
     int8_t *ex = tc_gemm_slot(buf, K, M > 0 ? M : 1, 1);
-    tc_gemm4_jobs(buf, tc_gemm_base(buf), ex, q, ws, bias, y, M, N, K, gm, 1, 0, tc_gemm_njobs(M, N, gm));
+    tc_gemm4_jobs(buf, tc_gemm_base(buf), ex, q, ws, bias, y, M, N, K, gm, 1, 0, 0, tc_gemm_njobs(M, N, gm));
 }
 
 /* ---- prefill on bf16 GEMMs (AMX machines): the rows dequantized to bf16 ---- */
