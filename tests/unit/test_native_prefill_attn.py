@@ -128,8 +128,8 @@ LEVELS = [("-march=x86-64-v3", "avx2", ("avx2", "fma")),
 def test_another_levels_build_runs_the_kernel_tests_under_its_own_path_name(arch, path, needs, tmp_path):
     """The kernels built for another x86 level (TINYCHAT_NATIVE_ARCH, as tests/perf measures it): the path is named
     for the kernels that really run, with its step version, and the GEMV / GEMM, decode and prefill attention tests
-    pass on that build in a process of their own (an AVX2 laptop's attend_grp8 / exp8; an AVX-512 server without
-    VNNI's 16-lane attention and 256-bit dots)."""
+    pass on that build in a process of their own (an AVX2 laptop's attend_grp8 / exp8 and its 8-lane SwiGLU in the
+    llama step; an AVX-512 server without VNNI's 16-lane attention and 256-bit dots)."""
     import os
     import subprocess
     import sys
@@ -144,7 +144,8 @@ def test_another_levels_build_runs_the_kernel_tests_under_its_own_path_name(arch
     assert probe.stdout.split() == [path, str(native.KERNEL_PATHS[path].step_version)], probe.stderr[-500:]
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         "tests/unit/test_native_prefill_attn.py", "tests/unit/test_native_attention.py",
-                        "tests/unit/test_native_q8.py", "-k", "not another_levels_build"],
+                        "tests/unit/test_native_q8.py", "tests/unit/test_native_llama.py", "-k",
+                        "not another_levels_build"],
                        env=env, capture_output=True, text=True, cwd=root)
     assert r.returncode == 0, r.stdout[-2000:]
     assert " passed" in r.stdout and "failed" not in r.stdout

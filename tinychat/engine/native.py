@@ -49,7 +49,7 @@ INT4_STEP_VERSION = 5   # the native int4 step's rounding (native_q4.h: Q4_0-sty
                         # int4_more_bits: per-layer formats, native_llama.h's LTAB_FMT column). 4: rows by groups
                         # of four in super-blocks of 512 columns (native_q4_layout.h): the fp32 sums' order changed.
                         # 5: the x86 prefill GEMM pads a long rest of K into a super-block (native_gemm.h's
-                        # TC_REST_MAX; int8 v7)
+                        # TC_REST_MAX), and AVX2 builds run the SwiGLU in 8 lanes (int8 v7)
 
 
 @dataclass(frozen=True)

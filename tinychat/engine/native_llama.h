@@ -20,19 +20,31 @@ static void rms_eps(const float *x, float *h, int64_t d, float eps, const float 
         for (int64_t i = 0; i < d; i++) h[i] *= g[i];
 }
 
-/* u[i] = silu(g[i]) * v[i] = g / (1 + e^-g) * v for u = [g (n) | v (n)], written over the first n. */
-static void swiglu(float *u, int64_t n) {
+/* o[i] = silu(g[i]) * v[i] = g / (1 + e^-g) * v (o may be g). e^-g by tc_exp16 / tc_exp8 (0 below g = -87...; -g
+   clamped at 88 first on AVX2, whose 2^n is built in the exponent bits: silu there is -0 or a tiny negative, as
+   near as fp32 gets), the rest by expf. */
+static void swiglu_to(const float *g, const float *v, float *o, int64_t n) {
     int64_t i = 0;
 #if defined(TC_AVX512)
     const __m512 one = _mm512_set1_ps(1.0f);
-    for (; i + 16 <= n; i += 16) {   /* tc_exp16(-g): 0 below g = -87... +inf above g = 88 (then silu is -0) */
-        __m512 g = _mm512_loadu_ps(u + i), v = _mm512_loadu_ps(u + n + i);
-        __m512 e = tc_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-        _mm512_storeu_ps(u + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), v));
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i);
+        __m512 e = tc_exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), _mm512_loadu_ps(v + i)));
+    }
+#elif defined(TC_AVX2)
+    const __m256 one = _mm256_set1_ps(1.0f), hi = _mm256_set1_ps(88.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 e = tc_exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), x), hi));   /* NaN g: x / .. stays NaN */
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_loadu_ps(v + i)));
     }
 #endif
-    for (; i < n; i++) u[i] = u[i] / (1.0f + expf(-u[i])) * u[n + i];
+    for (; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * v[i];
 }
+
+/* u[i] = silu(g[i]) * v[i] for u = [g (n) | v (n)], written over the first n. */
+static void swiglu(float *u, int64_t n) { swiglu_to(u, u + n, u, n); }
 
 /* The k largest logits (k <= TC_MAXK; ties: the lower id first) recomputed as s[id] * <q[id], h> in double from the
    fp32 hidden state h, instead of the int8-activation GEMV's value: greedy and the sampler see the int8 weights'
