@@ -252,3 +252,19 @@ async def test_real_loader_opens_a_model_folder(tmp_path, chat_model):
         assert app.load_error is None and app.chat.model_name == tmp_path.name
         await say(pilot, "hello")
         assert app.chat.session.n_turns == 1
+
+
+async def test_a_new_chats_opening_notice_is_shown_as_its_own_line(factory):
+    # e.g. loading.small_int4_note: a new chat (no "continuing session ..." before it) shows the notice alone
+    f = factory()
+    made = f.__call__
+
+    def call(ref):
+        chat = made(ref)
+        chat.notice = "4-bit weights cost a model this small much of its quality"
+        return chat
+    app = make_app(call, blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        shown = str(app.view.query(NoticeMessage).first().render())
+        assert shown.lstrip().startswith("4-bit weights") and "·" not in shown.split("4-bit")[0]

@@ -52,7 +52,7 @@ class Load(Job):
             note = f"continuing session {chat.session.id}: {chat.session.title or 'untitled'} " \
                    f"({plural(chat.session.n_turns, 'turn')})"
         if chat.notice:
-            note += f" · {chat.notice}"
+            note = f"{note} · {chat.notice}" if note else chat.notice
         post(RuntimeReady(chat, strings, note, chat.status()))
 
 
