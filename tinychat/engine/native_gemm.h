@@ -575,8 +575,8 @@ static inline void tc_job_chunks(int64_t j0, int64_t j1, int64_t rt, int64_t nrt
     }
 }
 
-/* Jobs [j0, j1) of the (chunk of gm tokens, row tile) grid (job j: chunk j / nrt, row tile j % nrt), row tile by
-   row tile: each tile's weights packed once (into pk, this thread's tc_gemm_pack_bytes(K)), then run against its
+/* Jobs [j0, j1) of the (chunk of gm tokens, row tile) grid, in tc_job_chunks' order (by_rows: row-major), row tile
+   by row tile: each tile's weights packed once (into pk, this thread's tc_gemm_pack_bytes(K)), then run against its
    jobs' chunks. */
 static void tc_gemm_jobs(void *buf, int8_t *pk, const int8_t *q, const float *s, const float *bias, float *y,
                          int64_t M, int64_t N, int64_t K, int64_t gm, int nt, int by_rows, int64_t j0, int64_t j1) {
