@@ -72,10 +72,11 @@ def _permute(w: torch.Tensor, n_heads: int) -> torch.Tensor:     # llama.cpp's c
 
 
 def gguf_bytes(cfg: dict | None = None, seed: int = 0, arch: str = "llama", sampling: dict | None = None,
-               basename: str = "tiny", pad: int = 0) -> bytes:
+               basename: str = "tiny", pad: int = 0, qtype: str | None = None) -> bytes:
     """A GGUF of the tiny llama (float32 tensors) with the test tokenizer and ChatML; arch: general.architecture
     (another name makes a model tinychat refuses); sampling: general.sampling.* keys; pad: an extra tensor of this
-    many bytes after the model's (a big file whose header is small)."""
+    many bytes after the model's (a big file whose header is small); qtype: the layers' 2-D weights quantized to
+    this GGML type (e.g. "Q8_0", "Q4_0"; gguf.quants), the others float32."""
     import gguf
     cfg = cfg or config()
     tok = tokenizer()
@@ -111,7 +112,12 @@ def gguf_bytes(cfg: dict | None = None, seed: int = 0, arch: str = "llama", samp
             name = f"blk.{i}.{kind}.{rest[-1]}"
         else:
             name = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}[k]
-        wr.add_tensor(name, v.float().numpy())
+        if qtype is not None and name.startswith("blk.") and v.dim() == 2:
+            from gguf.quants import quantize
+            kind = gguf.GGMLQuantizationType[qtype]
+            wr.add_tensor(name, quantize(v.float().numpy(), kind), raw_dtype=kind)
+        else:
+            wr.add_tensor(name, v.float().numpy())
     if pad:
         import numpy as np
         wr.add_tensor("padding.weight", np.zeros(pad // 4, dtype=np.float32))

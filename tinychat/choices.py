@@ -23,3 +23,6 @@ QUANT_MODES = ("none", "int8", "int4", "bf16")   # --quant: full precision, weig
 QUANT_CHOICES = ("auto", *QUANT_MODES)      # a chat's --quant: auto (the default) picks one of QUANT_MODES
                                             # (loading.resolve_quant); sessions record the mode it picked
 DEVICES = ("auto", "cpu", "cuda")           # --device
+
+SMALL_INT4 = 300_000_000    # parameters below which 4-bit weights cost a model much of its quality (SmolLM2-135M:
+                            # top-1 agreement with fp32 0.64 under int4, 0.92 under int8)

@@ -10,6 +10,11 @@ import typer
 
 from .cli_common import UsageError, _progress
 
+QUANT_HELP = ("How the weights are stored. auto: as a GGUF's own bits say: 5 to 8 bits (Q8_0, Q6_K) int8, 4 or "
+              "fewer (Q4_K_M) int4 (int8 under 300M parameters), float weights and safetensors full precision. "
+              "none: full precision (--dtype); int8 / int4: packed, as --quant makes them at start (a fraction of "
+              "the disk, nothing quantized at load).")
+
 
 def pull(ref: str = typer.Argument(..., metavar="REPO[:QUANT][@REVISION]",
                                    help="A model on the Hugging Face Hub, ORG/NAME; :QUANT picks a GGUF file (default "
@@ -20,7 +25,7 @@ def pull(ref: str = typer.Argument(..., metavar="REPO[:QUANT][@REVISION]",
                                     "safetensors repo needs); pull nothing."),
          offline: bool = typer.Option(False, "--offline", help="Use only the Hugging Face cache, no network "
                                       "(also HF_HUB_OFFLINE=1)."),
-         quant: str = typer.Option("none", "--quant", metavar="none|int8|int4", help="Store packed weights: int8, or int4 (as --quant makes them at start; no fp32 copy, nothing quantized at load)."),
+         quant: str = typer.Option("auto", "--quant", metavar="auto|none|int8|int4", help=QUANT_HELP),
          force: bool = typer.Option(False, "--force", help="Replace a model of the same name pulled from elsewhere.")):
     """Download a model from the Hugging Face Hub into its standard cache, then import it (`tinychat import`).
 
@@ -45,7 +50,8 @@ def pull(ref: str = typer.Argument(..., metavar="REPO[:QUANT][@REVISION]",
         typer.echo(safe_text(f"{r.name} is up to date ({r.plan.ref.repo} at {r.plan.commit[:12]})\n"
                              f"chat with: tinychat --model {r.name}"))
     else:
-        typer.echo(safe_text(f"pulled {r.plan.ref} as {r.name} ({r.path})\nchat with: tinychat --model {r.name}"))
+        typer.echo(safe_text(f"pulled {r.plan.ref} as {r.name} ({r.path})\n{stored_line(r.path)}\n"
+                             f"chat with: tinychat --model {r.name}"))
 
 
 def _run_pull(ref: str, **kw):
@@ -74,6 +80,23 @@ def _run_pull(ref: str, **kw):
             report.close()
 
 
+def stored_line(folder: Path) -> str:
+    """"weights: ..." for an import's summary: the mode its import.json records, and why when --quant auto chose."""
+    import json
+
+    from .textsafe import safe_line
+    try:
+        meta = json.loads((Path(folder) / "import.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        meta = {}
+    if not isinstance(meta, dict):
+        meta = {}
+    mode = meta.get("quant") or "none"
+    what = f"{mode}, packed" if mode in ("int8", "int4") else f"full precision, {meta.get('dtype') or 'float32'}"
+    why = meta.get("quant_why")
+    return safe_line(f"weights: {what}" + (f" ({why})" if isinstance(why, str) and why else ""))
+
+
 def _list_pull(p) -> None:
     """A repo's files as the Hub (or a cache folder) lists them: their names are someone else's text, escaped."""
     from .hub.ref import human_bytes
@@ -99,7 +122,7 @@ def import_(src_text: str = typer.Argument(..., metavar="SRC", help="A Hugging F
             context: Optional[int] = typer.Option(None, "--context", metavar="N", help="Most positions a chat may hold "
                                                   "(default: 4096, or less when the checkpoint says so)."),
             dtype: str = typer.Option("float32", "--dtype", metavar="float32|bfloat16|float16", help="Stored weights: float32 (exact), bfloat16 or float16."),
-            quant: str = typer.Option("none", "--quant", metavar="none|int8|int4", help="Store packed weights: int8, or int4 (as --quant makes them at start; no fp32 copy, nothing quantized at load)."),
+            quant: str = typer.Option("auto", "--quant", metavar="auto|none|int8|int4", help=QUANT_HELP),
             force: bool = typer.Option(False, "--force", help="Replace a model of the same name.")):
     """Import a llama-family checkpoint (SmolLM2, Qwen2.5, Llama-architecture models) as a tinychat model.
 
@@ -119,12 +142,13 @@ def import_(src_text: str = typer.Argument(..., metavar="SRC", help="A Hugging F
             r = _run_pull(str(src), name=name, offline=True, force=force, context=context, dtype=dtype, quant=quant)
             from .textsafe import safe_text
             typer.echo(safe_text(f"imported {r.plan.ref} from the Hugging Face cache as {r.name} ({r.path})\n"
-                                 f"chat with: tinychat --model {r.name}"))
+                                 f"{stored_line(r.path)}\nchat with: tinychat --model {r.name}"))
             return
     with _progress(f"import {src.name}") as (progress, _):
         dest = import_model(src, name=name, context=context, dtype=dtype, force=force, progress=progress, quant=quant)
     from .textsafe import safe_line
     typer.echo(safe_line(f"imported {src} as {dest.name} ({dest})"))
+    typer.echo(stored_line(dest))
     typer.echo(f"chat with: tinychat --model {dest.name}")
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from .choices import DEVICES, QUANT_CHOICES, QUANT_MODES, SIZES
+from .choices import DEVICES, QUANT_CHOICES, QUANT_MODES, SIZES, SMALL_INT4
 from .errors import TinychatError
 
 
@@ -311,9 +311,6 @@ def open_chat(rt: Runtime, quant: str, device: str, settings=None, overrides: Ma
     chat.sources = sources
     chat.notice = "; ".join(filter(None, [chat.notice, small])) or None
     return chat
-
-
-SMALL_INT4 = 300_000_000      # parameters below which 4-bit weights cost a model much of its quality
 
 
 def small_int4_note(model, quant: str, quant_why: str | None) -> str | None:

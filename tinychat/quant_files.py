@@ -431,8 +431,8 @@ def configure(model, options) -> bool:
 
 def mismatch(stored: str, quant: str) -> str:
     """The one line for a chat asking another mode than a stored-quantized model's."""
-    return (f"the model is stored {stored} (imported with --quant {stored}): run it with --quant {stored} or auto; "
-            f"for --quant {quant} import it again without --quant")
+    return (f"the model is stored {stored} (packed at import): run it with --quant {stored} or auto; "
+            f"for --quant {quant} import it again with --quant none")
 
 
 def param_counts(model) -> tuple[int, int]:

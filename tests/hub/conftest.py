@@ -25,7 +25,8 @@ def repos():
         # files over huggingface_hub's 10 MiB write chunk, so that a killed download leaves a part on disk
         "org/big-sharded": safetensors_repo(BIG, seed=2, shards=2),
         "org/big-GGUF": {"big-Q8_0.gguf": gguf_bytes(BIG, seed=3)},
-        "org/tiny-GGUF": {"tiny-Q8_0.gguf": gguf_bytes(sampling={"temp": 0.3, "top_p": 0.95, "top_k": 40}),
+        "org/tiny-GGUF": {"tiny-Q8_0.gguf": gguf_bytes(config(intermediate_size=64), qtype="Q8_0",
+                                                       sampling={"temp": 0.3, "top_p": 0.95, "top_k": 40}),
                           "tiny-Q4_K_M.gguf": gguf_bytes(seed=1), "mmproj-tiny-f16.gguf": b"\0" * 64,
                           "README.md": b"# tiny GGUF\n"},
         "org/gemma-like": safetensors_repo(config(model_type="gemma2", architectures=["Gemma2ForCausalLM"])),

@@ -65,6 +65,8 @@ def test_a_gguf_repo_pulls_q8_0_by_default_and_a_quant_by_name(tinychat, hub, hf
     assert not hub.requests(None, "mmproj") and not hub.requests(None, "Q4_K_M")
     d, meta, sampler = _model("tiny-Q8_0")
     assert meta["hub"]["quant"] == "Q8_0" and meta["hub"]["files"] == ["tiny-Q8_0.gguf"]
+    # its Q8_0 weights stored int8 (--quant auto), said so
+    assert meta["quant"] == "int8" and "weights: int8, packed (the GGUF's weights are Q8_0;" in r.stdout
     # the GGUF's general.sampling.* keys
     assert sampler["settings"]["temperature"] == 0.3 and sampler["from"]["top_p"] == "the GGUF's general.sampling.top_p"
     assert sampler["unused"] == {"top_k": 40}
@@ -76,8 +78,11 @@ def test_pull_quant_stores_packed_weights_and_a_pull_in_another_mode_imports_aga
     assert [(m["name"], m["quant"]) for m in list_models()] == [("tiny", "int4")] and _model("tiny")[1]["quant"] == "int4"
     r = tinychat("pull", "org/tiny", "--quant", "int4")
     assert r.returncode == 0 and "tiny is up to date" in r.stdout
-    r = tinychat("pull", "org/tiny")                    # full precision now: the same commit, imported again
+    r = tinychat("pull", "org/tiny")                    # auto (the default) takes what is there at this commit
+    assert r.returncode == 0 and "tiny is up to date" in r.stdout
+    r = tinychat("pull", "org/tiny", "--quant", "none")  # full precision now: the same commit, imported again
     assert r.returncode == 0 and "pulled org/tiny as tiny" in r.stdout, r.stderr
+    assert "weights: full precision, float32\n" in r.stdout
     assert [(m["name"], m["quant"]) for m in list_models()] == [("tiny", None)]
 
 

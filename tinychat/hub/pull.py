@@ -289,12 +289,22 @@ def _stored(name: str) -> str:
     return stored_mode(paths.models_dir() / name) or "none"
 
 
+def _bytes_a_weight(p: Plan, quant: str, dtype: str) -> int:
+    """What the import will store a weight in (its disk estimate): 1 packed, else dtype's size. auto: a GGUF's quant
+    label says (store_mode.py; the file itself decides after the download)."""
+    if quant == "auto" and dtype == "float32" and p.kind == "gguf" and p.choice is not None:
+        from ..importer.store_mode import label_bits, mode_for_bits
+        quant = mode_for_bits(label_bits(p.choice.quant))
+    return 1 if quant in ("int8", "int4") else {"float32": 4}.get(dtype, 2)
+
+
 def pull(text: str, name: str | None = None, offline: bool = False, force: bool = False, context: int | None = None,
-         dtype: str = "float32", report: Reporter | None = None, import_progress=None, quant: str = "none") -> PullResult:
+         dtype: str = "float32", report: Reporter | None = None, import_progress=None, quant: str = "auto") -> PullResult:
     """Pull text (REPO[:QUANT][@REVISION]) and import it as `name` (default: Plan.default_name). A model of that name
     pulled from the same repo is updated in place (a no-op at the same commit); one from elsewhere needs force.
     import_progress(done, total, what): the importer's stages (importer/run.py's progress). quant: none, or int8 /
-    int4 to store packed weights (`tinychat import --quant`)."""
+    int4 to store packed weights, auto (the default) as the source's own bits say (`tinychat import --quant`: a model
+    pulled before at the same commit is up to date whatever auto stored it as)."""
     report = report or Reporter()
     p = plan(text, offline)
     from ..importer.store import check_name
@@ -310,7 +320,7 @@ def pull(text: str, name: str | None = None, offline: bool = False, force: bool 
                             f"pick another --name or add --force")
         replace = True
     if prior is not None and prior.get("repo") == p.ref.repo and prior.get("commit") == p.commit \
-            and (p.kind != "gguf" or prior.get("files") == p.files) and _stored(name) == quant:
+            and (p.kind != "gguf" or prior.get("files") == p.files) and quant in ("auto", _stored(name)):
         return PullResult(name, paths.models_dir() / name, p, up_to_date=True)    # files at a commit never change
     fetched = 0
     if not p.offline:
@@ -322,7 +332,7 @@ def pull(text: str, name: str | None = None, offline: bool = False, force: bool 
         specs = p.specs()
         missing = [s for s in specs if not (s.etag and (storage / "blobs" / s.etag).exists())]
         need = max(sum(s.size for s in missing) - part_bytes(storage, missing), 0)
-        est = import_bytes(cfg, 1 if quant != "none" else {"float32": 4}.get(dtype, 2))
+        est = import_bytes(cfg, _bytes_a_weight(p, quant, dtype))
         what = f"{p.choice.quant} ({p.choice.files[0]})" if p.kind == "gguf" else f"{len(specs)} files"
         cached = sum(s.size for s in specs if s.path in before) + part_bytes(storage, missing)
         report.line(f"{p.ref.repo} at {p.commit[:12]}: {what}, {human_bytes(sum(s.size for s in specs))}"

@@ -17,7 +17,7 @@ from ..sampler_defaults import SAMPLER_FILE
 from .errors import ImportRefused
 from .lock import acquire, sweep
 from .sampler import model_sampler
-from ..quant_files import MODES as QUANT_STORED
+from .store_mode import STORE_CHOICES, resolve_store
 from .store import CHAT_FORMAT_FILE, IMPORT_FILE, TEMPLATE_FILE, check_name, model_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,14 +48,15 @@ STAGES = ("reading the weights", "converting", "writing the model folder")
 
 
 def import_model(src, name: str | None = None, context: int | None = None, dtype: str = "float32",
-                 force: bool = False, progress=None, origin: dict | None = None, quant: str = "none") -> Path:
+                 force: bool = False, progress=None, origin: dict | None = None, quant: str = "auto") -> Path:
     """Import src as a tinychat model named `name` (default: from the source's file / folder name). Returns its
     folder. ImportRefused (one line) for anything it cannot import; FileExistsError-like refusal when the name is
     taken (unless force). progress(done, total, what): called as each of STAGES starts and when all are done (an
     import of SmolLM2-135M's GGUF spends ~10-20 s in each of the first two on a 2-vCPU host). origin: what
     import.json records of where src came from, over the defaults (`tinychat pull`: {"source": "REPO@COMMIT
     (Hugging Face)", "hub": {...}}). The folder gets the model's sampler.json. quant: "none" (the weights in
-    dtype), or "int8" / "int4": the Linears stored packed as `--quant` makes them at start (quant_files.py)."""
+    dtype), "int8" / "int4" (the Linears stored packed as `--quant` makes them at start: quant_files.py), or "auto"
+    (store_mode.py: a GGUF's own bits say which; import.json records the mode and why)."""
     def stage(i: int) -> None:
         if progress is not None:
             progress(i, len(STAGES), STAGES[i] if i < len(STAGES) else "done")
@@ -66,9 +67,9 @@ def import_model(src, name: str | None = None, context: int | None = None, dtype
         raise ImportRefused(str(e)) from None
     if dtype not in DTYPES:
         raise ImportRefused(f"--dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
-    if quant not in ("none", *QUANT_STORED):
-        raise ImportRefused(f"--quant must be one of none, {', '.join(QUANT_STORED)} (got {quant!r})")
-    if quant != "none" and dtype != "float32":
+    if quant not in STORE_CHOICES:
+        raise ImportRefused(f"--quant must be one of {', '.join(STORE_CHOICES)} (got {quant!r})")
+    if quant in ("int8", "int4") and dtype != "float32":
         raise ImportRefused(f"--dtype {dtype} goes with full-precision imports; --quant {quant} stores packed weights "
                             "made from the float32 ones")
     from ..weights_check import MAX_POSITIONS
@@ -89,6 +90,7 @@ def _import(src: Path, name: str, dest: Path, context: int | None, dtype: str, s
     """import_model's work, under the name's exclusive lock."""
     stage(0)
     cfg, tensors, tok_text, template, stops = read_source(src)
+    quant, quant_why = resolve_store(src, quant, dtype)
     from ..norm_gains import save_gains
     from .llama import build_config, build_model, check_tensors
     c = build_config(cfg, tensors, context, name)        # refuse unsupported architectures before any heavy work
@@ -130,6 +132,7 @@ def _import(src: Path, name: str, dest: Path, context: int | None, dtype: str, s
             atomic_write(tmp / TEMPLATE_FILE, lambda t: t.write_text(template, encoding="utf-8"))
         meta = {"source": str(src.resolve()), "kind": "gguf" if src.is_file() else "huggingface",
                 "architecture": cfg.get("model_type"), "params": params, "dtype": dtype, "quant": quant,
+                **({"quant_why": quant_why} if quant_why else {}),
                 "chat_format": fmt, **(origin or {})}
         atomic_write(tmp / IMPORT_FILE, lambda t: t.write_text(json.dumps(meta, indent=2), encoding="utf-8"))
         hints = [str((origin or {}).get("hub", {}).get("repo", "")), str(fmt.get("default_system") or "")]

@@ -1,0 +1,90 @@
+"""`--quant auto`, the default of `tinychat import` and `tinychat pull`: how an imported model's weights are stored,
+read off the source.
+
+A GGUF's layer weights already carry the bits its maker chose. Stored as float32 they took four bytes a weight on
+disk (SmolLM2-135M's Q8_0: 623 MiB) and were quantized again at every start by `--quant auto`'s int8 (a second or
+more for 135M parameters, ~4 GB read for a 1B model). So auto stores them packed (quant_files.py), in the mode
+nearest to their own bits:
+
+- 5 to 8 bits (Q8_0, Q6_K, Q5_K_M ...): int8.
+- 4 bits or fewer (Q4_K_M, Q4_0, IQ4_XS, Q3_K ...): int4; int8 for a model under SMALL_INT4 parameters, which 4-bit
+  weights cost much of its quality (SmolLM2-135M from its Q4_1 file: perplexity fp32 25.8, int8 25.9, int4 28.5:
+  re-rounding 4-bit values to another 4-bit grid loses more than the file did).
+- Float weights (F32, F16, BF16 GGUFs) and Hugging Face folders (safetensors): full precision (--dtype), as exact as
+  the source.
+
+The type counted is the one holding most elements of the layers' 2-D tensors (`blk.*`: a Q4_K_M file's Q6_K rows
+are its minority). Plain rules on names and counts: no tensors are read here."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..choices import SMALL_INT4
+
+STORE_CHOICES = ("auto", "none", "int8", "int4")     # import / pull --quant
+
+# GGML tensor type name -> bits a weight (block scales aside)
+GGML_BITS = {
+    "F64": 64, "F32": 32, "F16": 16, "BF16": 16,
+    "Q8_0": 8, "Q8_1": 8, "Q8_K": 8, "Q6_K": 6, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5,
+    "Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "IQ4_NL": 4, "IQ4_XS": 4, "MXFP4": 4,
+    "Q3_K": 3, "IQ3_XXS": 3, "IQ3_S": 3, "Q2_K": 2, "IQ2_XXS": 2, "IQ2_XS": 2, "IQ2_S": 2,
+    "TQ1_0": 2, "TQ2_0": 2, "IQ1_S": 1, "IQ1_M": 1,
+}
+
+
+def label_bits(label: str) -> int | None:
+    """The bits a weight of a GGUF file labelled `label` (a file name's quant: "Q4_K_M", "q8_0", "IQ4_XS", "F16",
+    "BF16"), or None when the label names no known type."""
+    up = label.upper()
+    if up in GGML_BITS:
+        return GGML_BITS[up]
+    m = re.match(r"^(?:I?Q|TQ)(\d)(?:_|$)", up)
+    return int(m.group(1)) if m else None
+
+
+def mode_for_bits(bits: int | None, params: int | None = None) -> str:
+    """The stored mode for weights of `bits` bits in a model of `params` parameters (None: not known)."""
+    if bits is None or bits > 8:
+        return "none"
+    if bits >= 5 or (params is not None and params < SMALL_INT4):
+        return "int8"
+    return "int4"
+
+
+def layer_weight_type(reader) -> tuple[str | None, int]:
+    """(the GGML type name holding most elements of the layers' 2-D tensors, every tensor's elements) of an open
+    gguf.GGUFReader; (None, n) for a file without `blk.*` matrices."""
+    by_type: dict[str, int] = {}
+    total = 0
+    for t in reader.tensors:
+        n = int(t.n_elements)
+        total += n
+        if t.name.startswith("blk.") and len(t.shape) == 2:
+            name = getattr(t.tensor_type, "name", str(t.tensor_type))
+            by_type[name] = by_type.get(name, 0) + n
+    return (max(by_type, key=by_type.get) if by_type else None), total
+
+
+def resolve_store(src: Path, quant: str, dtype: str = "float32", reader=None) -> tuple[str, str | None]:
+    """(mode, why) for import's --quant on source `src`: a mode given by hand is kept (why None); auto reads the
+    GGUF's layer weight type (reader: the file's open gguf.GGUFReader, else it is opened here) and says why."""
+    if quant != "auto":
+        return quant, None
+    if dtype != "float32":
+        return "none", f"--dtype {dtype}"
+    if Path(src).is_dir():
+        return "none", "a Hugging Face checkpoint; --quant int8 or int4 stores it packed"
+    if reader is None:
+        from .gguf_file import open_reader
+        reader = open_reader(src)
+    kind, params = layer_weight_type(reader)
+    bits = GGML_BITS.get(kind) if kind else None
+    mode = mode_for_bits(bits, params)
+    if mode == "none":
+        return "none", (f"the GGUF's weights are {kind}" if kind else "no layer weights of a known type")
+    if bits is not None and bits <= 4 and mode == "int8":
+        return mode, (f"the GGUF's weights are {kind}; int8, as 4 bits cost a model under {SMALL_INT4 // 10**6}M "
+                      "parameters much of its quality")
+    return mode, f"the GGUF's weights are {kind}; --quant none keeps full precision"
