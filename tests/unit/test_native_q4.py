@@ -67,10 +67,11 @@ def test_int4_gemm_and_gemv_equal_the_float64_reference_of_their_rounding(M, N, 
 
 
 @needs_kernels
-@pytest.mark.parametrize("M,N,K", [(200, 37, 896), (130, 24, 384), (67, 8, 1100)])
+@pytest.mark.parametrize("M,N,K", [(200, 37, 896), (130, 24, 384), (67, 8, 1100), (200, 29, 576), (70, 19, 33)])
 def test_the_int4_gemm_gives_the_same_bits_on_any_number_of_threads(M, N, K):
     # the threads split the row tiles (each unpacked by one thread), a run's ends falling inside a tile's chunks
-    # on some counts; K = 384, 896, 1,100 are zero-padded past their super-blocks on the VNNI paths
+    # on some counts; K = 384, 896, 1,100 are zero-padded past their super-blocks on the VNNI paths; K = 576, 33: a
+    # rest of <= 64 columns, a super-block of its own on AVX-512 (row tiles' rests with rows past N repeated)
     packed, scales = native.random_int4(N, K, G)
     x = torch.randn(M, K, generator=G)
     b = torch.randn(N, generator=G)

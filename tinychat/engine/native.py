@@ -38,18 +38,19 @@ from ..nativebuild import build_shared
 from ..nativebuild import compiler as _compiler
 
 ENV = "TINYCHAT_NATIVE"
-INT8_STEP_VERSION = 7   # the native step's rounding's version: bump it when the rounding changes on some kernel path,
+INT8_STEP_VERSION = 8   # the native step's rounding's version: bump it when the rounding changes on some kernel path,
                         # prefill's included (it fills the KV cache a later turn or a restore reads), and give those
                         # paths the new number in KERNEL_PATHS. What each version changed: docs/benchmarks.md,
                         # "Int8 step versions".
-INT4_STEP_VERSION = 5   # the native int4 step's rounding (native_q4.h: Q4_0-style groups of 32 with fp16 scales, the
+INT4_STEP_VERSION = 6   # the native int4 step's rounding (native_q4.h: Q4_0-style groups of 32 with fp16 scales, the
                         # int8 activations of the int8 step): sessions record "native-int4-v<N>@<path>". 2: the
                         # llama step multiplies the norm output by the fused matrices' input gains (issue #34). 3:
                         # a model with gains keeps q/k/v int8 on llama.cpp's use_more_bits layers (int4_rules.py's
                         # int4_more_bits: per-layer formats, native_llama.h's LTAB_FMT column). 4: rows by groups
                         # of four in super-blocks of 512 columns (native_q4_layout.h): the fp32 sums' order changed.
                         # 5: the x86 prefill GEMM pads a long rest of K into a super-block (native_gemm.h's
-                        # TC_REST_MAX), and AVX2 builds run the SwiGLU in 8 lanes (int8 v7)
+                        # TC_REST_MAX), and AVX2 builds run the SwiGLU in 8 lanes (int8 v7). 6: the AVX-512 prefill
+                        # GEMM runs a rest of <= 64 columns as a super-block of its own (TC_REST16; int8 v8)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class KernelPath:
 
 
 KERNEL_PATHS = {            # every TC_PATH native_simd.h can name (a test reads them from the header)
-    "avx512-vnni": KernelPath(7, True),
+    "avx512-vnni": KernelPath(8, True),
     "avx512": KernelPath(7, True),      # x86-64-v4 without VNNI: was named "avx2" before v6's table; v6 moved its
                                         # prefill attention from SDPA to the 16-lane kernels
     "avx2-vnni": KernelPath(7, True),
