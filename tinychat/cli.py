@@ -17,7 +17,7 @@ from .cli_info import info
 from .cli_models import import_, models_app, pull
 from .cli_serve import serve
 from .cli_sessions import sessions_app
-from .hub import RECOMMENDED, RECOMMENDED_NAME
+from .hub import RECOMMENDED_NAME, RECOMMENDED_PULL
 from .loading import (check_choice, check_threads, load_runtime, model_for_session, open_chat, open_replay_chat,
                       resolve_device, resolve_quant, session_model)
 
@@ -27,11 +27,11 @@ With no command, opens the chat app (a line mode with --plain, or when piped: ea
 Every chat is saved as a session; `tinychat sessions` lists them and `--session ID` continues one.
 
 The shipped model is a 21.7M-parameter demo: fluent, not a source of facts. A real one in one command:
-tinychat pull {RECOMMENDED} (then: tinychat -m {RECOMMENDED_NAME}).
+{RECOMMENDED_PULL} (then: tinychat -m {RECOMMENDED_NAME}).
 
 Examples:  tinychat -p "Why is the sky blue?"  ·  echo "Hi!" | tinychat --plain --json  ·  tinychat replay ID --check
 
-Errors print one line and exit 2 (70: a bug in tinychat, please report it); --debug shows the traceback.""".format(RECOMMENDED=RECOMMENDED,
+Errors print one line and exit 2 (70: a bug in tinychat, please report it); --debug shows the traceback.""".format(RECOMMENDED_PULL=RECOMMENDED_PULL,
                                                                           RECOMMENDED_NAME=RECOMMENDED_NAME)
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, rich_markup_mode="rich", help=HELP,

@@ -4,7 +4,7 @@ import sys
 
 from support import run_main
 
-from tinychat.hub import RECOMMENDED, RECOMMENDED_NAME
+from tinychat.hub import RECOMMENDED_NAME, RECOMMENDED_PULL
 
 
 def test_without_huggingface_hub_pull_says_how_to_install_it(monkeypatch, capsys):
@@ -24,7 +24,7 @@ def test_help_says_the_shipped_model_is_a_demo_and_how_to_get_a_real_one(capsys,
     code, out, _ = run_main(["--help"], capsys)
     assert code == 0
     assert "The shipped model is a 21.7M-parameter demo" in out
-    assert f"tinychat pull {RECOMMENDED} (then: tinychat -m {RECOMMENDED_NAME})" in out
+    assert f"{RECOMMENDED_PULL} (then: tinychat -m {RECOMMENDED_NAME})" in out
     for flag, default in (("--temperature", "0.8"), ("--penalty-window", "64"), ("--no-parrot", "off"),
                           ("--max-new", "256")):
         line = next(ln for ln in out.splitlines() if flag in ln)

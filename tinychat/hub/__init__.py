@@ -10,10 +10,12 @@ huggingface_hub is imported inside the functions: `tinychat --help`, `tinychat m
 it. Errors are PullError, one line for the CLI."""
 from .errors import PullError
 
-__all__ = ["DEMO_NOTE", "PullError", "RECOMMENDED"]
+__all__ = ["DEMO_NOTE", "PullError", "RECOMMENDED", "RECOMMENDED_PULL"]
 
 # The small instruct model the first run points at (measured on this project's 2-vCPU machine: docs/benchmarks.md)
 RECOMMENDED = "HuggingFaceTB/SmolLM2-360M-Instruct"
 RECOMMENDED_NAME = RECOMMENDED.split("/")[1]
+# stored packed int8 (what --quant auto runs on a CPU): a quarter of the float32 folder, nothing quantized at start
+RECOMMENDED_PULL = f"tinychat pull {RECOMMENDED} --quant int8"
 DEMO_NOTE = (f"The shipped model is a 21.7M-parameter demo: fluent, not a source of facts. A real one: "
-             f"`tinychat pull {RECOMMENDED}`, then `tinychat -m {RECOMMENDED_NAME}`.")
+             f"`{RECOMMENDED_PULL}`, then `tinychat -m {RECOMMENDED_NAME}`.")
