@@ -7,9 +7,10 @@ more for 135M parameters, ~4 GB read for a 1B model). So auto stores them packed
 nearest to their own bits:
 
 - 5 to 8 bits (Q8_0, Q6_K, Q5_K_M ...): int8.
-- 4 bits or fewer (Q4_K_M, Q4_0, IQ4_XS, Q3_K ...): int4; int8 for a model under SMALL_INT4 parameters, which 4-bit
-  weights cost much of its quality (SmolLM2-135M from its Q4_1 file: perplexity fp32 25.8, int8 25.9, int4 28.5:
-  re-rounding 4-bit values to another 4-bit grid loses more than the file did).
+- 4 bits or fewer (Q4_K_M, Q4_0, IQ4_XS, Q3_K ...): int4 (half int8's bytes a token: what a 4-bit file is pulled
+  for), though re-rounding 4-bit values to another 4-bit grid loses more than one rounding does; int8 for a model
+  under SMALL_INT4 parameters, where that loss is largest (SmolLM2-135M, perplexity on tests/perf/data/held_text.txt:
+  float32 25.8; its Q4_K_M file (mostly Q5_0) stored int8 30.4, int4 44.0; from float32, int4 28.5).
 - Float weights (F32, F16, BF16 GGUFs) and Hugging Face folders (safetensors): full precision (--dtype), as exact as
   the source.
 
@@ -87,4 +88,7 @@ def resolve_store(src: Path, quant: str, dtype: str = "float32", reader=None) ->
     if bits is not None and bits <= 4 and mode == "int8":
         return mode, (f"the GGUF's weights are {kind}; int8, as 4 bits cost a model under {SMALL_INT4 // 10**6}M "
                       "parameters much of its quality")
+    if mode == "int4":
+        return mode, (f"the GGUF's weights are {kind}, rounded again to int4; --quant int8 keeps them closer, at "
+                      "twice the bytes")
     return mode, f"the GGUF's weights are {kind}; --quant none keeps full precision"
