@@ -10,8 +10,9 @@ import typer
 
 from .cli_common import UsageError, _progress
 
-QUANT_HELP = ("How the weights are stored. auto: as a GGUF's own bits say: 5 to 8 bits (Q8_0, Q6_K) int8, 4 or "
-              "fewer (Q4_K_M) int4 (int8 under 300M parameters), float weights and safetensors full precision. "
+QUANT_HELP = ("How the weights are stored. auto: as a GGUF's own bits say: 5 to 8 bits (Q8_0, Q6_K) int8, Q4_0 "
+              "int4, other 4-bit types (Q4_K_M) int4 (int8 under 300M parameters), float weights and safetensors "
+              "full precision. "
               "none: full precision (--dtype); int8 / int4: packed, as --quant makes them at start (a fraction of "
               "the disk, nothing quantized at load).")
 

@@ -7,6 +7,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 pytest.importorskip("gguf")
 
@@ -74,13 +75,30 @@ def test_a_float_gguf_stays_full_precision_and_bf16_dtype_is_kept(tmp_path):
     assert stored_mode(bf) is None and _meta(bf)["dtype"] == "bfloat16"
 
 
-def test_a_4_bit_gguf_is_int8_when_small_and_int4_above_the_line(tmp_path, monkeypatch):
+def test_a_q4_0_gguf_is_int4_whatever_its_size_and_keeps_its_values(tmp_path):
+    from safetensors.torch import load_file
+
+    from tinychat.engine.native import dequant4
+    from tinychat.quant_files import load_quantized
     src = _gguf(tmp_path, "Q4_0")
+    dest = import_model(src, name="q40")
+    assert stored_mode(dest) == "int4" and "int4's own grid" in _meta(dest)["quant_why"]
+    # layer 0's down projection (no norm gain folded in; int4 there) holds the file's Q4_0 values exactly: the float32
+    # import's weights, rounded again to the same grid
+    full = load_file(str(import_model(src, name="full", quant="none") / "model.safetensors"))
+    down = load_quantized(dest).blocks[0].mlp.down
+    want = full["blocks.0.mlp.down.weight"]
+    assert type(down).__name__ == "Int4Linear"
+    assert torch.equal(dequant4(down.qweight, down.scale, down.in_features), want)
+
+
+def test_a_4_bit_gguf_is_int8_when_small_and_int4_above_the_line(tmp_path, monkeypatch):
+    src = _gguf(tmp_path, "Q4_1")
     small = import_model(src, name="small")
     assert stored_mode(small) == "int8" and "300M" in _meta(small)["quant_why"]
     monkeypatch.setattr(store_mode, "SMALL_INT4", 1000)          # the tiny model counted as a big one
     big = import_model(src, name="big")
-    assert stored_mode(big) == "int4" and "Q4_0" in _meta(big)["quant_why"]
+    assert stored_mode(big) == "int4" and "Q4_1" in _meta(big)["quant_why"]
     monkeypatch.setattr(store_mode, "SMALL_INT4", 300_000_000)
     assert stored_mode(import_model(src, name="by-hand", quant="int4")) == "int4"      # a mode given by hand wins
 

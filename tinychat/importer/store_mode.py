@@ -7,10 +7,13 @@ more for 135M parameters, ~4 GB read for a 1B model). So auto stores them packed
 nearest to their own bits:
 
 - 5 to 8 bits (Q8_0, Q6_K, Q5_K_M ...): int8.
-- 4 bits or fewer (Q4_K_M, Q4_0, IQ4_XS, Q3_K ...): int4 (half int8's bytes a token: what a 4-bit file is pulled
-  for), though re-rounding 4-bit values to another 4-bit grid loses more than one rounding does; int8 for a model
-  under SMALL_INT4 parameters, where that loss is largest (SmolLM2-135M, perplexity on tests/perf/data/held_text.txt:
-  float32 25.8; its Q4_K_M file (mostly Q5_0) stored int8 30.4, int4 44.0; from float32, int4 28.5).
+- Q4_0: int4, whose quantizer meets a Q4_0 block exactly (its scale is the block's largest value over -8 or 7, in
+  fp16): the file's own values (SmolLM2-135M's Q4_0 file, perplexity on tests/perf/data/held_text.txt: stored int4
+  34.63, int8 34.74).
+- Other 4-bit types and fewer (Q4_K_M, Q4_1, IQ4_XS, Q3_K ...): int4 (half int8's bytes a token: what a 4-bit file
+  is pulled for), though rounding them again to int4's grid loses more than one rounding does; int8 for a model
+  under SMALL_INT4 parameters, where that loss is largest (SmolLM2-135M: float32 25.8; its Q4_K_M file, mostly Q5_0 at
+  that width, stored int8 30.4, int4 44.0; int4 from float32 28.5).
 - Float weights (F32, F16, BF16 GGUFs) and Hugging Face folders (safetensors): full precision (--dtype), as exact as
   the source.
 
@@ -24,6 +27,8 @@ from pathlib import Path
 from ..choices import SMALL_INT4
 
 STORE_CHOICES = ("auto", "none", "int8", "int4")     # import / pull --quant
+SAME_GRID = {"Q4_0": "int4"}      # a type whose blocks the mode's quantizer meets exactly (symmetric 4 bits in groups of
+                                  # 32, fp16 scales): stored so whatever the model's size
 
 # GGML tensor type name -> bits a weight (block scales aside)
 GGML_BITS = {
@@ -82,6 +87,9 @@ def resolve_store(src: Path, quant: str, dtype: str = "float32", reader=None) ->
         reader = open_reader(src)
     kind, params = layer_weight_type(reader)
     bits = GGML_BITS.get(kind) if kind else None
+    if kind in SAME_GRID:
+        return SAME_GRID[kind], (f"the GGUF's weights are {kind}, {SAME_GRID[kind]}'s own grid: stored as they are; "
+                                 "--quant none keeps full precision")
     mode = mode_for_bits(bits, params)
     if mode == "none":
         return "none", (f"the GGUF's weights are {kind}" if kind else "no layer weights of a known type")
