@@ -203,12 +203,11 @@ def test_a_two_level_head_session_replays_exact_on_its_step_and_is_another_step_
 def test_the_step_version_moves_only_on_the_kernel_paths_whose_rounding_changed():
     # v6 changed the AVX2 builds' attention, and moved prefill's attention off SDPA on the AVX-512 builds without
     # VNNI (then named "avx2"); v7 padded the x86 prefill GEMM's long rests of K: a v5 session recorded on NEON or
-    # the scalar path still replays as exact; v8 changed the AVX-512 + VNNI prefill GEMM's short rests of K only
+    # the scalar path still replays as exact; v8 moved the x86 prefill GEMM's short rests of K (NEON: not)
     from tinychat.engine import native
     assert native.INT8_STEP_VERSION == 8
-    assert native.step_version("avx512-vnni") == 8
-    for path in ("avx2", "avx2-vnni", "avx512"):
-        assert native.step_version(path) == 7
+    for path in ("avx2", "avx2-vnni", "avx512", "avx512-vnni"):
+        assert native.step_version(path) == 8
     for path in ("neon-dotprod", "neon", "scalar"):
         assert native.step_version(path) == 5
     assert native.step_version() == native.step_version(native.kernel_path())

@@ -49,8 +49,8 @@ INT4_STEP_VERSION = 6   # the native int4 step's rounding (native_q4.h: Q4_0-sty
                         # int4_more_bits: per-layer formats, native_llama.h's LTAB_FMT column). 4: rows by groups
                         # of four in super-blocks of 512 columns (native_q4_layout.h): the fp32 sums' order changed.
                         # 5: the x86 prefill GEMM pads a long rest of K into a super-block (native_gemm.h's
-                        # TC_REST_MAX), and AVX2 builds run the SwiGLU in 8 lanes (int8 v7). 6: the AVX-512 prefill
-                        # GEMM runs a rest of <= 64 columns as a super-block of its own (TC_REST16; int8 v8)
+                        # TC_REST_MAX), and AVX2 builds run the SwiGLU in 8 lanes (int8 v7). 6: the x86 prefill GEMM
+                        # runs a rest of <= 64 columns as a super-block of its own (native_gemm.h's TC_RESTSB; int8 v8)
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,10 @@ class KernelPath:
 
 KERNEL_PATHS = {            # every TC_PATH native_simd.h can name (a test reads them from the header)
     "avx512-vnni": KernelPath(8, True),
-    "avx512": KernelPath(7, True),      # x86-64-v4 without VNNI: was named "avx2" before v6's table; v6 moved its
+    "avx512": KernelPath(8, True),      # x86-64-v4 without VNNI: was named "avx2" before v6's table; v6 moved its
                                         # prefill attention from SDPA to the 16-lane kernels
-    "avx2-vnni": KernelPath(7, True),
-    "avx2": KernelPath(7, True),
+    "avx2-vnni": KernelPath(8, True),
+    "avx2": KernelPath(8, True),
     "neon-dotprod": KernelPath(5, False),
     "neon": KernelPath(5, False),
     "scalar": KernelPath(5, False),

@@ -90,17 +90,18 @@
 #define TC_REST_MAX 128
 #endif
 #endif
-/* AVX-512 (8-row tiles, a token a tile): a rest (<= 64 columns, 2 blocks) runs as one super-block of its own, lane
-   2 r + b holding row r's block b, so its 8 integer dots and one float step cover the tile's 8 rows, where the
-   GEMV's layout paid a float step per row (SmolLM2-135M's K = 576, 200 tokens x 3,072 rows, 1 thread, Zen 4: the
-   64-column rest took 27 % of the time). The token's slot holds the rest's 2 blocks placed in all 8 rows' lanes. */
-#if defined(TC_512) && TC_GR == 8 && TC_GT == 1 && TC_REST_MAX <= 64
-#define TC_REST16 1
+/* A rest of <= 64 columns (2 blocks) past the super-blocks runs as one super-block of its own where a tile's rows
+   fill a register's lanes twice (AVX-512: 8 rows, 16 lanes; AVX2: 4 rows, 8 lanes): lane 2 r + b holds row r's
+   block b, so 8 integer dots and one float step cover the tile's rows, where the GEMV's layout paid a float step per
+   row and register (SmolLM2-135M's K = 576, 200 tokens x 3,072 rows, 1 thread, Zen 4 AVX-512: the 64-column rest
+   took 27 % of the time). The token's slot holds the rest's 2 blocks placed in every row's lanes; tc_geo's rsb. */
+#if (defined(TC_512) && TC_GR == 8 && TC_GT == 1) || (defined(TC_256) && TC_GR == 4 && TC_GT == 2)
+#define TC_RESTSB 1
 #else
-#define TC_REST16 0
+#define TC_RESTSB 0
 #endif
 typedef struct {
-    int64_t nsb, hsb, r0, rp, slot, tile, pack;
+    int64_t nsb, hsb, r0, rp, rsb, slot, tile, pack;    /* rsb: the rest (rp = 64) as a super-block (TC_RESTSB) */
 } tc_geo;
 
 static inline tc_geo tc_gemm_geo(int64_t K) {
@@ -115,7 +116,9 @@ static inline tc_geo tc_gemm_geo(int64_t K) {
     }
     g.r0 = g.nsb * TC_SBC + g.hsb * 8 * TC_QB;
     g.rp = K > g.r0 ? (K - g.r0 + TC_VB - 1) / TC_VB * TC_VB : 0;
-    g.slot = (g.nsb * 40 * TC_L + g.hsb * 320 + (TC_REST16 && g.rp ? 40 * TC_L : 3 * g.rp) + 63) & ~(int64_t)63;
+    g.rsb = TC_RESTSB && K > g.r0 && K - g.r0 <= 64;
+    if (g.rsb) g.rp = 64;
+    g.slot = (g.nsb * 40 * TC_L + g.hsb * 320 + (g.rsb ? 40 * TC_L : 3 * g.rp) + 63) & ~(int64_t)63;
     g.tile = (TC_GR * (g.r0 + g.rp) + 63) & ~(int64_t)63;
     g.pack = g.tile + (g.nsb > TC_SLAB ? TC_FB_BYTES : 0);
     return g;
@@ -268,17 +271,15 @@ static void tc_gemm_quant(const float *x, void *buf, int64_t m, int64_t K, int n
         }
     }
     int8_t *rq = d + g.nsb * 40 * TC_L + g.hsb * 320;
-#if TC_REST16
-    if (g.rp) {                                         /* the rest's 2 blocks, in every row's lanes: 2 r + b */
+    if (g.rsb) {                                        /* the rest's 2 blocks, in every row's lanes: 2 r + b */
         tc_act8 a = tc_quant8(xm + g.r0, t, K - g.r0);
         for (int b = 0; b < 2; b++) {
             int32_t c = 0;
             for (int j = 0; j < 8; j++) c += a.c[8 * b + j];
-            for (int r = 0; r < 8; r++) tc_place(rq, TC_L, 2 * r + b, a.q + 32 * b, a.s[8 * b], c);
+            for (int r = 0; r < TC_L / 2; r++) tc_place(rq, TC_L, 2 * r + b, a.q + 32 * b, a.s[8 * b], c);
         }
         return;
     }
-#endif
     for (int64_t o = 0; o < g.rp; o += 64) {            /* the rest: the GEMV's layout, zero past K */
         int64_t n = K - g.r0 - o < 64 ? K - g.r0 - o : 64, w = g.rp - o < 64 ? g.rp - o : 64;
         tc_act8 a = tc_quant8(xm + g.r0 + o, t, n > 0 ? n : 0);
@@ -381,11 +382,15 @@ static void tc_gemm_pack(const int8_t *const rows[TC_GR], int64_t K, int8_t *pk)
         }
 #endif
     int8_t *pr = ph + g.hsb * 8 * TC_GR * 32;
-#if TC_REST16
-    if (g.rp) {                                         /* lane 2 r + b: row r's block b (8 registers) */
-        int8_t blk[16 * 32] __attribute__((aligned(64)));
+#if TC_RESTSB
+    if (g.rsb) {                                        /* lane 2 r + b: row r's block b (8 registers) */
+        int8_t blk[2 * TC_GR * 32] __attribute__((aligned(64)));
         for (int r = 0; r < TC_GR; r++) memcpy(blk + 64 * r, tc_cols(rows[r], K, g.r0, 64, z), 64);
+#if defined(TC_512)
         tc_pack16(blk, pr);
+#else
+        tc_pack8(blk, pr);
+#endif
         return;
     }
 #endif
@@ -467,8 +472,8 @@ static inline __attribute__((always_inline)) void tc_tile_sbs(const int8_t *pk, 
 }
 
 /* The columns past the whole super-blocks (the half super-block, then the GEMV layout's registers) onto f, then f's
-   lane sums into out[r][t]; TC_REST16: the rest's own super-block added to those sums (out[r] + (lane 2 r + lane
-   2 r + 1)), wr: its lanes' weight scales (wl's, NULL without). */
+   lane sums into out[r][t]; a rest super-block (g.rsb) added to those sums (out[r][t] + (lane 2 r + lane 2 r + 1)),
+   wr: its lanes' weight scales (wl's, NULL without). */
 static inline __attribute__((always_inline)) void tc_tile_end(const int8_t *pk, const int8_t *const a[TC_GT], int64_t K,
                                                               tc_vf f[TC_GR][TC_GT], float out[TC_GR][TC_GT],
                                                               const float *wl, int64_t nwl, const float *wr) {
@@ -502,24 +507,34 @@ static inline __attribute__((always_inline)) void tc_tile_end(const int8_t *pk, 
     }
 #endif
     int64_t ro = g.nsb * 40 * TC_L + g.hsb * 320;
-#if TC_REST16
-    (void)wr;
-    if (g.rp) {
-        const int8_t *rq = a[0] + ro;
-        __m512i c = TC_LDI(rq + 9 * TC_VB);
-        for (int j = 0; j < 8; j++) c = _mm512_dpbusd_epi32(c, TC_LDI(w + j * TC_VB), TC_LDI(rq + j * TC_VB));
-        __m512 sv = TC_LDS((const float *)(rq + 8 * TC_VB));
-        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(c), wr ? TC_MUL(sv, TC_LDSU(wr)) : sv);
-        v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));    /* lane 2 r: row r's rest */
-        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
-        __m256 rest = _mm512_castps512_ps256(_mm512_permutexvar_ps(even, v));
+#if TC_RESTSB
+    if (g.rsb) {
+        tc_vf v[TC_GT];
+        for (int t = 0; t < TC_GT; t++) {
+            const int8_t *rq = a[t] + ro;
+            tc_vi c = TC_VNNI ? TC_LDI(rq + 9 * TC_VB) : TC_IZERO();
+            for (int j = 0; j < 8; j++) {
+                tc_vi xv = TC_LDI(rq + j * TC_VB), ax = TC_ABS(xv);
+                (void)ax;
+                c = TC_ACC(c, TC_LDI(w + j * TC_VB), xv, ax);
+            }
+            tc_vf sv = TC_LDS((const float *)(rq + 8 * TC_VB));
+            v[t] = TC_FMA(c, wr ? TC_MUL(sv, TC_LDSU(wr)) : sv, TC_VZERO());
+        }
         tc_hsum8x((const tc_vf *)f, (float *)out);
+#if defined(TC_512)                                    /* a token: lane 2 r + 2 r + 1 is row r's rest */
+        __m512 p = _mm512_add_ps(v[0], _mm512_permute_ps(v[0], _MM_SHUFFLE(2, 3, 0, 1)));
+        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+        __m256 rest = _mm512_castps512_ps256(_mm512_permutexvar_ps(even, p));
+#else                                                  /* 2 tokens: out[r][t] at 2 r + t */
+        __m256 h = _mm256_hadd_ps(v[0], v[1]);         /* (r0 t0, r1 t0, r0 t1, r1 t1 | r2 t0, r3 t0, r2 t1, r3 t1) */
+        __m256 rest = _mm256_permute_ps(h, _MM_SHUFFLE(3, 1, 2, 0));
+#endif
         _mm256_storeu_ps((float *)out, _mm256_add_ps(_mm256_loadu_ps((const float *)out), rest));
         return;
     }
-#else
-    (void)wr;
 #endif
+    (void)wr;
     for (int64_t i = 0; i < g.rp / TC_VB; i++) {       /* the rest: a float step per register */
         tc_vi wv[TC_GR];
         for (int r = 0; r < TC_GR; r++) wv[r] = TC_LDI(w + (i * TC_GR + r) * TC_VB);
@@ -555,10 +570,10 @@ static inline __attribute__((always_inline)) void tc_chunk_run(const int8_t *pk,
     tc_geo g = tc_gemm_geo(K);
     int64_t ns = g.nsb > TC_SLAB ? (g.nsb + TC_SLAB - 1) / TC_SLAB : 1;
     tc_vf *fb = (tc_vf *)(void *)(pk + g.tile);        /* (tiles, TC_GR, TC_GT) registers */
-    float wr[16] __attribute__((aligned(64)));          /* TC_REST16: the rest's lane 2 r + b weight scale */
+    float wr[TC_L] __attribute__((aligned(64)));        /* g.rsb: the rest's lane 2 r + b weight scale */
     const float *wrp = NULL;
-    if (TC_REST16 && wl && g.rp) {
-        for (int l = 0; l < 16; l++) wr[l] = wl[(l >> 1) * nwl + g.nsb * TC_L + g.hsb * 8 + 8 * (l & 1)];
+    if (wl && g.rsb) {
+        for (int l = 0; l < TC_L; l++) wr[l] = wl[(l >> 1) * nwl + g.nsb * TC_L + g.hsb * 8 + 8 * (l & 1)];
         wrp = wr;
     }
     for (int64_t i = 0; i < ns; i++) {
