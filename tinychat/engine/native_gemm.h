@@ -13,7 +13,8 @@
    step j's register holds columns 32 l + 4 j .. 32 l + 4 j + 3 in lane l, so after the 8 steps of a super-block lane
    l holds block l's exact int32 dot, and one conversion and one multiply-add by the TC_L block scales finish it: 8
    integer dots per float step instead of 1. On AVX-512 a rest of >= 256 columns is a half super-block on 256-bit
-   registers; the columns past that keep the GEMV's layout (a float step per register). The tokens are stored so once
+   registers; a rest of at most 64 columns past that is a super-block of its own, a tile's rows in its lanes
+   (TC_RESTSB), a longer one is zero-padded (TC_REST_MAX) or keeps the GEMV's layout (a float step per register). The tokens are stored so once
    per call (tc_gemm_quant: a slot of tc_gemm_slot_bytes(K) each); the weights of a TC_GR-row tile are transposed so
    (tc_gemm_pack: shuffles, VNNI: as q ^ 0x80) into a per-thread buffer once per tile and run against all of the
    thread's tokens while that buffer stays in L1 (a longer K by slabs of TC_SLAB super-blocks: tc_chunk_run); a
