@@ -85,9 +85,10 @@ def stored_line(folder: Path) -> str:
     """"weights: ..." for an import's summary: the mode its import.json records, and why when --quant auto chose."""
     import json
 
+    from .importer.store import IMPORT_FILE
     from .textsafe import safe_line
     try:
-        meta = json.loads((Path(folder) / "import.json").read_text(encoding="utf-8"))
+        meta = json.loads((Path(folder) / IMPORT_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         meta = {}
     if not isinstance(meta, dict):

@@ -189,9 +189,10 @@ def tokenizer_from_gguf(reader):
     return tok
 
 
-def read_gguf(path: str | Path):
-    """(config dict, tensors, tokenizer.json text, chat template or None, stop token strings) of a GGUF file."""
-    reader = open_reader(path)
+def read_gguf(path: str | Path, reader=None):
+    """(config dict, tensors, tokenizer.json text, chat template or None, stop token strings) of a GGUF file (reader:
+    its open_reader, when the caller has it)."""
+    reader = reader if reader is not None else open_reader(path)
     cfg = hf_config(reader)
     tok = tokenizer_from_gguf(reader)
     tensors = read_tensors(reader, cfg)

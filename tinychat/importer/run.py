@@ -23,19 +23,29 @@ from .store import CHAT_FORMAT_FILE, IMPORT_FILE, TEMPLATE_FILE, check_name, mod
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def read_source(src: Path):
-    """(config dict, tensors, tokenizer.json text, chat template, stop tokens) of a folder or a .gguf file."""
+def open_source(src: Path):
+    """None for a Hugging Face folder, else the GGUF file's reader (opened once: its metadata's parse takes seconds on
+    a big vocabulary); ImportRefused (one line) for anything else."""
     if not src.exists():
         raise ImportRefused(f"{src}: no such file or folder")
     if src.is_dir():
-        from .hf_folder import read_hf_folder
-        return read_hf_folder(src)
+        return None
     with open(src, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
         raise ImportRefused(f"{src}: neither a Hugging Face model folder nor a GGUF file")
+    from .gguf_file import open_reader
+    return open_reader(src)
+
+
+def read_source(src: Path, reader):
+    """(config dict, tensors, tokenizer.json text, chat template, stop tokens) of a folder (reader None) or a .gguf
+    file (its open_source reader)."""
+    if reader is None:
+        from .hf_folder import read_hf_folder
+        return read_hf_folder(src)
     from .gguf_file import read_gguf
-    return read_gguf(src)
+    return read_gguf(src, reader)
 
 
 def default_name(src: Path) -> str:
@@ -89,8 +99,9 @@ def _import(src: Path, name: str, dest: Path, context: int | None, dtype: str, s
             quant: str = "none") -> Path:
     """import_model's work, under the name's exclusive lock."""
     stage(0)
-    cfg, tensors, tok_text, template, stops = read_source(src)
-    quant, quant_why = resolve_store(src, quant, dtype)
+    reader = open_source(src)
+    cfg, tensors, tok_text, template, stops = read_source(src, reader)
+    quant, quant_why = resolve_store(reader, quant, dtype)
     from ..norm_gains import save_gains
     from .llama import build_config, build_model, check_tensors
     c = build_config(cfg, tensors, context, name)        # refuse unsupported architectures before any heavy work

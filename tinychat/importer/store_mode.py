@@ -22,7 +22,6 @@ are its minority). Plain rules on names and counts: no tensors are read here."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from ..choices import SMALL_INT4
 
@@ -73,18 +72,15 @@ def layer_weight_type(reader) -> tuple[str | None, int]:
     return (max(by_type, key=by_type.get) if by_type else None), total
 
 
-def resolve_store(src: Path, quant: str, dtype: str = "float32", reader=None) -> tuple[str, str | None]:
-    """(mode, why) for import's --quant on source `src`: a mode given by hand is kept (why None); auto reads the
-    GGUF's layer weight type (reader: the file's open gguf.GGUFReader, else it is opened here) and says why."""
+def resolve_store(reader, quant: str, dtype: str = "float32") -> tuple[str, str | None]:
+    """(mode, why) for import's --quant: a mode given by hand is kept (why None); auto reads the source's layer weight
+    type off its gguf.GGUFReader (None: a Hugging Face folder) and says why."""
     if quant != "auto":
         return quant, None
     if dtype != "float32":
         return "none", f"--dtype {dtype}"
-    if Path(src).is_dir():
-        return "none", "a Hugging Face checkpoint; --quant int8 or int4 stores it packed"
     if reader is None:
-        from .gguf_file import open_reader
-        reader = open_reader(src)
+        return "none", "a Hugging Face checkpoint; --quant int8 or int4 stores it packed"
     kind, params = layer_weight_type(reader)
     bits = GGML_BITS.get(kind) if kind else None
     if kind in SAME_GRID:
