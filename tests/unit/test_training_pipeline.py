@@ -371,7 +371,8 @@ def _eval_json(path, shards, student_nll, accuracy):
     ev = {"shards": shards, "settings": {"max_new": 8, "seed": 0},
           "quality": {"stop": 1.0, "distinct2": 0.7, "dictionary": 0.99, "loops": 0.0, "mean_words": 20.0,
                       "replies": 4, "seconds": 1.0},
-          "judge": judge, "probe": {"probes": 10, "accuracy": accuracy, "by_category": {"capital": accuracy}}}
+          "judge": judge, "probe": {"probes": 10, "accuracy": accuracy, "by_category": {"capital": accuracy}},
+          "probe_switched": {"probes": 8, "accuracy": accuracy / 2, "by_category": {"capital": accuracy / 2}}}
     path.write_text(json.dumps(ev))
     return path
 
@@ -385,7 +386,7 @@ def test_a_folder_read_twice_is_counted_once_and_the_card_compares_before_and_af
     assert len(train) + len(val) == 50
     (tmp_path / "run").mkdir()
     tok().save(tmp_path / "run" / "tokenizer.json")
-    Trainer(tiny_cfg(steps=2, kind_weights={"fact-*": 4}), tok(), D.encode_all(tok(), train), D.encode_all(tok(), val), tmp_path / "run",
+    Trainer(tiny_cfg(steps=2, kind_weights={"fact-*": 4}, splice=0.25), tok(), D.encode_all(tok(), train), D.encode_all(tok(), val), tmp_path / "run",
             log=lambda *_: None).fit(progress=False)
     after = _eval_json(tmp_path / "after.json", str(b), 2.05, 0.6)
     before = _eval_json(tmp_path / "before.json", str(b), 2.31, 0.03)
@@ -399,6 +400,8 @@ def test_a_folder_read_twice_is_counted_once_and_the_card_compares_before_and_af
     assert card.count(f"generate --out {b}") == 1
     assert "| the model it continues (before this stage) | 2.310 |" in card and "| the student | 2.050 |" in card
     assert "60.0% right" in card and "Before this stage: 3.0%." in card
+    assert "the 8 one-question probes asked as a chat's second message" in card and "30.0% right. Before this stage: 1.5%." in card
+    assert "--splice 0.25" in card and "(`--splice 0.25`): about 25% of the training conversations" in card
     assert "(before this stage: 2.210 and 2.410)" in card
     other = _eval_json(tmp_path / "other.json", str(a), 2.31, 0.03)   # another held-out set: no comparison
     with pytest.raises(SystemExit, match="not the same eval"):

@@ -45,6 +45,19 @@ def test_accuracy_by_category():
     assert acc["by_category"] == {"name": 1.0, "sum": 0.5}
 
 
+def test_switched_probes_ask_the_question_after_another_categorys():
+    from tinychat.training.probe import candidates, switched
+    probes = candidates()
+    sw = switched(probes)
+    single = [p for p in probes if len(p["turns"]) == 1]
+    by_q = {p["turns"][0]: p["category"] for p in single}
+    assert len(sw) == len(single) and len(single) < len(probes)          # multi-turn probes are left out
+    for p, s in zip(single, sw):
+        assert s["turns"][1] == p["turns"][0] and s["answers"] == p["answers"] and s["category"] == p["category"]
+        assert by_q[s["turns"][0]] != p["category"] and s["id"] == p["id"] + "+switch"
+    assert len({s["turns"][0] for s in sw}) > 0.8 * len(sw)             # openers vary, not one per category
+
+
 class CharTok:
     """A byte tokenizer for the tiny teacher (ids < 96 after folding), with the stop token as id 3."""
 

@@ -189,6 +189,11 @@ def _data_lines(sh: dict | None, data: dict, cfg: dict) -> list[str]:
         lines.append("- Weighted by kind (`--weight`): the training conversations of "
                      + ", ".join(f"`{k}` {v} times" for k, v in cfg["kind_weights"].items())
                      + " an epoch (the held-out ones once).")
+    if cfg.get("splice"):
+        lines.append(f"- Changes of subject (`--splice {cfg['splice']}`): about {cfg['splice']:.0%} of the training "
+                     "conversations (copies drawn on their own) start with one or two opening exchanges of "
+                     "conversations of other kinds, the teacher's replies as it wrote them in a fresh chat; the held-out "
+                     "ones are never spliced.")
     lines += [f"- Split by a hash of each conversation: {data['train']['conversations']:,} training conversations "
               f"({data['train']['tokens']:,} tokens, {data['train']['target_tokens']:,} assistant targets), "
               f"{data['val']['conversations']:,} held out ({data['val']['tokens']:,} tokens; "
@@ -370,4 +375,9 @@ def _quality_lines(ev: dict, q: dict, bar: dict, loop_max: float, before: dict |
         lines += ["", f"Probe (`training probe`: {p['probes']} questions with checkable answers that the teacher "
                   f"answers right, held out from the training prompts): {p['accuracy']:.1%} right at the app's "
                   f"defaults (" + ", ".join(f"{c} {v:.0%}" for c, v in p["by_category"].items()) + f").{was}"]
+    ps, psb = ev.get("probe_switched"), (before or {}).get("probe_switched")
+    if ps:
+        was = f" Before this stage: {psb['accuracy']:.1%}." if psb else ""
+        lines += ["", f"After a change of subject (the {ps['probes']} one-question probes asked as a chat's second "
+                  f"message, its first another category's question): {ps['accuracy']:.1%} right.{was}"]
     return lines

@@ -146,15 +146,21 @@ def kind_weight(kind: str, weights: dict | None) -> int:
     return 1
 
 
-def load_split(source, val_fraction: float = 0.02, weights: dict | None = None) -> tuple[list, list]:
+def load_split(source, val_fraction: float = 0.02, weights: dict | None = None, splice: float = 0.0,
+               seed: int = 0) -> tuple[list, list]:
     """(train, val) as split() makes them; weights {KIND or PREFIX*: N} then repeat the training conversations of
     those kinds N times an epoch (each copy appended after the originals, so the batcher's shuffled pools mostly
-    put the copies in different batches). Validation is never weighted: its loss stays one number per conversation."""
-    if not weights:
+    put the copies in different batches); splice: that share of the training conversations, copies included (each
+    drawn on its own), get an unrelated opening exchange or two in front (splice.py). Validation is never weighted
+    or spliced: its loss stays one number per conversation, comparable between runs."""
+    if not weights and not splice:
         return split(read_conversations(source), val_fraction)
     train, val = split(read_conversations(source, kinds=True), val_fraction, messages=lambda pair: pair[1])
-    extra = [m for kind, m in train for _ in range(kind_weight(kind, weights) - 1)]
-    return [m for _, m in train] + extra, [m for _, m in val]
+    train = train + [(kind, m) for kind, m in train for _ in range(kind_weight(kind, weights) - 1)]
+    if splice:
+        from .splice import splice_conversations
+        train = splice_conversations(train, splice, seed)
+    return [m for _, m in train], [m for _, m in val]
 
 
 def corpus_texts(conversations: Iterable[list[dict]], system: str = DEFAULT_SYSTEM) -> Iterator[str]:
@@ -309,21 +315,24 @@ def encode_all(tok: Tokenizer, conversations: Sequence[list[dict]], system: str 
     return TokenizedSet(cat(ids_parts, torch.int32), cat(mask_parts, torch.bool), offsets)
 
 
-def cache_key(tok: Tokenizer, source, val_fraction: float, system: str, weights: dict | None = None) -> str:
-    """What a tokenized-data cache depends on: tokenizer, split, system prompt, kind weights and the shard files'
-    stats."""
+def cache_key(tok: Tokenizer, source, val_fraction: float, system: str, weights: dict | None = None,
+              splice: float = 0.0, seed: int = 0) -> str:
+    """What a tokenized-data cache depends on: tokenizer, split, system prompt, kind weights, splicing and the shard
+    files' stats."""
     files = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in shard_files(source)]
-    blob = json.dumps([tok.sha256, val_fraction, system, files] + ([sorted(weights.items())] if weights else []))
+    blob = json.dumps([tok.sha256, val_fraction, system, files] + ([sorted(weights.items())] if weights else [])
+                      + ([["splice", splice, seed]] if splice else []))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def load_tokenized(source, tok: Tokenizer, val_fraction: float = 0.02, system: str = DEFAULT_SYSTEM,
-                   cache: str | Path | None = None, weights: dict | None = None) -> tuple[TokenizedSet, TokenizedSet]:
-    """(train, val) TokenizedSets from the shards (weights: load_split's). cache: a .safetensors file reused while
-    the tokenizer, split, system prompt, weights and shard files are unchanged (re-tokenizing a big corpus takes
-    minutes); no pickle."""
+                   cache: str | Path | None = None, weights: dict | None = None, splice: float = 0.0,
+                   seed: int = 0) -> tuple[TokenizedSet, TokenizedSet]:
+    """(train, val) TokenizedSets from the shards (weights, splice, seed: load_split's). cache: a .safetensors file
+    reused while the tokenizer, split, system prompt, weights, splicing and shard files are unchanged (re-tokenizing
+    a big corpus takes minutes); no pickle."""
     from safetensors.torch import load_file, save_file
-    key = cache_key(tok, source, val_fraction, system, weights) if cache else None
+    key = cache_key(tok, source, val_fraction, system, weights, splice, seed) if cache else None
     if cache and Path(cache).is_file():
         from safetensors import safe_open
         try:
@@ -335,7 +344,7 @@ def load_tokenized(source, tok: Tokenizer, val_fraction: float = 0.02, system: s
                              for n in ("train", "val"))
         except Exception:  # noqa: BLE001  a damaged cache is only a lost shortcut
             pass
-    train, val = load_split(source, val_fraction, weights)
+    train, val = load_split(source, val_fraction, weights, splice, seed)
     sets = encode_all(tok, train, system), encode_all(tok, val, system)
     if cache:
         tensors = {f"{n}.{f}": getattr(ts, f).contiguous() for n, ts in zip(("train", "val"), sets)

@@ -187,10 +187,15 @@ def run(args) -> int:
               f"{j['teacher_nll_first']:.3f}; later replies student {j['student_nll_later']:.3f} / teacher "
               f"{j['teacher_nll_later']:.3f}", flush=True)
     if args.probe:
-        from .probe import accuracy, read_probes, student_answers
-        res = student_answers(model, tok, read_probes(args.probe), settings=settings, seed=args.seed)
+        from .probe import accuracy, read_probes, student_answers, switched
+        probes = read_probes(args.probe)
+        res = student_answers(model, tok, probes, settings=settings, seed=args.seed)
         result["probe"] = {**accuracy(res), "file": str(args.probe), "answers": res}
         print(f"probe: {result['probe']['accuracy']:.1%} of {result['probe']['probes']} right", flush=True)
+        res = student_answers(model, tok, switched(probes), settings=settings, seed=args.seed)
+        result["probe_switched"] = {**accuracy(res), "answers": res}
+        print(f"probe after a change of subject: {result['probe_switched']['accuracy']:.1%} of "
+              f"{result['probe_switched']['probes']} right", flush=True)
     if args.loss or args.teacher:
         lc = val[:args.loss_convs]
         if args.loss:

@@ -10,10 +10,13 @@ capital of Japan.") are never used to make training data; its first names (memor
 
     python -m tinychat.training probe --build --out data/probe.jsonl      # keep the candidates the teacher gets right
     python -m tinychat.training probe --model assets --probes data/probe.jsonl [--out runs/x/probe.json]
+    python -m tinychat.training probe --teacher-switched     # the teacher on the probes after a change of subject
 
 ``--build`` runs the teacher greedily (its system prompt of the data) on every candidate and keeps those it
 answers right; the file records each probe and the teacher's reply. Evaluation chats each probe through the real
-runtime at the app's defaults (a fixed seed per probe) and, with ``--greedy``, at temperature 0 too.
+runtime at the app's defaults (a fixed seed per probe) and, with ``--greedy``, at temperature 0 too; each also
+after a change of subject (``switched``: the one-question probes asked as the second message of a chat whose first
+was another category's question).
 """
 from __future__ import annotations
 
@@ -88,6 +91,21 @@ def candidates() -> list[dict]:
     return out
 
 
+def switched(probes: list[dict]) -> list[dict]:
+    """Each one-question probe asked after an unrelated question: the first turn is the question of the probe half
+    the file away (the first after it of another category, wrapping round), so the last reply must answer a change
+    of subject ("Tell me the capital of Japan." after "Which sound does a cow make?") and every probe gets its own
+    opener. Multi-turn probes are left out."""
+    single = [p for p in probes if len(p["turns"]) == 1]
+    n, out = len(single), []
+    for i, p in enumerate(single):
+        other = next((single[(i + n // 2 + k) % n] for k in range(n)
+                      if single[(i + n // 2 + k) % n]["category"] != p["category"]), None)
+        if other is not None:
+            out.append({**p, "id": p["id"] + "+switch", "turns": [other["turns"][0], p["turns"][0]]})
+    return out
+
+
 def teacher_check(probes: list[dict], model=None, htok=None, max_new: int = 80, batch: int = 32) -> list[dict]:
     """The teacher's greedy replies (its data's system prompt); returns the probes it answered right, each with
     ``teacher_reply``."""
@@ -140,6 +158,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probes", type=Path, default=Path("data/probe.jsonl"), help="the probe file (--build writes it)")
     p.add_argument("--model", type=Path, default=None, help="a model folder to evaluate (e.g. assets)")
     p.add_argument("--greedy", action="store_true", help="also evaluate at temperature 0")
+    p.add_argument("--teacher-switched", action="store_true",
+                   help="the teacher's greedy accuracy on the probes asked after an unrelated question (switched())")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -159,8 +179,14 @@ def run(args) -> int:
               f"({', '.join(f'{c} {n}' for c, n in sorted(cats.items()))})")
         if not args.model:
             return 0
+    if args.teacher_switched:
+        sw = switched(read_probes(args.probes))
+        right = teacher_check(sw)
+        print(f"teacher, after a change of subject: {len(right)} of {len(sw)} right ({len(right) / max(len(sw), 1):.1%})")
+        if not args.model:
+            return 0
     if not args.model:
-        print("error: give --model FOLDER to evaluate, or --build", file=sys.stderr)
+        print("error: give --model FOLDER to evaluate, --build or --teacher-switched", file=sys.stderr)
         return 2
     from tinychat.model import TinyAgentLM
     from tinychat.settings import ChatSettings
@@ -176,6 +202,10 @@ def run(args) -> int:
         result[name] = {**acc, "answers": res}
         print(f"{name}: {acc['accuracy']:.1%} of {acc['probes']} probes right ("
               + ", ".join(f"{c} {v:.0%}" for c, v in acc["by_category"].items()) + ")")
+        res = student_answers(model, tok, switched(probes), settings=settings, seed=args.seed)
+        acc = accuracy(res)
+        result[name + "_switched"] = {**acc, "answers": res}
+        print(f"{name}, after a change of subject: {acc['accuracy']:.1%} of {acc['probes']} right")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")

@@ -68,6 +68,7 @@ class TrainConfig:
     system_prompt: str = DEFAULT_SYSTEM
     init: str = ""                  # a model folder (e.g. assets) to start from instead of random weights
     kind_weights: dict = field(default_factory=dict)    # {KIND or PREFIX*: N}: those conversations N times an epoch
+    splice: float = 0.0             # this share of training conversations gets unrelated openings in front (splice.py)
     # bookkeeping only (may change between resumes without changing the result)
     eval_every: int = 250
     val_convs: int = 200            # periodic validation on the first this-many held-out conversations
@@ -500,5 +501,5 @@ def _hms(s: float) -> str:
 
 
 def load_data(shards, tok: Tokenizer, val_fraction: float, system: str = DEFAULT_SYSTEM, cache=None,
-              weights: dict | None = None):
-    return load_tokenized(shards, tok, val_fraction, system, cache, weights)
+              weights: dict | None = None, splice: float = 0.0, seed: int = 0):
+    return load_tokenized(shards, tok, val_fraction, system, cache, weights, splice, seed)

@@ -33,6 +33,16 @@ def _kv(text: str):
         return k, v
 
 
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return v
+
+
 def _weight(text: str) -> tuple[str, int]:
     """'fact-*=3' -> ("fact-*", 3)."""
     k, eq, v = text.rpartition("=")
@@ -97,6 +107,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--weight", type=_weight, action="append", default=None, metavar="KIND=N",
                    help="use the training conversations of this kind (a shard record's \"kind\"; PREFIX* for "
                         "several, e.g. 'fact-*=3') N times an epoch; validation unweighted")
+    g.add_argument("--splice", type=_fraction, default=None, metavar="F",
+                   help="put one or two opening exchanges of conversations of other kinds in front of this share "
+                        "(0-1) of the training conversations, so the student learns to answer a change of subject "
+                        "(default 0: none; validation never spliced)")
     g.add_argument("--no-bf16", action="store_true", help="fp32 matmuls (slow)")
     b = p.add_argument_group("bookkeeping (may change on resume)")
     for name in TrainConfig.MUTABLE:
@@ -121,6 +135,8 @@ def run(args) -> int:
         given["init"] = str(args.init)
     if args.weight:
         given["kind_weights"] = dict(args.weight)
+    if args.splice is not None:
+        given["splice"] = args.splice
     if args.no_bf16:
         given["bf16"] = False
     book = {k: getattr(args, k) for k in TrainConfig.MUTABLE if getattr(args, k) is not None}
@@ -142,7 +158,8 @@ def run(args) -> int:
         print(f"note: {', '.join(twice)} given more than once: its conversations count once (to weight some, "
               "use --weight KIND=N)", flush=True)
     train, val = load_data(shards_arg(args.shards), tok, cfg.val_fraction, cfg.system_prompt,
-                           cache=run_dir / "data.safetensors", weights=cfg.kind_weights)
+                           cache=run_dir / "data.safetensors", weights=cfg.kind_weights, splice=cfg.splice,
+                           seed=cfg.seed)
     print(f"data: train {stats(train)} | val {stats(val)} | tokenized in {time.perf_counter() - t0:.1f}s",
           flush=True)
     mkl = mkl_dispatch.describe()
