@@ -95,7 +95,7 @@ def _country_counts(mix, n=6000):
 
 
 def test_the_v3_mix_asks_twice_the_facts_and_about_well_known_countries_more():
-    for weights, _ in MIXES.values():
+    for weights, *_ in MIXES.values():
         assert abs(sum(weights.values()) - 1) < 1e-9
     v2, v3 = _country_counts("v2"), _country_counts("v3")
     assert sum(v3.values()) > 1.6 * sum(v2.values())
@@ -103,3 +103,29 @@ def test_the_v3_mix_asks_twice_the_facts_and_about_well_known_countries_more():
     def top(c):
         return sum(c[n] for n in ("Japan", "France", "Germany", "China", "India")) / sum(c.values())
     assert top(v3) > 2.5 * top(v2)                     # by how common a name is, not uniform over 219 countries
+
+
+def _checked_later_turns(mix, n=3000):
+    """(later turns, those asking a checked fact) in plans whose own kind asks none: a fact there is a change of
+    subject."""
+    it = plan_stream(6, use_chitchat=False, mix=mix)
+    later = checked = 0
+    for _ in range(n):
+        p = next(it)
+        if p.kind.startswith("fact-") or p.kind == "memory":
+            continue
+        later += len(p.turns) - 1
+        checked += sum(bool(t.check) for t in p.turns[1:])
+    return later, checked
+
+
+def test_only_the_v4_mix_changes_the_subject_and_keeps_the_first_kind():
+    for mix in ("v2", "v3"):                           # the streams the committed shards resume: no switches
+        later, checked = _checked_later_turns(mix)
+        assert later > 1000 and checked == 0
+    later, checked = _checked_later_turns("v4")
+    assert 0.04 * later < checked < 0.2 * later        # a fifth of later turns switch; ~a third of kinds are facts
+    v3, v4 = plan_stream(6, use_chitchat=False, mix="v3"), plan_stream(6, use_chitchat=False, mix="v4")
+    first3, first4 = [next(v3) for _ in range(2000)], [next(v4) for _ in range(2000)]
+    assert {p.kind for p in first4} == {p.kind for p in first3}     # a plan is labelled by its opening's kind
+    assert all(p.turns[0].check for p in first4 if p.kind.startswith("fact-"))

@@ -505,12 +505,16 @@ KIND_WEIGHTS_V3 = {
     "hobby": 0.03, "compare": 0.03, "define": 0.04, "opinion": 0.03, "creative": 0.04, "advice": 0.03,
     "chitchat": 0.05, "self-instruct": 0.05,
 }
-MIXES = {"v2": (KIND_WEIGHTS, False), "v3": (KIND_WEIGHTS_V3, True)}   # name -> (kind weights, popular countries)
+# name -> (kind weights, popular countries, share of later turns that change the subject). v4 (issue #32: the
+# student answered "Who wrote Hamlet?" after two capitals with another capital): v3, and a fifth of the later turns
+# ask the opening question of another kind, whose own follow-ups come after it.
+MIXES = {"v2": (KIND_WEIGHTS, False, 0.0), "v3": (KIND_WEIGHTS_V3, True, 0.0), "v4": (KIND_WEIGHTS_V3, True, 0.2)}
+SWITCH_KINDS = tuple(k for k in MAKERS if k != "memory")     # a memory opening only makes sense first
 TURN_WEIGHTS = {1: 0.2, 2: 0.35, 3: 0.27, 4: 0.18}
 
 
 def make_plan(rng: random.Random, openings=(), pool=(), mix: str = "v2") -> Plan:
-    weights, popular = MIXES[mix]
+    weights, popular, switch = MIXES[mix]
     kinds = [k for k in weights if (k != "chitchat" or openings) and (k != "self-instruct" or pool)]
     kind = rng.choices(kinds, weights=[weights[k] for k in kinds])[0]
     if kind == "chitchat":
@@ -525,11 +529,18 @@ def make_plan(rng: random.Random, openings=(), pool=(), mix: str = "v2") -> Plan
     n = rng.choices(list(TURN_WEIGHTS), weights=list(TURN_WEIGHTS.values()))[0]
     if label == "memory":
         n = 2 if n <= 2 else 3 if n == 3 else 3
-    turns = [first]
+    turns, now = [first], kind                 # now: the kind the chat is on (a change of subject moves it)
     while len(turns) < n:
         if label == "memory":            # the recall question comes last; a detail follow-up may come before it
             turns.append(Turn("", dynamic="detail") if len(turns) < n - 1 else makers[0](rng))
             continue
+        if switch and rng.random() < switch:          # drawn only in mixes that switch: v2 / v3 streams unchanged
+            other = rng.choice([k for k in SWITCH_KINDS if k != now])
+            made = _country(rng, popular) if other == "country" else MAKERS[other](rng)
+            if made is not None:
+                turns.append(made[0])
+                now, makers = other, made[1]         # its follow-ups ("the same about ...") from here on
+                continue
         r = rng.random()
         turn = None
         if r < 0.35:
@@ -547,7 +558,8 @@ def make_plan(rng: random.Random, openings=(), pool=(), mix: str = "v2") -> Plan
 
 def plan_stream(seed: int, use_chitchat: bool = True, pool_path: str | None = None,
                 mix: str = "v2") -> Iterator[Plan]:
-    """An endless, deterministic stream of plans of one mix (MIXES: v2, or v3's facts-heavy one)."""
+    """An endless, deterministic stream of plans of one mix (MIXES: v2, v3's facts-heavy one, or v4: v3 with changes
+    of subject)."""
     openings = chitchat_pool()[0] if use_chitchat else ()
     pool = question_pool(pool_path)
     rng = random.Random(seed)
