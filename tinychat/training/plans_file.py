@@ -1,11 +1,11 @@
-"""Conversation plans in a file: the v2/v3 prompts made here, where their sources are installed (countryinfo,
+"""Conversation plans in a file: the v2/v3/v4 prompts made here, where their sources are installed (countryinfo,
 faker, wordfreq, chitchat-dataset: ~120 MB), and read where the teacher runs, a lent GPU machine that has none of
 them. One JSON plan a line, gzipped: {"kind", "source", "turns": [{"text", "check", "dynamic"}, ...]}.
 
-    python -m tinychat.training generate --prompts v3 --seed 10 --write-plans data/plans-10.jsonl.gz --count 60000
-    python -m tinychat.training generate --prompts v3 --seed 10 --plans data/plans-10.jsonl.gz --out ... --device cuda
+    python -m tinychat.training generate --prompts v4 --seed 10 --write-plans data/plans-10.jsonl.gz --count 60000
+    python -m tinychat.training generate --prompts v4 --seed 10 --plans data/plans-10.jsonl.gz --out ... --device cuda
 
-The plans are the stream `generate --prompts v3 --seed 10` itself would draw (questions.plan_stream(seed)), so a
+The plans are the stream `generate --prompts v4 --seed 10` itself would draw (questions.plan_stream(seed)), so a
 file is made again, byte for byte, by the same command."""
 from __future__ import annotations
 
