@@ -71,11 +71,11 @@ def test_a_run_from_a_plans_file_asks_its_questions_in_order_and_its_shards_name
 def test_flags_that_cannot_make_a_run_are_refused_before_anything_loads(tmp_path):
     path = tmp_path / "p.jsonl.gz"
     write_plans(path, [Plan("fact", (Turn("Hi?"),), "template")], 1)
-    for kw, says in ((dict(prompts="v1"), "v2, v3 or v4"), (dict(workers=2), "one worker"),
+    for kw, says in ((dict(prompts="v1"), "v2, v3, v4 or v5"), (dict(workers=2), "one worker"),
                      (dict(device="tpu"), "cpu or cuda"),
                      *(((dict(device="cuda"), "no CUDA GPU"),) if not torch.cuda.is_available() else ())):
         with pytest.raises(generate.GenerateError, match=says):
             generate.run(_args(tmp_path / "o", path, **kw))
     assert not (tmp_path / "o").exists()
-    with pytest.raises(generate.GenerateError, match="v2, v3 or v4"):
+    with pytest.raises(generate.GenerateError, match="v2, v3, v4 or v5"):
         generate.run(_args(tmp_path / "o", None, prompts="v1", write_plans=tmp_path / "w.jsonl.gz"))

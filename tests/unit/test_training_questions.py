@@ -129,3 +129,48 @@ def test_only_the_v4_mix_changes_the_subject_and_keeps_the_first_kind():
     first3, first4 = [next(v3) for _ in range(2000)], [next(v4) for _ in range(2000)]
     assert {p.kind for p in first4} == {p.kind for p in first3}     # a plan is labelled by its opening's kind
     assert all(p.turns[0].check for p in first4 if p.kind.startswith("fact-"))
+
+
+def _creator_questions(mix, n=3000):
+    from tinychat.training import creators
+    works = {w: (verb, m) for verb, table in creators.MADE_BY.items() for w, m in table.items()}
+    it = plan_stream(6, use_chitchat=False, mix=mix)
+    asked = []                        # (work, turn) for every checked turn that names a work (the object kind's
+                                      # unchecked "Who invented the radio?" is no creator question)
+    kinds = set()
+    for _ in range(n):
+        p = next(it)
+        kinds.add(p.kind)
+        for t in p.turns:
+            asked += [(w, t) for w in works if t.check and re.search(rf"\b{re.escape(w)}\?", t.text)]
+    return works, asked, kinds
+
+
+def test_the_v5_mix_asks_who_made_famous_works_and_checks_the_makers_name():
+    from tinychat.training import creators
+    from tinychat.training.dialogue import contains_answer
+    works, asked, kinds = _creator_questions("v5")
+    assert "fact-creator" in kinds and len({w for w, _ in asked}) > 40
+    for w, t in asked:
+        verb, maker = works[w]
+        assert set(t.check) == set(creators.checks(maker)), t
+        assert contains_answer(f"{w} is by {maker}.", t.check)       # the full name passes its own check
+        assert not held_out(w, "creator"), w                         # a probe's works never occur in plans
+    assert contains_answer("It was painted by Leonardo da Vinci.", creators.checks("Leonardo da Vinci"))
+    assert not contains_answer("It was painted by Picasso.", creators.checks("Leonardo da Vinci"))
+    probe_side = creators.items(held_out, probe_side=True)
+    assert 0 < len(probe_side) < 0.3 * len(works)
+
+
+def test_the_mixes_before_v5_never_ask_who_made_something():
+    for mix in ("v2", "v3", "v4"):                     # the streams committed shards resume stay as they were
+        _, asked, kinds = _creator_questions(mix, n=1500)
+        assert not asked and "fact-creator" not in kinds
+
+
+def test_a_follow_up_about_two_makers_never_treats_them_as_one_person():
+    from tinychat.training import creators
+    rng = random.Random(4)
+    for _ in range(200):
+        q = creators.more(rng, "invented", "the airplane", "the Wright brothers")
+        assert "Wright" not in q and q[0].isupper()

@@ -41,6 +41,10 @@ from ..errors import TinychatError
 from .degenerate import degenerate_reason  # noqa: F401  (the drivers' filter; tests patch it here)
 from .devices import resolve_device
 
+# The prompt mixes built from conversation plans: questions.MIXES's names (not imported here: its entity lists load
+# packages a GPU machine lacks). v1 is the first templates' stream (prompts.py).
+PLANNED = ("v2", "v3", "v4", "v5")
+
 SHARD_RE = re.compile(r"^shard-(\d{5})\.jsonl\.gz$")
 
 # SmolLM2's default system prompt ("You are a helpful AI assistant named SmolLM, trained by Hugging
@@ -175,11 +179,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="processes, each writing every WORKERS-th shard (1 thread each is robust "
                         "when the cores are shared)")
     p.add_argument("--no-chitchat", action="store_true", help="templates only")
-    p.add_argument("--prompts", choices=("v1", "v2", "v3", "v4"), default="v1",
+    p.add_argument("--prompts", choices=("v1",) + PLANNED, default="v1",
                    help="v1: the first templates (prompts.py); v2: entity lists x question frames, checked facts, "
                         "follow-ups about the answer (questions.py); v3: v2 with twice the checkable facts and "
                         "countries drawn by how common their names are; v4: v3 where a fifth of the later turns "
-                        "change the subject (another kind's opening question)")
+                        "change the subject (another kind's opening question); v5: v4 that also asks who wrote, painted, "
+                        "invented, discovered or composed a famous work")
     p.add_argument("--best-of", type=int, default=1, metavar="N",
                    help="v2: sample N replies per turn and keep the best valid one (dialogue.py)")
     p.add_argument("--questions", default=None, metavar="POOL",
@@ -252,7 +257,7 @@ def run_worker(args, worker: int = 0, workers: int = 1, model=None, tok=None, lo
             raise GenerateError(f"--plans {args.plans}: {out} already holds shards; a run from a plans file "
                                 "starts at its first plan (use a fresh --out)")
         meta["plans"] = file_meta(args.plans)
-    if getattr(args, "prompts", "v1") in ("v2", "v3", "v4"):
+    if getattr(args, "prompts", "v1") in PLANNED:
         gen, drivers = _v2(args, model, tok, sampling, prefix, special, run_seed, meta)
     else:
         plans = plan_stream(run_seed, use_chitchat=not args.no_chitchat)
@@ -348,7 +353,7 @@ def _bench(args, worker, model, tok, sampling, prefix, special, log) -> dict:
     from .prompts import plan_stream
     from .teacher import IM_END
 
-    if getattr(args, "prompts", "v1") in ("v2", "v3", "v4"):
+    if getattr(args, "prompts", "v1") in PLANNED:
         gen, drivers = _v2(args, model, tok, sampling, prefix, special, args.seed * 7919 + worker, {})
         groups = gen.G
     else:
@@ -399,8 +404,8 @@ class GenerateError(TinychatError, ValueError):
 def _write_plans(args) -> int:
     from .plans_file import write_plans
     from .questions import plan_stream as plans_v2
-    if args.prompts not in ("v2", "v3", "v4"):
-        raise GenerateError("--write-plans writes the v2 / v3 / v4 plans: give --prompts v2, v3 or v4")
+    if args.prompts not in PLANNED:
+        raise GenerateError("--write-plans writes the v2 to v5 plans: give --prompts v2, v3, v4 or v5")
     plans = plans_v2(args.seed, use_chitchat=not args.no_chitchat, pool_path=args.questions, mix=args.prompts)
     n = write_plans(args.write_plans, plans, args.count)
     print(f"wrote {args.write_plans}: {n:,} plans (--prompts {args.prompts} --seed {args.seed})", flush=True)
@@ -410,8 +415,8 @@ def _write_plans(args) -> int:
 def _check(args) -> None:
     """The flags that need a word before anything loads."""
     if getattr(args, "plans", None) is not None:
-        if args.prompts not in ("v2", "v3", "v4"):
-            raise GenerateError("--plans holds v2 / v3 / v4 plans: give --prompts v2, v3 or v4")
+        if args.prompts not in PLANNED:
+            raise GenerateError("--plans holds v2 to v5 plans: give --prompts v2, v3, v4 or v5")
         if args.workers > 1:
             raise GenerateError("--plans is read by one worker: give --workers 1")
     dev = resolve_device(getattr(args, "device", "cpu"), GenerateError)

@@ -33,7 +33,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
-from . import topic_lists
+from . import creators, topic_lists
 from .entities import countries, country_weights, first_names, jobs, topic_words
 from .prompts import chitchat_pool
 
@@ -291,6 +291,19 @@ def _arithmetic(rng):
     return _t(text, *checks), [again, lambda r: _t(r.choice(topic_lists.split("How did you get that?|Can you show the steps?")))], "fact"
 
 
+def _creator(rng):
+    """Who wrote / painted / invented / discovered / composed a famous work (v5), checked by the maker's name."""
+    pool = creators.items(held_out)
+    verb, work, maker = rng.choice(pool)
+
+    def again(r):
+        same = [(w, m) for v, w, m in pool if v == verb and w != work]
+        w2, m2 = r.choice(same)
+        return _t(creators.again(r, verb, w2), *creators.checks(m2))
+    return (_t(creators.question(rng, verb, work), *creators.checks(maker)),
+            [again, lambda r: _t(creators.more(r, verb, work, maker))], "fact")
+
+
 SHAPES = topic_lists.table("triangle=3|square=4|rectangle=4|pentagon=5|hexagon=6|octagon=8")
 COUNTS = [("How many days are in a week?", "7", "seven"), ("How many months are in a year?", "12", "twelve"),
           ("How many hours are in a day?", "24", "24"), ("How many minutes are in an hour?", "60", "sixty"),
@@ -496,7 +509,8 @@ KIND_WEIGHTS = {
 MAKERS = {"country": _country, "animal_fact": _animal_fact, "colour": _colour, "opposite": _opposite,
           "arithmetic": _arithmetic, "calendar": _calendar, "memory": _memory, "animal": _animal_open,
           "howto": _howto, "job": _job, "food": _food, "object": _explain_object, "place": _place, "hobby": _hobby,
-          "compare": _compare, "define": _define, "opinion": _opinion, "creative": _creative, "advice": _advice}
+          "compare": _compare, "define": _define, "opinion": _opinion, "creative": _creative, "advice": _advice,
+          "creator": _creator}
 # v3 (issue #32: the v2 data held each capital about once, so the student could not learn any): twice the checkable
 # facts and memory, the openings and advice kinds trimmed to make room, countries drawn by popularity.
 KIND_WEIGHTS_V3 = {
@@ -508,8 +522,14 @@ KIND_WEIGHTS_V3 = {
 # name -> (kind weights, popular countries, share of later turns that change the subject). v4 (issue #32: the
 # student answered "Who wrote Hamlet?" after two capitals with another capital): v3, and a fifth of the later turns
 # ask the opening question of another kind, whose own follow-ups come after it.
-MIXES = {"v2": (KIND_WEIGHTS, False, 0.0), "v3": (KIND_WEIGHTS_V3, True, 0.0), "v4": (KIND_WEIGHTS_V3, True, 0.2)}
-SWITCH_KINDS = tuple(k for k in MAKERS if k != "memory")     # a memory opening only makes sense first
+# v5 (the student made up a capital for "Who wrote Hamlet?": no plan asked who made something): v4 with a kind
+# asking who wrote, painted, invented, discovered or composed a famous work, its share taken from countries/animals.
+KIND_WEIGHTS_V5 = {**KIND_WEIGHTS_V3, "country": 0.13, "animal_fact": 0.06, "creator": 0.05}
+MIXES = {"v2": (KIND_WEIGHTS, False, 0.0), "v3": (KIND_WEIGHTS_V3, True, 0.0), "v4": (KIND_WEIGHTS_V3, True, 0.2),
+         "v5": (KIND_WEIGHTS_V5, True, 0.2)}
+# a memory opening only makes sense first; the creator kind switches in only where its mix has it (v5), so the
+# committed v4 streams stay as they were
+SWITCH_KINDS = tuple(k for k in MAKERS if k not in ("memory", "creator"))
 TURN_WEIGHTS = {1: 0.2, 2: 0.35, 3: 0.27, 4: 0.18}
 
 
@@ -535,7 +555,7 @@ def make_plan(rng: random.Random, openings=(), pool=(), mix: str = "v2") -> Plan
             turns.append(Turn("", dynamic="detail") if len(turns) < n - 1 else makers[0](rng))
             continue
         if switch and rng.random() < switch:          # drawn only in mixes that switch: v2 / v3 streams unchanged
-            other = rng.choice([k for k in SWITCH_KINDS if k != now])
+            other = rng.choice([k for k in SWITCH_KINDS + (("creator",) if "creator" in weights else ()) if k != now])
             made = _country(rng, popular) if other == "country" else MAKERS[other](rng)
             if made is not None:
                 turns.append(made[0])
