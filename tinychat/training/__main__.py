@@ -21,6 +21,7 @@ STEPS = {
     "stats": ("tinychat.training.stats", "how diverse the user messages of the shards are"),
     "questions": ("tinychat.training.selfinstruct", "the teacher writes user questions for sampled topics"),
     "probe": ("tinychat.training.probe", "does the model answer the question asked (checkable answers)"),
+    "arithmetic": ("tinychat.training.arithmetic", "small sums with exact answers, written by a program"),
 }
 
 

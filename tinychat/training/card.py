@@ -173,11 +173,12 @@ def _data_lines(sh: dict | None, data: dict, cfg: dict) -> list[str]:
         for d in sh["dirs"]:
             reads = (f" Given {d['reads']} times; read once an epoch all the same (an exact duplicate conversation "
                      f"counts once: weight with --weight)." if d.get("reads", 1) > 1 else "")
+            made = (f"written by a program, no teacher (`{d['program'].get('name')}`, seed {d['program'].get('seed')})"
+                    if d.get("program") else f"{d['teacher_tokens']:,} teacher-tokenizer tokens (generated with seed "
+                    f"{(d['teacher'] or {}).get('seed')})")
             lines.append(f"- `{d['path']}`: {d['files']} files ({d['bytes'] / 2**20:.1f} MiB gzipped), "
                          f"{d['conversations']:,} conversations ("
-                         f"{', '.join(f'{k}: {v:,}' for k, v in d['sources'].items())}), "
-                         f"{d['teacher_tokens']:,} teacher-tokenizer tokens (generated with seed "
-                         f"{(d['teacher'] or {}).get('seed')}).{reads}")
+                         f"{', '.join(f'{k}: {v:,}' for k, v in d['sources'].items())}), {made}.{reads}")
         if len(sh["dirs"]) > 1:
             lines.append(f"- In all: {sh['conversations']:,} conversations, {sh['teacher_tokens']:,} teacher tokens.")
         teacher = sh.get("teacher") or {}
@@ -218,7 +219,9 @@ def _command_lines(f: dict) -> list[str]:
     if f.get("generate_command"):
         lines.append(f["generate_command"])
     elif sh:
-        lines += [generate_command(d["teacher"], d["teacher_tokens"], d["path"]) for d in sh["dirs"]]
+        lines += [(d["program"].get("command") or f"# {d['path']}: written by {d['program'].get('name')}")
+                  if d.get("program") else generate_command(d["teacher"], d["teacher_tokens"], d["path"])
+                  for d in sh["dirs"]]
     else:
         lines.append(generate_command({}, None))
     tokenizer = ""

@@ -45,7 +45,7 @@ def package_info(dist: str) -> dict:
 
 def _summarize(files, path: str) -> dict:
     n = tokens = assistant = 0
-    teacher, sources, size = None, {}, 0
+    teacher, program, sources, size = None, None, {}, 0
     for f in files:
         size += f.stat().st_size
         opener = gzip.open if f.name.endswith(".gz") else open
@@ -59,9 +59,11 @@ def _summarize(files, path: str) -> dict:
                 tokens += int(t.get("total", 0))
                 assistant += int(t.get("assistant", 0))
                 teacher = teacher or r.get("teacher")
+                program = program or r.get("program")          # written by a program (arithmetic.py), no teacher
                 sources[r.get("source", "?")] = sources.get(r.get("source", "?"), 0) + 1
     return {"path": path, "files": len(files), "bytes": size, "conversations": n, "teacher_tokens": tokens,
-            "teacher_assistant_tokens": assistant, "teacher": teacher or {}, "sources": sources}
+            "teacher_assistant_tokens": assistant, "teacher": teacher or {}, "sources": sources,
+            **({"program": program} if program else {})}
 
 
 def shard_summary(shards) -> dict:

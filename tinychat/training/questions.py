@@ -264,6 +264,12 @@ def _opposite(rng):
 
 def arithmetic_item(rng: random.Random) -> tuple[str, int, str]:
     """(operator, answer, text) of a small sum, difference or product, operands not in the probe's pairs."""
+    op, _, _, ans, text = arithmetic_problem(rng)
+    return op, ans, text
+
+
+def arithmetic_problem(rng: random.Random) -> tuple[str, int, int, int, str]:
+    """(operator, a, b, answer, text): :func:`arithmetic_item` with its operands (a op b, whatever the wording)."""
     while True:
         op = rng.choice("+-*")
         a, b = (rng.randint(0, 20), rng.randint(0, 20)) if op != "*" else (rng.randint(1, 10), rng.randint(1, 10))
@@ -277,7 +283,7 @@ def arithmetic_item(rng: random.Random) -> tuple[str, int, str]:
                   "-": "What is {a} minus {b}?|What is {a} - {b}?|If I have {a} cookies and eat {b}, how many are left?|"
                        "Subtract {b} from {a}.",
                   "*": "What is {a} times {b}?|What is {a} x {b}?|Multiply {a} by {b}.|What is {a} multiplied by {b}?"}
-        return op, ans, rng.choice(topic_lists.split(frames[op])).format(a=a, b=b)
+        return op, a, b, ans, rng.choice(topic_lists.split(frames[op])).format(a=a, b=b)
 
 
 def _arithmetic(rng):
