@@ -19,10 +19,10 @@ import argparse
 import random
 from pathlib import Path
 
+from . import topic_lists
 from .questions import arithmetic_problem
 
 KIND, SOURCE = "fact-arithmetic", "program"
-SYMBOL = {"+": "+", "-": "-", "*": "x"}
 ANSWERS = {
     "+": ("{a} + {b} = {s}.|{a} plus {b} is {s}.|{a} plus {b} equals {s}.|The answer is {s}: {a} + {b} = {s}.|"
           "{a} + {b} is {s}."),
@@ -36,7 +36,7 @@ HOW = ("How did you get that?", "Can you show the steps?")
 
 
 def _pick(rng: random.Random, frames: str) -> str:
-    return rng.choice([f.strip() for f in frames.split("|")])
+    return rng.choice(topic_lists.split(frames))
 
 
 def _noun(n: int, noun: str) -> str:

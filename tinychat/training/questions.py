@@ -297,9 +297,14 @@ def _arithmetic(rng):
     return _t(text, *checks), [again, lambda r: _t(r.choice(topic_lists.split("How did you get that?|Can you show the steps?")))], "fact"
 
 
+@functools.cache
+def _creator_pool() -> tuple[tuple[str, str, str], ...]:
+    return tuple(creators.items(held_out))      # the training side of the probe split, computed once
+
+
 def _creator(rng):
     """Who wrote / painted / invented / discovered / composed a famous work (v5), checked by the maker's name."""
-    pool = creators.items(held_out)
+    pool = _creator_pool()
     verb, work, maker = rng.choice(pool)
 
     def again(r):
@@ -533,9 +538,6 @@ KIND_WEIGHTS_V3 = {
 KIND_WEIGHTS_V5 = {**KIND_WEIGHTS_V3, "country": 0.13, "animal_fact": 0.06, "creator": 0.05}
 MIXES = {"v2": (KIND_WEIGHTS, False, 0.0), "v3": (KIND_WEIGHTS_V3, True, 0.0), "v4": (KIND_WEIGHTS_V3, True, 0.2),
          "v5": (KIND_WEIGHTS_V5, True, 0.2)}
-# a memory opening only makes sense first; the creator kind switches in only where its mix has it (v5), so the
-# committed v4 streams stay as they were
-SWITCH_KINDS = tuple(k for k in MAKERS if k not in ("memory", "creator"))
 TURN_WEIGHTS = {1: 0.2, 2: 0.35, 3: 0.27, 4: 0.18}
 
 
@@ -561,7 +563,9 @@ def make_plan(rng: random.Random, openings=(), pool=(), mix: str = "v2") -> Plan
             turns.append(Turn("", dynamic="detail") if len(turns) < n - 1 else makers[0](rng))
             continue
         if switch and rng.random() < switch:          # drawn only in mixes that switch: v2 / v3 streams unchanged
-            other = rng.choice([k for k in SWITCH_KINDS + (("creator",) if "creator" in weights else ()) if k != now])
+            # another of the mix's own kinds (so v4 never asks v5's creator questions); a memory opening only
+            # makes sense first
+            other = rng.choice([k for k in MAKERS if k in weights and k not in ("memory", now)])
             made = _country(rng, popular) if other == "country" else MAKERS[other](rng)
             if made is not None:
                 turns.append(made[0])
