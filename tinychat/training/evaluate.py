@@ -191,23 +191,21 @@ def run(args) -> int:
     if args.judge and args.n:
         from . import judge as judging
         from .data import teacher_meta
-        from .judge import judge, seed_mean
-        teacher = judging.load_judge()
+        teacher = judging.load_judge()      # once, for every seed
         sampler, system = result["settings"]["sampler"], teacher_meta(shards).get("system", "")
-        j = judge(chats, system, sampler["temperature"], sampler["top_p"], args.max_new, args.seed,
-                  teacher=teacher, log=print)
-        result["judge"] = j
-        _print_judge(j, args.seed)
-        extra = [s for s in dict.fromkeys(args.judge_seeds) if s != args.seed]
-        if extra:
-            by_seed = {args.seed: j}
-            for s in extra:
+        by_seed: dict[int, dict] = {}
+        for s in dict.fromkeys([args.seed, *args.judge_seeds]):
+            if s == args.seed:
+                cs = chats
+            else:
                 print(f"\nseed {s}: chatting through the same {len(convs)} conversations ...", flush=True)
                 cs = chat_conversations(model, tok, convs, args.max_new, s, args.turns, settings=settings)
-                by_seed[s] = judge(cs, system, sampler["temperature"], sampler["top_p"], args.max_new, s,
-                                   teacher=teacher)
-                _print_judge(by_seed[s], s)
-            m = result["judge_seeds"] = seed_mean(by_seed)
+            by_seed[s] = judging.judge(cs, system, sampler["temperature"], sampler["top_p"], args.max_new, s,
+                                       teacher=teacher, log=print if s == args.seed else None)
+            _print_judge(by_seed[s], s)
+        result["judge"] = by_seed[args.seed]
+        if len(by_seed) > 1:
+            m = result["judge_seeds"] = judging.seed_mean(by_seed)
             print(f"judge over seeds {', '.join(map(str, m['seeds']))}: student {m['student_nll']:.3f}, teacher "
                   f"{m['teacher_nll']:.3f} (first {m['student_nll_first']:.3f}, later {m['student_nll_later']:.3f});"
                   f" loops {m['student_loops']:.3f}", flush=True)
