@@ -548,3 +548,42 @@ def test_a_step_reports_bad_input_in_one_line_not_a_traceback(tmp_path, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 1 and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("python -m tinychat.training train: error: ") and "tokenizer file not found" in err
+
+
+def test_export_average_with_ships_the_plain_mean_of_the_run_and_the_folders_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from tinychat.training.export import export
+    quiet = dict(log=lambda *_: None)
+    shards = write_shards(tmp_path / "shards", fake_conversations(30, seed=8))
+    train, val = D.load_split(shards, 0.1)
+    (tmp_path / "run").mkdir()
+    tok().save(tmp_path / "run" / "tokenizer.json")
+    tr = Trainer(tiny_cfg(steps=2), tok(), D.encode_all(tok(), train), D.encode_all(tok(), val), tmp_path / "run",
+                 **quiet)
+    tr.fit(progress=False)
+    export(tmp_path / "run", tmp_path / "plain", shards=shards, samples=0, **quiet)
+    # an "earlier model": the same folder with every float weight moved, so the mean differs from both
+    other = tmp_path / "other"
+    export(tmp_path / "run", other, shards=shards, samples=0, **quiet)
+    w = load_file(str(other / "model.safetensors"))
+    save_file({k: (v.float() + 0.25).to(v.dtype) if v.is_floating_point() else v for k, v in w.items()},
+              str(other / "model.safetensors"))
+    facts = export(tmp_path / "run", tmp_path / "avg", shards=shards, samples=0, average_with=[other], **quiet)
+    plain, moved = load_file(str(tmp_path / "plain" / "model.safetensors")), load_file(str(other / "model.safetensors"))
+    got = load_file(str(tmp_path / "avg" / "model.safetensors"))
+    want = ((plain["embed.weight"].float() + moved["embed.weight"].float()) / 2).to(torch.bfloat16)
+    assert torch.equal(got["embed.weight"], want) and not torch.equal(got["embed.weight"], plain["embed.weight"])
+    assert torch.equal(got["cid_map"], plain["cid_map"])
+    assert facts["averaged_with"][0]["path"] == str(other) and len(facts["averaged_with"][0]["sha256"]) == 64
+    card = (tmp_path / "avg" / "MODEL_CARD.md").read_text()
+    assert f"plain mean of this run's last checkpoint and `{other}`" in card
+    # a folder that is not the same model is refused with one line, nothing written
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with pytest.raises(SystemExit, match="not a model folder"):
+        export(tmp_path / "run", tmp_path / "avg2", shards=shards, samples=0, average_with=[bad], **quiet)
+    (other / "tokenizer.json").write_text((other / "tokenizer.json").read_text().replace('"<|im_end|>"', '"<|x|>"'))
+    with pytest.raises(SystemExit, match="not the tokenizer"):
+        export(tmp_path / "run", tmp_path / "avg2", shards=shards, samples=0, average_with=[other], **quiet)
+    assert not (tmp_path / "avg2").exists()

@@ -109,10 +109,51 @@ def _effective(ev: dict) -> dict:
     return {k: v for k, v in (ev.get("settings") or {}).items() if k != "defaults"}
 
 
+def average_into(model, tok_sha256: str, dirs) -> list[dict]:
+    """Replace model's weights by the plain mean of them, as the export stores them (bf16), and of each model folder
+    in dirs (its model.safetensors as loaded by the app): a weight average of a stage with earlier ones, which the
+    judge scored better than either alone (docs/benchmarks.md, "Stage 15"). The folders must share the model's
+    config and tokenizer. Returns what the card names: each folder and its weights' sha256, read before the export
+    may overwrite one of them."""
+    import torch
+
+    from tinychat.model import TinyAgentLM
+    from tinychat.tokenizer import Tokenizer, TokenizerError
+    mine = model.state_dict()
+    # (n models) summed in fp32 in the order given: the run's weights first, rounded as the export stores them
+    acc = {k: v.to(torch.bfloat16).float() if v.is_floating_point() else v for k, v in mine.items()}
+    named = []
+    for d in map(Path, dirs):
+        weights = d / "model.safetensors"
+        if not weights.is_file() or not (d / "config.json").is_file():
+            raise SystemExit(f"--average-with {d}: not a model folder (no model.safetensors / config.json)")
+        other = TinyAgentLM.from_pretrained(d)
+        if other.cfg != model.cfg:
+            raise SystemExit(f"--average-with {d}: its config differs from the run's model: cannot average")
+        tok = d / "tokenizer.json"
+        try:
+            same = Tokenizer.from_file(tok).sha256 == tok_sha256
+        except (OSError, TokenizerError):
+            same = False
+        if not same:
+            raise SystemExit(f"--average-with {d}: not the tokenizer the run was trained with")
+        for k, v in other.state_dict().items():
+            if acc[k].is_floating_point():
+                acc[k] = acc[k] + v.float()
+            elif not torch.equal(acc[k], v):
+                raise SystemExit(f"--average-with {d}: its {k} differs from the run's (not a float weight)")
+        named.append({"path": str(d), "sha256": file_sha256(weights)})
+    n = 1 + len(named)
+    model.load_state_dict({k: v / n if v.is_floating_point() else v for k, v in acc.items()}, strict=True)
+    return named
+
+
 def export(run_dir, out, eval_json=None, shards=None, samples: int = 3, seed: int = 0, max_new: int = 192,
-           generate_cmd: str | None = None, log=print, command: str | None = None, eval_before=None) -> dict:
+           generate_cmd: str | None = None, log=print, command: str | None = None, eval_before=None,
+           average_with=()) -> dict:
     """Write the model folder and its card; returns the facts the card was filled from. eval_before: the same eval
-    (same shards, settings, probes) of the model the run started from, for the card's before / after figures."""
+    (same shards, settings, probes) of the model the run started from, for the card's before / after figures.
+    average_with: model folders whose weights are averaged with the run's (`average_into`)."""
     import torch
     from safetensors.torch import load_file
 
@@ -132,6 +173,7 @@ def export(run_dir, out, eval_json=None, shards=None, samples: int = 3, seed: in
     init = _init_facts(state)
     model = TinyAgentLM(ModelConfig.from_dict(state["model_config"]))
     model.load_state_dict(load_file(str(ck / "model.safetensors")), strict=True)
+    averaged = average_into(model, tok.sha256, average_with) if average_with else []
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, tokenizer_json=tok_path, dtype=torch.bfloat16)
     size = (out / "model.safetensors").stat().st_size
@@ -154,7 +196,7 @@ def export(run_dir, out, eval_json=None, shards=None, samples: int = 3, seed: in
              "eval": ev, "samples": convs, "sources": {d: package_info(d) for _, d, _ in SOURCES},
              "shards": shard_summary(shards) if shards else None, "exported_at": time.strftime("%Y-%m-%d"),
              "generate_command": generate_cmd, "run": str(run_dir), "init": init, "export_command": command,
-             "out": str(out), "eval_before": before}
+             "out": str(out), "eval_before": before, "averaged_with": averaged}
     card = model_card(facts)
     (out / "MODEL_CARD.md").write_text(card, encoding="utf-8")
     log(f"wrote {out}: model.safetensors {size / 2**20:.1f} MiB ({facts['params'] / 1e6:.2f}M params, bf16), "
@@ -175,6 +217,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--generate-command", default=None,
                    help="the exact data-generation command, for the card (default: rebuilt from the shards)")
+    p.add_argument("--average-with", nargs="+", type=Path, default=[], metavar="DIR",
+                   help="model folders (same config and tokenizer, e.g. the --init model) whose weights are averaged "
+                        "with the run's: the folder gets their plain mean")
 
 
 def run(args) -> int:
@@ -184,7 +229,7 @@ def run(args) -> int:
     shards = [s for s in args.shards if s]
     export(args.run, args.out, args.eval, shards_arg(shards) if shards else None, args.samples, args.seed,
            generate_cmd=args.generate_command, command=getattr(args, "command_line", None),
-           eval_before=args.eval_before)
+           eval_before=args.eval_before, average_with=args.average_with)
     return 0
 
 
