@@ -22,6 +22,7 @@ STEPS = {
     "questions": ("tinychat.training.selfinstruct", "the teacher writes user questions for sampled topics"),
     "probe": ("tinychat.training.probe", "does the model answer the question asked (checkable answers)"),
     "arithmetic": ("tinychat.training.arithmetic", "small sums with exact answers, written by a program"),
+    "onpolicy": ("tinychat.training.onpolicy", "the student's own replies, the best of K as the teacher reads them"),
 }
 
 

@@ -293,10 +293,24 @@ class Llama:
     @torch.inference_mode()
     def forward_full(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, T] (no padding) -> logits [B, T, V]. Slow and simple: the reference."""
+        return self.logits(self.hidden_full(tokens))
+
+    @torch.inference_mode()
+    def hidden_full(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [B, T] -> the last layer's output [B, T, dim] fp32 (before the final norm: :meth:`logits` takes
+        it). positions [T]: each token's place for the rotation (default 0..T-1); mask [T, T] bool, True where a
+        token may attend (default causal). Several continuations of one prefix packed in one row, each attending to
+        the prefix and itself, is what the two are for (onpolicy.reply_logprobs)."""
         cfg, hd = self.cfg, self.cfg.head_dim
         B, T = tokens.shape
         h = self.embed[tokens.to(self.device)].float()                       # [B, T, dim]
-        cos, sin = self.cos[:T], self.sin[:T]                                # [T, hd]
+        if positions is None:
+            cos, sin = self.cos[:T], self.sin[:T]                            # [T, hd]
+        else:
+            cos, sin = self.cos[positions.to(self.device)], self.sin[positions.to(self.device)]
+        if mask is not None:
+            mask = mask.to(self.device)
         for layer in self.layers:
             qkv = F.linear(self._norm(h, layer["attn_norm"]), layer["wqkv"])
             q, k, v = qkv.split([cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.n_kv_heads * hd], -1)
@@ -305,11 +319,14 @@ class Llama:
             v = v.view(B, T, cfg.n_kv_heads, hd).transpose(1, 2).float()
             rep = cfg.n_heads // cfg.n_kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)       # [B, H, T, hd]
+            if mask is None:
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # [B, H, T, hd]
+            else:
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             a = a.transpose(1, 2).reshape(B, T, cfg.dim).to(self.dtype)
             h = h + F.linear(a, layer["wo"]).float()
             h = h + self._mlp(self._norm(h, layer["ffn_norm"]), layer)
-        return self.logits(h)
+        return h
 
     # -- cached path --------------------------------------------------------------------------------
     def allocate(self, batch: int) -> None:
