@@ -167,15 +167,26 @@ def _earlier_lines(parent_card: str) -> list[str]:
     return lines
 
 
+def _made(d: dict) -> str:
+    """How a shard folder's conversations came about, from its first record's program or teacher block."""
+    prog = d.get("program")
+    if not prog:
+        return (f"{d['teacher_tokens']:,} teacher-tokenizer tokens (generated with seed "
+                f"{(d['teacher'] or {}).get('seed')})")
+    if "student_identity" in prog:           # onpolicy.py: the student's replies, the teacher choosing
+        return (f"the student's own replies (`{prog.get('student')}`, model identity {str(prog['student_identity'])[:16]}...), "
+                f"the best of {prog.get('k')} a turn as the teacher reads them (`{prog.get('name')}`, seed "
+                f"{prog.get('seed')})")
+    return f"written by a program, no teacher (`{prog.get('name')}`, seed {prog.get('seed')})"
+
+
 def _data_lines(sh: dict | None, data: dict, cfg: dict) -> list[str]:
     lines = []
     if sh:
         for d in sh["dirs"]:
             reads = (f" Given {d['reads']} times; read once an epoch all the same (an exact duplicate conversation "
                      f"counts once: weight with --weight)." if d.get("reads", 1) > 1 else "")
-            made = (f"written by a program, no teacher (`{d['program'].get('name')}`, seed {d['program'].get('seed')})"
-                    if d.get("program") else f"{d['teacher_tokens']:,} teacher-tokenizer tokens (generated with seed "
-                    f"{(d['teacher'] or {}).get('seed')})")
+            made = _made(d)
             lines.append(f"- `{d['path']}`: {d['files']} files ({d['bytes'] / 2**20:.1f} MiB gzipped), "
                          f"{d['conversations']:,} conversations ("
                          f"{', '.join(f'{k}: {v:,}' for k, v in d['sources'].items())}), {made}.{reads}")
