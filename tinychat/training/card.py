@@ -175,8 +175,9 @@ def _made(d: dict) -> str:
                 f"{(d['teacher'] or {}).get('seed')})")
     if "student_identity" in prog:           # onpolicy.py: the student's replies, the teacher choosing
         return (f"the student's own replies (`{prog.get('student')}`, model identity {str(prog['student_identity'])[:16]}...), "
-                f"the best of {prog.get('k')} a turn as the teacher reads them (`{prog.get('name')}`, seed "
-                f"{prog.get('seed')})")
+                f"sampled at temperature {(prog.get('sampler') or {}).get('temperature')}, top-p "
+                f"{(prog.get('sampler') or {}).get('top_p')} on its {prog.get('quant')} path, the best of "
+                f"{prog.get('k')} a turn as the teacher reads them (`{prog.get('name')}`, seed {prog.get('seed')})")
     return f"written by a program, no teacher (`{prog.get('name')}`, seed {prog.get('seed')})"
 
 
@@ -193,7 +194,7 @@ def _data_lines(sh: dict | None, data: dict, cfg: dict) -> list[str]:
         if len(sh["dirs"]) > 1:
             lines.append(f"- In all: {sh['conversations']:,} conversations, {sh['teacher_tokens']:,} teacher tokens.")
         teacher = sh.get("teacher") or {}
-        if teacher:
+        if teacher and any(not d.get("program") for d in sh["dirs"]):      # some folder the teacher wrote
             lines.append(f"- Teacher sampling: temperature {teacher.get('temperature')}, top-p {teacher.get('top_p')}, "
                          f"top-k {teacher.get('top_k')}, replies capped at {teacher.get('max_new')} tokens; teacher "
                          f"system prompt \"{teacher.get('system')}\".")
@@ -327,9 +328,11 @@ def model_card(f: dict) -> str:
     lines += ["",
               "## Validation loss",
               "",
-              f"- Student, held-out split: **{_fmt(st.get('val_loss'))} nats per assistant token** ("
-              + ("all held-out conversations" if st.get("val_full") else
-                 f"the first {cfg['val_convs']} held-out conversations") + f", step {st['step']})."]
+              (f"- Student, held-out split: **{st['val_loss']:.4f} nats per assistant token** ("
+               + ("all held-out conversations" if st.get("val_full") else
+                  f"the first {cfg['val_convs']} held-out conversations") + f", step {st['step']})."
+               if st.get("val_loss") is not None else
+               "- Student, held-out split: not measured by the run (`--eval-every 0`).")]
     if sl:
         lines.append(f"- Student, first {sl['conversations']} held-out conversations (exported bf16 weights, fp32 "
                      f"forward): {sl['loss_per_token']:.4f} nats/token = {sl['bits_per_byte']:.4f} bits per byte of "
