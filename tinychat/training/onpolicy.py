@@ -19,7 +19,7 @@ conversation ends before that turn; one with no kept turn is not written.
 
 Records are shard records: the source conversation's ``kind``, ``source`` ``"onpolicy"``, the kept ``messages``,
 ``selection`` per turn (``n``, ``valid``, the kept ``score`` and the ``mean`` of the valid ones), a ``program``
-block (this command, the student's weights sha256 and its sampler) that the card prints, and the source shards'
+block (this command, the student's model identity and its sampler) that the card prints, and the source shards'
 ``teacher`` block (the judge reads the system prompt from it).
 
 Shards: conversation i of the shuffled training split (``--seed``) goes to shard ``i // --per-shard``. A shard is
