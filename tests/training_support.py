@@ -46,6 +46,19 @@ def write_shards(folder, convs, per_shard: int = 50):
     return folder
 
 
+def exported_card(tmp_path, given: list[str]) -> tuple[dict, str]:
+    """Train the tiny model two steps on the shard folders ``given`` and export it with them: (facts, card text)."""
+    from tinychat.training.export import export
+    from tinychat.training.train import Trainer
+    train, val = D.load_split(given, 0.1)
+    (tmp_path / "run").mkdir()
+    tok().save(tmp_path / "run" / "tokenizer.json")
+    Trainer(tiny_cfg(steps=2), tok(), D.encode_all(tok(), train), D.encode_all(tok(), val), tmp_path / "run",
+            log=lambda *_: None).fit(progress=False)
+    facts = export(tmp_path / "run", tmp_path / "card", None, shards=given, samples=0, log=lambda *_: None)
+    return facts, (tmp_path / "card" / "MODEL_CARD.md").read_text()
+
+
 def tiny_cfg(**kw) -> TrainConfig:
     base = dict(size="tiny", seq_len=96, batch_tokens=384, max_rows=8, steps=6, lr=3e-3, warmup=2, eval_every=0,
                 ckpt_every=0, log_every=1000, val_convs=8, seed=1, val_fraction=0.1)

@@ -90,19 +90,10 @@ def test_the_same_command_writes_the_same_bytes_and_bad_counts_are_one_line_erro
 
 def test_the_card_names_the_program_and_its_command_not_a_teacher(tmp_path):
     from tinychat.training.__main__ import main
-    from tinychat.training.export import export
-    from tinychat.training.train import Trainer
-    from training_support import fake_conversations, tiny_cfg, tok, write_shards
+    from training_support import exported_card, fake_conversations, write_shards
     teacher = write_shards(tmp_path / "shards", fake_conversations(30, seed=8))
     assert main(["arithmetic", "--out", str(tmp_path / "arith"), "--count", "40"]) == 0
-    given = [str(teacher), str(tmp_path / "arith")]
-    train, val = D.load_split(given, 0.1)
-    (tmp_path / "run").mkdir()
-    tok().save(tmp_path / "run" / "tokenizer.json")
-    Trainer(tiny_cfg(steps=2), tok(), D.encode_all(tok(), train), D.encode_all(tok(), val), tmp_path / "run",
-            log=lambda *_: None).fit(progress=False)
-    facts = export(tmp_path / "run", tmp_path / "out", None, shards=given, samples=0, log=lambda *_: None)
-    card = (tmp_path / "out" / "MODEL_CARD.md").read_text()
+    facts, card = exported_card(tmp_path, [str(teacher), str(tmp_path / "arith")])
     arith = facts["shards"]["dirs"][1]
     assert arith["program"]["name"] == "tinychat.training.arithmetic" and arith["teacher"] == {}
     assert f"python -m tinychat.training arithmetic --out {tmp_path / 'arith'} --count 40" in card

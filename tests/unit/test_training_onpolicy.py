@@ -128,22 +128,12 @@ def test_bad_arguments_are_one_line_errors(tmp_path, teacher):
 
 
 def test_the_card_says_the_replies_are_the_students_chosen_by_the_teacher(tmp_path, teacher):
-    from tinychat.training import data as D
-    from tinychat.training.export import export
-    from tinychat.training.train import Trainer
-    from training_support import tiny_cfg, tok
+    from training_support import exported_card
     src = write_shards(tmp_path / "src", fake_conversations(30, seed=2))
     args = _args(tmp_path, src, command_line="python -m tinychat.training onpolicy --out OUT --k 2")
     assert run(args, model=make_chat_model(), tok=tokenizer(), teacher=teacher, scorer=_mean_logprob,
                log=lambda *_: None) == 0
-    given = [str(src), str(tmp_path / "out")]
-    train, val = D.load_split(given, 0.1)
-    (tmp_path / "run").mkdir()
-    tok().save(tmp_path / "run" / "tokenizer.json")
-    Trainer(tiny_cfg(steps=2), tok(), D.encode_all(tok(), train), D.encode_all(tok(), val), tmp_path / "run",
-            log=lambda *_: None).fit(progress=False)
-    export(tmp_path / "run", tmp_path / "card", None, shards=given, samples=0, log=lambda *_: None)
-    card = (tmp_path / "card" / "MODEL_CARD.md").read_text()
+    _, card = exported_card(tmp_path, [str(src), str(tmp_path / "out")])
     line = next(x for x in card.splitlines() if x.startswith(f"- `{tmp_path / 'out'}`"))
     assert "the student's own replies" in line and "the best of 2 a turn" in line and "onpolicy: " in line
     assert "no teacher" not in line
