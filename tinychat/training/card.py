@@ -25,10 +25,6 @@ SOURCES = (  # (role, PyPI distribution, what it provided)
 LINEAGE_SECTIONS = ("How it was made (exact commands)", "Training")   # what a stage copies from its parent's card
 
 
-def _fmt(x, spec=".4f", missing="not measured"):
-    return missing if x is None else format(x, spec)
-
-
 def train_command(state: dict, run_dir: str = "runs/demo", shards=("data/shards",), tokenizer: str = "") -> str:
     """The `train` command line that makes this run: non-default config fields as flags (bookkeeping ones left out).
     tokenizer: the --tokenizer file (a run started from another model uses that model's)."""
@@ -174,9 +170,10 @@ def _made(d: dict) -> str:
         return (f"{d['teacher_tokens']:,} teacher-tokenizer tokens (generated with seed "
                 f"{(d['teacher'] or {}).get('seed')})")
     if "student_identity" in prog:           # onpolicy.py: the student's replies, the teacher choosing
+        sampler = prog.get("sampler") or {}
         return (f"the student's own replies (`{prog.get('student')}`, model identity {str(prog['student_identity'])[:16]}...), "
-                f"sampled at temperature {(prog.get('sampler') or {}).get('temperature')}, top-p "
-                f"{(prog.get('sampler') or {}).get('top_p')} on its {prog.get('quant')} path, the best of "
+                f"sampled at temperature {sampler.get('temperature')}, top-p "
+                f"{sampler.get('top_p')} on its {prog.get('quant')} path, the best of "
                 f"{prog.get('k')} a turn as the teacher reads them (`{prog.get('name')}`, seed {prog.get('seed')})")
     return f"written by a program, no teacher (`{prog.get('name')}`, seed {prog.get('seed')})"
 

@@ -97,15 +97,6 @@ def reply_logprobs(model, htok, system: str, history: list[dict], user: str, rep
 
 # -- one conversation ------------------------------------------------------------------------------------------------
 
-@dataclasses.dataclass
-class Candidate:
-    text: str
-    place: int            # 1-based place among the turn's sibling replies (Chat.alternatives)
-    stopped: bool
-    score: float | None   # None: invalid (reason)
-    reason: str | None
-
-
 def best_of_k_chat(chat, users: list[str], k: int, score, seed: int) -> tuple[list[dict], list[dict]]:
     """Chat through ``users`` sampling ``k`` replies a turn and going on from the best. score(history, user,
     candidates: [(text, stopped)]) -> one float per candidate, None where invalid. Returns (messages kept,
@@ -121,7 +112,7 @@ def best_of_k_chat(chat, users: list[str], k: int, score, seed: int) -> tuple[li
                 r = chat.send(user)
             else:
                 r = chat.regenerate(settings=s)
-            cands.append((r.text, r.finish == "stop", chat.alternatives()[0]))
+            cands.append((r.text, r.finish == "stop", chat.alternatives()[0]))   # place: 1-based among siblings
         scores = score(msgs, user, [(t, st) for t, st, _ in cands])
         valid = [(sc, i) for i, sc in enumerate(scores) if sc is not None]
         if not valid:

@@ -308,7 +308,8 @@ class Llama:
         if positions is None:
             cos, sin = self.cos[:T], self.sin[:T]                            # [T, hd]
         else:
-            cos, sin = self.cos[positions.to(self.device)], self.sin[positions.to(self.device)]
+            positions = positions.to(self.device)
+            cos, sin = self.cos[positions], self.sin[positions]
         if mask is not None:
             mask = mask.to(self.device)
         for layer in self.layers:
